@@ -1,0 +1,355 @@
+"""The bsmon wire protocol, version 1: newline-delimited JSON over a Unix socket.
+
+Every message is one UTF-8 JSON object on one line with a ``type`` field. The server
+(the agent inside the training job) sends ``hello``, ``history``, ``metrics``, ``event``,
+``reply``, ``notice`` and ``bye``; a client sends commands, each with an ``id`` that its
+``reply`` echoes. docs/protocol.md describes every message; this module is the single
+source of truth for their shapes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_LINE_BYTES = 1 << 20  # a longer line from a client closes that connection
+
+CommandId = int | str | None
+
+
+class Message(msgspec.Struct, tag_field="type", omit_defaults=False):
+    """Base of every message on the wire; the subclass tag is the ``type`` field."""
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------
+
+
+class SessionInfo(msgspec.Struct):
+    name: str
+    pid: int
+    host: str
+    argv: list[str]
+    start_time: float
+    python: str
+    torch_version: str
+    bsmon_version: str
+    cwd: str = ""
+    rank: int = 0
+    world_size: int = 1
+
+
+class Capability(msgspec.Struct):
+    """Whether a command or feature works in this job, and why not when it does not."""
+
+    available: bool
+    reason: str | None = None
+
+
+class DeviceReading(msgspec.Struct, omit_defaults=True):
+    """One accelerator as the job sees it. ``None`` means "n/a"; ``error`` says why."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    util_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    torch_allocated_bytes: int | None = None
+    torch_reserved_bytes: int | None = None
+    torch_peak_bytes: int | None = None
+    error: str | None = None
+
+
+class HostReading(msgspec.Struct, omit_defaults=True):
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    threads: int | None = None
+    error: str | None = None
+
+
+class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
+    """The smoothed simple noise scale; all fields ``None`` until an estimate exists."""
+
+    b_simple: float | None = None
+    stderr: float | None = None
+    estimator: str | None = None
+    coverage: float | None = None
+    biased: bool = False
+    lower_bound: float | None = None
+    samples: int = 0
+    skipped_steps: int = 0
+
+
+# --------------------------------------------------------------------------------------------
+# Server -> client
+# --------------------------------------------------------------------------------------------
+
+
+class Hello(Message, tag="hello"):
+    protocol: int
+    session: SessionInfo
+    step: int
+    batch_size: int | None
+    capabilities: dict[str, Capability]
+    gpu: Capability
+    noise_scale: Capability
+    devices: list[DeviceReading] = msgspec.field(default_factory=list)
+
+
+class MetricsPoint(msgspec.Struct, omit_defaults=True):
+    """One aggregate over a short window of training steps.
+
+    The same shape carries live ``metrics`` messages and the points of a ``history``
+    backlog, so a monitor treats both alike.
+    """
+
+    t: float
+    step: int
+    steps: int = 0
+    batch_size: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    samples: int = 0
+    scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    noise: NoiseScaleReading | None = None
+
+
+class Metrics(Message, tag="metrics"):
+    t: float
+    step: int
+    batch_size: int | None
+    step_time_s: float | None
+    samples_per_s: float | None
+    b_simple: float | None
+    samples: int = 0
+    steps_in_window: int = 0
+    idle_s: float | None = None
+    scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    noise: NoiseScaleReading = msgspec.field(default_factory=NoiseScaleReading)
+    devices: list[DeviceReading] = msgspec.field(default_factory=list)
+    gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
+    host: HostReading = msgspec.field(default_factory=HostReading)
+    errors: int = 0
+    dropped: int = 0
+
+
+class History(Message, tag="history"):
+    """A chunk of the backlog sent on connect; ``final`` marks the last chunk."""
+
+    points: list[MetricsPoint]
+    final: bool = True
+
+
+class Event(Message, tag="event"):
+    t: float
+    step: int
+    kind: str
+    message: str
+    level: Literal["info", "warning", "error"] = "info"
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Reply(Message, tag="reply"):
+    id: CommandId
+    ok: bool
+    error: str | None = None
+    result: dict[str, Any] | None = None
+
+
+class Notice(Message, tag="notice"):
+    """A connection-level message that is not a reply, e.g. why the server is closing it."""
+
+    message: str
+    closing: bool = False
+
+
+class Bye(Message, tag="bye"):
+    """The job is finishing on purpose: a monitor shows "finished", not "disconnected"."""
+
+    reason: str
+    t: float
+
+
+ServerMessage = Hello | History | Metrics | Event | Reply | Notice | Bye
+
+
+# --------------------------------------------------------------------------------------------
+# Client -> server
+# --------------------------------------------------------------------------------------------
+
+
+class Command(Message, kw_only=True):
+    id: CommandId = None
+
+
+class Ping(Command, tag="ping"):
+    pass
+
+
+class SetBatchSize(Command, tag="set_batch_size", kw_only=True):
+    value: Annotated[int, msgspec.Meta(ge=1)]
+    confirm: bool = False
+    reason: str = ""
+
+
+class StepBatchSize(Command, tag="step_batch_size", kw_only=True):
+    direction: Literal["up", "down"]
+    confirm: bool = False
+
+
+class ProbeCommand(Command, tag="probe"):
+    memory_budget: int | None = None
+    timeout_s: float | None = None
+
+
+CLIENT_COMMANDS: dict[str, type[Command]] = {
+    "ping": Ping,
+    "set_batch_size": SetBatchSize,
+    "step_batch_size": StepBatchSize,
+    "probe": ProbeCommand,
+}
+
+SERVER_MESSAGES: dict[str, type[Message]] = {
+    "hello": Hello,
+    "history": History,
+    "metrics": Metrics,
+    "event": Event,
+    "reply": Reply,
+    "notice": Notice,
+    "bye": Bye,
+}
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; ``id`` is the command id when one could be read."""
+
+    def __init__(self, message: str, command_id: CommandId = None) -> None:
+        super().__init__(message)
+        self.command_id = command_id
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """One message as one line of JSON, newline included."""
+    return _encoder.encode(message) + b"\n"
+
+
+def _decode_object(line: bytes | str) -> dict[str, Any]:
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not valid JSON: {_describe_decode_error(exc)}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, got {_json_kind(obj)}")
+    return obj
+
+
+def decode_command(line: bytes | str) -> Command:
+    """Parse one client line into a command, or raise ProtocolError with a readable reason."""
+    obj = _decode_object(line)
+    command_id = obj.get("id")
+    valid_id = isinstance(command_id, (int, str)) and not isinstance(command_id, bool)
+    if command_id is not None and not valid_id:
+        raise ProtocolError("`id` must be an integer or a string", None)
+    kind = obj.get("type")
+    if kind is None:
+        raise ProtocolError("missing field `type`", command_id)
+    cls = CLIENT_COMMANDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        known = ", ".join(sorted(CLIENT_COMMANDS))
+        raise ProtocolError(f"unknown command type {kind!r}; known: {known}", command_id)
+    try:
+        return msgspec.convert(obj, type=cls)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"{kind}: {_describe_validation_error(exc, cls)}", command_id) from None
+
+
+def decode_server_message(line: bytes | str) -> Message | None:
+    """Parse one server line; ``None`` for a message type this client does not know."""
+    obj = _decode_object(line)
+    cls = SERVER_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    try:
+        return msgspec.convert(obj, type=cls)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"{obj.get('type')}: {_describe_validation_error(exc, cls)}") from None
+
+
+def to_builtins(message: msgspec.Struct) -> dict[str, Any]:
+    """A message as plain Python data (for ``--json`` output and records)."""
+    return msgspec.to_builtins(message)
+
+
+_JSON_KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "a boolean",
+    "null": "null",
+    "array": "an array",
+    "object": "an object",
+}
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "an object"
+
+
+_EXPECTED = re.compile(
+    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `\$\.(?P<at>[^`]+)`)?"
+)
+_BOUND = re.compile(
+    r"Expected `(?P<want>\w+)` (?P<op>[<>]=?) (?P<bound>[-\d.e]+)(?: - at `\$\.(?P<at>[^`]+)`)?"
+)
+_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
+_INVALID = re.compile(r"Invalid enum value (?P<value>.+?)(?: - at `\$\.(?P<at>[^`]+)`)?$")
+
+
+def _describe_validation_error(exc: msgspec.ValidationError, cls: type) -> str:
+    text = str(exc)
+    if m := _BOUND.match(text):
+        words = {">=": "at least", ">": "greater than", "<=": "at most", "<": "less than"}
+        return f"`{m['at']}` must be {words[m['op']]} {m['bound']}"
+    if m := _EXPECTED.match(text):
+        want = " or ".join(_JSON_KINDS.get(w.strip(), w.strip()) for w in m["want"].split("|"))
+        got = _JSON_KINDS.get(m["got"], m["got"])
+        return f"`{m['at']}` must be {want}, got {got}"
+    if m := _MISSING.match(text):
+        return f"missing field `{m['field']}`"
+    if m := _INVALID.match(text):
+        allowed = _literal_values(cls, m["at"])
+        if allowed:
+            return f"`{m['at']}` must be one of {', '.join(map(repr, allowed))}, got {m['value']}"
+        return f"`{m['at']}` has an invalid value {m['value']}"
+    return text
+
+
+def _literal_values(cls: type, field_name: str) -> tuple[Any, ...]:
+    for field in msgspec.structs.fields(cls):
+        if field.name == field_name and get_origin(field.type) is Literal:
+            return get_args(field.type)
+    return ()
+
+
+def _describe_decode_error(exc: msgspec.DecodeError) -> str:
+    return str(exc).removeprefix("JSON is malformed: ") or "malformed"

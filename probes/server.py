@@ -1,0 +1,228 @@
+"""The agent's Unix-socket server: many clients, NDJSON both ways, nothing reaches the job.
+
+It runs on the agent thread's asyncio loop. Each client gets the greeting (hello, history,
+recent events) and then every broadcast. A client that reads slowly loses ``metrics`` lines
+while its unsent output is above ``SLOW_CLIENT_BYTES`` (the next metrics it gets count them in
+``dropped``); one that loses ``MAX_CONSECUTIVE_DROPS`` in a row, or whose unsent output passes
+``STALLED_CLIENT_BYTES``, is disconnected. Replies, events and the greeting are never dropped.
+A line over 1 MiB closes only its own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from . import protocol
+
+SLOW_CLIENT_BYTES = 1 << 20
+STALLED_CLIENT_BYTES = 16 << 20
+MAX_CONSECUTIVE_DROPS = 600  # about a minute of metrics at 10 Hz
+_PEERCRED = struct.Struct("3i")
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The connecting process's uid (SO_PEERCRED), or None where the OS cannot say."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, option, _PEERCRED.size)
+    return _PEERCRED.unpack(raw)[1]
+
+
+@dataclass(eq=False)
+class ClientConnection:
+    writer: asyncio.StreamWriter
+    dropped: int = 0
+    consecutive_drops: int = 0
+    sent_lines: int = 0
+    closed: bool = field(default=False)
+
+    def pending_bytes(self) -> int:
+        return self.writer.transport.get_write_buffer_size()
+
+    def send(self, line: bytes) -> None:
+        if not self.closed:
+            self.writer.write(line)
+            self.sent_lines += 1
+
+    def close(self, abort: bool = False) -> None:
+        """Close after flushing, or at once (``abort``) for a peer that stopped reading."""
+        if not self.closed:
+            self.closed = True
+            if abort:
+                self.writer.transport.abort()
+            else:
+                self.writer.close()
+
+
+LineHandler = Callable[[bytes], bytes]
+Greeting = Callable[[], list[bytes]]
+
+
+class AgentServer:
+    """Serves one socket path. All methods run on the agent loop's thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        handle_line: LineHandler,
+        greeting: Greeting,
+        *,
+        allowed_uid: int | None = None,
+    ) -> None:
+        self.path = path
+        self._handle_line = handle_line
+        self._greeting = greeting
+        self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
+        self._server: asyncio.AbstractServer | None = None
+        self.clients: set[ClientConnection] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self.refused_peers = 0
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            sock.bind(os.fspath(self.path))
+            os.chmod(self.path, 0o600)
+            sock.listen(64)
+        except BaseException:
+            sock.close()
+            raise
+        self._server = await asyncio.start_unix_server(
+            self._serve_client, sock=sock, limit=protocol.MAX_LINE_BYTES + 1
+        )
+
+    async def stop(self, farewell: bytes | None = None) -> None:
+        if self._server is not None:
+            self._server.close()
+        for client in list(self.clients):
+            if farewell:
+                client.send(farewell)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.writer.drain(), timeout=0.5)
+            client.close()
+        if self._tasks:  # closed transports end their readers with EOF
+            _, late = await asyncio.wait(list(self._tasks), timeout=1.0)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def broadcast_metrics(self, metrics: protocol.Metrics) -> None:
+        """Metrics are droppable; a client that lost some learns how many in the next one."""
+        shared = protocol.encode(metrics)
+        for client in list(self.clients):
+            if client.dropped and client.pending_bytes() <= SLOW_CLIENT_BYTES:
+                own = msgspec.structs.replace(metrics, dropped=client.dropped)
+                client.dropped = 0
+                self._send_droppable(client, protocol.encode(own))
+            else:
+                self._send_droppable(client, shared)
+
+    def broadcast(self, line: bytes, *, droppable: bool) -> None:
+        for client in list(self.clients):
+            if droppable:
+                self._send_droppable(client, line)
+            elif not self._close_if_stalled(client):
+                client.send(line)
+
+    def _send_droppable(self, client: ClientConnection, line: bytes) -> None:
+        if self._close_if_stalled(client):
+            return
+        if client.pending_bytes() > SLOW_CLIENT_BYTES:
+            client.dropped += 1
+            client.consecutive_drops += 1
+            if client.consecutive_drops >= MAX_CONSECUTIVE_DROPS:
+                client.close(abort=True)
+                self.clients.discard(client)
+        else:
+            client.consecutive_drops = 0
+            client.send(line)
+
+    def _close_if_stalled(self, client: ClientConnection) -> bool:
+        if client.pending_bytes() <= STALLED_CLIENT_BYTES:
+            return False
+        client.close(abort=True)
+        self.clients.discard(client)
+        return True
+
+    async def _serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        sock = writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        if uid is not None and uid != self._allowed_uid:
+            self.refused_peers += 1
+            writer.write(
+                protocol.encode(
+                    protocol.Notice(
+                        message=f"refused: peer uid {uid} is not the job's uid {self._allowed_uid}",
+                        closing=True,
+                    )
+                )
+            )
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+            return
+        client = ClientConnection(writer)
+        try:
+            greeting = self._greeting()
+        except Exception as exc:  # a bug here must not take the server down
+            greeting = [
+                protocol.encode(
+                    protocol.Notice(
+                        message=f"bsmon could not build its greeting: {type(exc).__name__}: {exc}"
+                    )
+                )
+            ]
+        for line in greeting:
+            client.send(line)
+        self.clients.add(client)
+        try:
+            await self._read_commands(reader, client)
+        except asyncio.CancelledError:
+            pass  # shutdown; ending quietly keeps asyncio from logging it as an error
+        finally:
+            self.clients.discard(client)
+            client.close()
+
+    async def _read_commands(self, reader: asyncio.StreamReader, client: ClientConnection) -> None:
+        while not client.closed:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError:
+                return  # EOF; a half line without a newline is not a command
+            except asyncio.LimitOverrunError:
+                client.send(
+                    protocol.encode(
+                        protocol.Notice(
+                            message=f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes",
+                            closing=True,
+                        )
+                    )
+                )
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.writer.drain(), timeout=1.0)
+                return
+            except (ConnectionError, OSError):
+                return
+            if line.strip():
+                client.send(self._handle_line(line))

@@ -1,0 +1,141 @@
+"""Step marks taken on the training thread and resolved into durations on the agent thread.
+
+On the CPU a mark is ``time.perf_counter()``. On a GPU it is a CUDA event recorded on the
+current stream: recording is asynchronous, and the agent thread only calls ``query()`` (never
+``synchronize()``), so the training thread never waits for the device. The duration between
+two consecutive step-end marks is the full iteration as the device saw it, data loading and
+Python overhead included.
+
+Logged scalars follow the same rule: a CUDA tensor is copied to pinned host memory with
+``non_blocking=True`` and read once its event has completed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class CudaMark:
+    event: torch.cuda.Event
+    host_time: float
+
+
+Mark = float | CudaMark
+
+
+class StepClock:
+    """Makes marks (training thread) for one device: the CPU, or one CUDA device."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device if device is not None and device.type == "cuda" else None
+
+    @classmethod
+    def for_parameters(cls, params: list[torch.Tensor]) -> StepClock:
+        cuda = next((p.device for p in params if p.device.type == "cuda"), None)
+        return cls(cuda)
+
+    def mark(self, now: float) -> Mark:
+        if self.device is None:
+            return now
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return CudaMark(event, now)
+
+
+class DurationResolver:
+    """Turns marks into per-step durations in order, waiting (without blocking) on CUDA."""
+
+    def __init__(self) -> None:
+        self._pending: deque[Mark] = deque()
+        self._previous: Mark | None = None
+
+    def add(self, mark: Mark) -> None:
+        self._pending.append(mark)
+
+    def resolve(self) -> list[float | None]:
+        """Durations of the marks that are complete; ``None`` for the very first step."""
+        out: list[float | None] = []
+        while self._pending:
+            mark = self._pending[0]
+            if isinstance(mark, CudaMark) and not mark.event.query():
+                break
+            self._pending.popleft()
+            out.append(_elapsed(self._previous, mark))
+            self._previous = mark
+        return out
+
+    @property
+    def waiting(self) -> int:
+        return len(self._pending)
+
+
+def _elapsed(previous: Mark | None, mark: Mark) -> float | None:
+    if previous is None:
+        return None
+    if isinstance(mark, CudaMark):
+        if isinstance(previous, CudaMark):
+            return previous.event.elapsed_time(mark.event) / 1000.0
+        return mark.host_time - previous
+    if isinstance(previous, CudaMark):
+        return mark - previous.host_time
+    return mark - previous
+
+
+# --------------------------------------------------------------------------------------------
+# Logged scalars
+# --------------------------------------------------------------------------------------------
+
+
+class ScalarError(ValueError):
+    """A value given to ``mon.log`` that cannot be shown as a number."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingScalar:
+    host: torch.Tensor
+    event: torch.cuda.Event
+
+
+Captured = float | torch.Tensor | PendingScalar
+
+
+def capture_scalar(name: str, value: Any) -> Captured:
+    """Training thread: keep what is needed to read ``value`` later, without a device sync."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ScalarError(
+                f"log({name}=...): a tensor of shape {tuple(value.shape)} is not a scalar"
+            )
+        value = value.detach()
+        if value.device.type == "cuda":
+            host = torch.empty((), dtype=value.dtype, pin_memory=True)
+            host.copy_(value.reshape(()), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(value.device))
+            return PendingScalar(host, event)
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ScalarError(f"log({name}=...): {type(value).__name__} is not a number or a tensor")
+    return float(value)
+
+
+def read_scalar(captured: Captured) -> float | None:
+    """Agent thread: the float value, or ``None`` while a CUDA copy is still in flight."""
+    if isinstance(captured, PendingScalar):
+        if not captured.event.query():
+            return None
+        return float(captured.host)
+    if isinstance(captured, torch.Tensor):
+        return float(captured)
+    return captured
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

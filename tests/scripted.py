@@ -1,0 +1,134 @@
+"""Deterministic scripted sessions for dashboard tests and snapshots."""
+
+from __future__ import annotations
+
+import math
+
+from bsmon.probes import protocol
+from bsmon.probes.protocol import Capability, DeviceReading, HostReading, MetricsPoint
+from bsmon.tui.app import BsmonApp
+from bsmon.tui.sources import ScriptedSource
+
+START = 1_700_000_000.0
+NOW = START + 754.0  # 12 min 34 s into the run
+NOT_YET = Capability(False, "not supported yet")
+
+
+def session(name: str = "resnet-cifar") -> protocol.SessionInfo:
+    return protocol.SessionInfo(
+        name=name,
+        pid=4242,
+        host="gpu-box-7",
+        argv=["train.py"],
+        start_time=START,
+        python="3.11.7",
+        torch_version="2.13.0",
+        bsmon_version="0.1.0",
+        cwd="/work",
+    )
+
+
+def gpu_devices() -> list[DeviceReading]:
+    return [
+        DeviceReading(
+            index=0,
+            name="NVIDIA H100 80GB HBM3",
+            uuid="GPU-1",
+            util_percent=93.0,
+            memory_used_bytes=int(61.2 * 2**30),
+            memory_total_bytes=int(79.6 * 2**30),
+            temperature_c=67.0,
+            power_w=512.0,
+            torch_allocated_bytes=int(48.3 * 2**30),
+            torch_reserved_bytes=int(58.0 * 2**30),
+            torch_peak_bytes=int(55.1 * 2**30),
+        )
+    ]
+
+
+def points(steps: int = 3000, every: int = 25) -> list[MetricsPoint]:
+    out = []
+    for step in range(every, steps + 1, every):
+        wobble = 0.05 * math.sin(step / 90)
+        step_time = 0.041 + wobble * 0.04
+        out.append(
+            MetricsPoint(
+                t=START + step * 0.25,
+                step=step,
+                steps=every,
+                batch_size=128,
+                step_time_s=step_time,
+                samples_per_s=128 / step_time,
+                samples=step * 128,
+                scalars={
+                    "loss": 2.3 * math.exp(-step / 700) + 0.35 + 0.03 * math.sin(step / 13),
+                    "accuracy": 1 - math.exp(-step / 500),
+                },
+            )
+        )
+    return out
+
+
+def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
+    pts = points(steps)
+    last = pts[-1]
+    devices = gpu_devices() if gpu else []
+    gpu_cap = Capability(True) if gpu else Capability(False, "torch 2.13.0+cpu is a CPU-only build")
+    hello = protocol.Hello(
+        protocol=1,
+        session=session(),
+        step=last.step,
+        batch_size=128,
+        capabilities={
+            "ping": Capability(True),
+            "set_batch_size": NOT_YET,
+            "step_batch_size": NOT_YET,
+            "probe": NOT_YET,
+        },
+        gpu=gpu_cap,
+        noise_scale=Capability(False, "not enabled"),
+        devices=devices,
+    )
+    events = [
+        protocol.Event(
+            t=START + 0.2,
+            step=0,
+            kind="attached",
+            message="bsmon attached to resnet-cifar (pid 4242)",
+        ),
+        protocol.Event(
+            t=START + 400,
+            step=1600,
+            kind="nonfinite_scalar",
+            level="warning",
+            message="grad_norm is inf at step 1600 (shown as a gap in the chart)",
+        ),
+    ]
+    metrics = protocol.Metrics(
+        t=NOW,
+        step=last.step,
+        batch_size=128,
+        step_time_s=last.step_time_s,
+        samples_per_s=last.samples_per_s,
+        b_simple=None,
+        samples=last.samples,
+        steps_in_window=0,
+        idle_s=0.1,
+        scalars={},
+        devices=devices,
+        gpu=gpu_cap,
+        host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
+    )
+    return [hello, protocol.History(points=pts), *events, metrics]
+
+
+def scripted_app(
+    gpu: bool = True, disconnect: str | None = None, finished: bool = False, **kwargs: object
+) -> BsmonApp:
+    script = messages(gpu=gpu)
+    if finished:
+        script.append(protocol.Bye(reason="closed", t=NOW))
+    source = ScriptedSource(
+        "resnet-cifar", script, clock=lambda: NOW, disconnect=disconnect, **kwargs
+    )  # type: ignore[arg-type]
+    return BsmonApp(source)

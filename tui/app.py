@@ -1,0 +1,108 @@
+"""The bsmon Textual app: finds the job (or lets you pick one) and shows its dashboard."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from bsmon.probes import discovery
+
+from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
+from .sources import SocketSource, Source
+
+DISCOVERY_INTERVAL_S = 1.0
+
+
+def follow_job(socket: Path, name: str | None, directory: Path | None) -> SocketSource:
+    """A source for the job at ``socket`` that finds it again by name if it restarts."""
+
+    def resolve() -> Path:
+        if socket.exists():
+            return socket
+        if name:
+            return discovery.resolve_target(name, directory)
+        raise LookupError(f"{socket} is gone")
+
+    return SocketSource(name or str(socket), resolve)
+
+
+class BsmonApp(App[None]):
+    CSS_PATH = "bsmon.tcss"
+    TITLE = "bsmon"
+    BINDINGS = [Binding("q", "quit", "Quit", id="quit", priority=False)]
+
+    def __init__(
+        self,
+        source: Source | None = None,
+        *,
+        directory: Path | None = None,
+        readonly: bool = False,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.directory = directory or discovery.default_dir()
+        self.readonly = readonly
+
+    def on_mount(self) -> None:
+        if self.source is not None:
+            self.push_screen(DashboardScreen(self.source))
+        else:
+            self.discover()
+
+    def discover(self) -> None:
+        try:
+            jobs = list(discovery.iter_jobs(self.directory))
+        except discovery.BsmonDirError as exc:
+            self.exit(message=str(exc), return_code=2)
+            return
+        if len(jobs) == 1:
+            self.open_job(jobs[0])
+        elif jobs:
+            self.push_screen(PickerScreen(jobs, time.time()), self._picked)
+        else:
+            self.push_screen(NoJobsScreen(self.directory))
+            self.set_timer(DISCOVERY_INTERVAL_S, self._poll_for_jobs)
+
+    def _poll_for_jobs(self) -> None:
+        if not isinstance(self.screen, NoJobsScreen):
+            return
+        try:
+            found = any(True for _ in discovery.iter_jobs(self.directory))
+        except discovery.BsmonDirError:
+            found = False
+        if found:
+            self.pop_screen()
+            self.discover()
+        else:
+            self.set_timer(DISCOVERY_INTERVAL_S, self._poll_for_jobs)
+
+    def _picked(self, socket: Path | None) -> None:
+        if socket is None:
+            return
+        entry = next((j for j in discovery.iter_jobs(self.directory) if j.socket == socket), None)
+        if entry is None:
+            self.notify(f"{socket} has gone away", severity="error")
+            self.discover()
+            return
+        self.open_job(entry)
+
+    def open_job(self, job: discovery.JobEntry) -> None:
+        self.source = follow_job(job.socket, job.name, self.directory)
+        self.push_screen(DashboardScreen(self.source))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if isinstance(screen, DashboardScreen):
+            yield SystemCommand("Help", "Keys and what each panel shows", screen.action_help)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def on_unmount(self) -> None:
+        if self.source is not None:
+            self.source.stop()

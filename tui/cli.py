@@ -1,0 +1,158 @@
+"""The ``bsmon`` command line. Wrong arguments print one line and exit with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from bsmon.probes import __version__, discovery
+from bsmon.probes.client import JobConnection
+
+from . import format as fmt
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """An error for the user: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see `{self.prog} --help`)", EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bsmon", description="Live monitor for PyTorch training jobs.")
+    parser.add_argument("--version", action="version", version=f"bsmon {__version__}")
+    parser.add_argument(
+        "--readonly", action="store_true", help="disable every command that acts on the job"
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
+        "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    p = sub.add_parser("list", help="list running jobs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("attach", help="open the dashboard on one job")
+    p.add_argument("target", help="job name, pid, or socket path")
+
+    p = sub.add_parser("demo", help="start a demo training job and open the dashboard on it")
+    p.add_argument("--headless", action="store_true", help="run only the job, no dashboard")
+    p.add_argument("--steps", type=int, default=0, help="stop the job after N steps")
+    p.add_argument("--name", default="demo")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.dir is not None:
+            os.environ[discovery.ENV_DIR] = str(args.dir)
+        return dispatch(args)
+    except CliError as exc:
+        print(f"bsmon: {exc}", file=sys.stderr)
+        return exc.code
+    except discovery.BsmonDirError as exc:
+        print(f"bsmon: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    command = args.command
+    if command == "list":
+        return cmd_list(args.json)
+    if command == "attach":
+        return cmd_attach(args.target, readonly=args.readonly)
+    if command == "demo":
+        from .demo import run_demo
+
+        return run_demo(args)
+    return cmd_dashboard(readonly=args.readonly)
+
+
+def job_rows(timeout: float = 1.0) -> list[dict[str, object]]:
+    rows = []
+    now = time.time()
+    for job in discovery.iter_jobs():
+        row: dict[str, object] = {
+            "name": job.name,
+            "pid": job.pid,
+            "host": job.host,
+            "socket": str(job.socket),
+            "start_time": job.start_time,
+            "age_s": round(now - job.start_time, 1) if job.start_time else None,
+            "step": None,
+        }
+        try:
+            with JobConnection(job.socket, timeout=timeout) as conn:
+                hello = conn.hello(timeout)
+            row["step"] = hello.step
+            row["batch_size"] = hello.batch_size
+        except (ConnectionError, TimeoutError) as exc:
+            row["error"] = str(exc)
+        rows.append(row)
+    return rows
+
+
+def cmd_list(as_json: bool) -> int:
+    rows = job_rows()
+    if as_json:
+        print(json.dumps({"dir": str(discovery.default_dir()), "jobs": rows}, indent=2))
+        return 0
+    if not rows:
+        print(f"no running jobs in {discovery.default_dir()} (try `bsmon demo`)")
+        return 0
+    print(f"{'NAME':<20} {'PID':>8} {'HOST':<16} {'STEP':>10} {'AGE':>10}  SOCKET")
+    for row in rows:
+        step = row["step"]
+        print(
+            f"{row['name']!s:<20} {row['pid']:>8} {row['host']!s:<16} "
+            f"{(f'{step:,}' if isinstance(step, int) else 'n/a'):>10} "
+            f"{fmt.clock(row['age_s']):>10}  {row['socket']}"
+        )  # type: ignore[arg-type]
+    return 0
+
+
+def cmd_attach(target: str, *, readonly: bool) -> int:
+    try:
+        socket = discovery.resolve_target(target)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None
+    from .app import BsmonApp, follow_job
+
+    name = None if target.isdigit() or target.endswith(".sock") or os.sep in target else target
+    BsmonApp(follow_job(socket, name, None), readonly=readonly).run()
+    return 0
+
+
+def cmd_dashboard(*, readonly: bool) -> int:
+    from .app import BsmonApp
+
+    app = BsmonApp(readonly=readonly)
+    app.run()
+    return app.return_code or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

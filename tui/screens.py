@@ -1,0 +1,205 @@
+"""The dashboard screen and the small screens around it (help, picker, no jobs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.markup import escape
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Markdown, OptionList, Static
+from textual.widgets.option_list import Option
+
+from bsmon.probes.discovery import JobEntry
+
+from . import format as fmt
+from .messages import SnapshotArrived
+from .session import Snapshot
+from .sources import Source, Update
+from .widgets.banner import StateBanner
+from .widgets.batch import BatchPanel
+from .widgets.charts import ScalarChart, ThroughputChart
+from .widgets.devices import DevicePanel
+from .widgets.eventlog import EventLog
+from .widgets.header import JobHeader
+from .widgets.noise import NoisePanel
+
+PANEL_TITLES = {
+    "devices": "Devices",
+    "batch": "Batch",
+    "noise": "Noise scale",
+    "throughput": "Step time · throughput",
+    "scalars": "Loss",
+    "events": "Events",
+}
+
+
+class DashboardScreen(Screen):
+    """One job, live: header, device/batch/noise panels, charts, events."""
+
+    BINDINGS = [
+        Binding("question_mark", "help", "Help", id="help"),
+    ]
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+        self.snapshot: Snapshot | None = None
+
+    def compose(self) -> ComposeResult:
+        yield JobHeader()
+        yield StateBanner()
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield DevicePanel(id="devices", classes="panel")
+                yield BatchPanel(id="batch", classes="panel")
+                yield NoisePanel(id="noise", classes="panel")
+                yield EventLog(id="events", classes="panel")
+            with Vertical(id="right"):
+                yield ThroughputChart(id="throughput", classes="panel")
+                yield ScalarChart(id="scalars", classes="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for panel_id, title in PANEL_TITLES.items():
+            self.query_one(f"#{panel_id}").border_title = title
+        self.run_worker(self._pump_source, thread=True, name="source", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width >= 140, "wide")
+
+    def _pump_source(self) -> None:
+        self.source.run(lambda update: self.post_message(SnapshotArrived(update)))
+
+    @on(SnapshotArrived)
+    def _show(self, message: SnapshotArrived) -> None:
+        self.show(message.update)
+
+    def show(self, update: Update) -> None:
+        snap = update.snapshot
+        self.snapshot = snap
+        self.query_one(JobHeader).show(snap)
+        self.query_one(StateBanner).show(snap)
+        for widget in self.query(".panel"):
+            widget.show(snap)  # type: ignore[attr-defined]
+        name = ScalarChart.scalar_name(snap)
+        self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
+        for reply in update.replies:
+            if not reply.ok:
+                self.notify(reply.error or "refused", severity="error", timeout=6)
+        for notice in update.notices:
+            self.notify(notice.message, severity="warning", timeout=6)
+        self.refresh_bindings()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
+
+HELP_TEXT = """\
+# bsmon
+
+**Panels**
+
+- **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
+  job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
+- **Batch**: the current batch size, the mean full-iteration step time, and throughput.
+- **Noise scale**: the gradient noise scale B_simple when the job measures it.
+- **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
+- **Loss**: the scalars the job logs with `mon.log(loss=...)`.
+- **Events**: what happened, with the time into the run and the step.
+
+**Keys**
+
+| key | action |
+|---|---|
+| `?` | this help |
+| `ctrl+p` | command palette |
+| `q` | quit (the job keeps running) |
+
+The monitor never acts on the job unless you press a key that says so.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark,q", "dismiss", "Close", id="close_help"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box"):
+            yield Markdown(HELP_TEXT)
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class PickerScreen(Screen[Path]):
+    """Several jobs are running: choose one."""
+
+    BINDINGS = [Binding("escape", "app.quit", "Quit", id="picker_quit")]
+
+    def __init__(self, jobs: list[JobEntry], now: float) -> None:
+        super().__init__()
+        self.jobs = jobs
+        self.now = now
+
+    def compose(self) -> ComposeResult:
+        yield Static(
+            "[b]bsmon[/b] — several training jobs are running; pick one (↑↓, enter)",
+            id="picker-title",
+        )
+        yield OptionList(
+            *[Option(self.describe(job), id=str(i)) for i, job in enumerate(self.jobs)], id="jobs"
+        )
+        yield Footer()
+
+    def describe(self, job: JobEntry) -> str:
+        age = fmt.clock(self.now - job.start_time) if job.start_time else "n/a"
+        return f"{escape(job.name):<20} pid {job.pid:<8} {escape(job.host):<16} up {age}"
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.jobs[int(event.option.id or 0)].socket)
+
+
+NO_JOBS_TEXT = """\
+# No training job is running
+
+bsmon shows jobs that have the agent attached. Add it to a training script:
+
+```python
+from bsmon.probes import attach
+
+mon = attach(model, optimizer, batch_size=64)
+loader = mon.dataloader(dataset, shuffle=True)
+for x, y in loader:
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    mon.log(loss=loss)
+```
+
+or try it on a demo job: `bsmon demo`
+
+This screen attaches by itself when a job appears (looking in `{directory}`).
+"""
+
+
+class NoJobsScreen(Screen[None]):
+    BINDINGS = [Binding("q", "app.quit", "Quit", id="empty_quit")]
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="empty-box"):
+            yield Markdown(NO_JOBS_TEXT.format(directory=self.directory))
+        yield Footer()

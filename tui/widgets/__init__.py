@@ -1,0 +1,1 @@
+"""The dashboard's panels; each renders from a ``Snapshot`` in ``show()``."""

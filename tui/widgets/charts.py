@@ -1,0 +1,129 @@
+"""Line charts over the run (x = step), drawn with plotext in braille."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from textual_plotext import PlotextPlot
+
+from bsmon.probes.protocol import MetricsPoint
+
+from .. import format as fmt
+from ..session import Snapshot
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    xs: list[float]
+    ys: list[float]
+    side: str = "left"
+
+
+def thin(xs: Sequence[float], ys: Sequence[float], limit: int) -> tuple[list[float], list[float]]:
+    """At most ``limit`` points, each the mean of a run of neighbours (keeps the shape)."""
+    n = len(xs)
+    if n <= limit or limit <= 0:
+        return list(xs), list(ys)
+    size = math.ceil(n / limit)
+    out_x, out_y = [], []
+    for start in range(0, n, size):
+        chunk_y = ys[start : start + size]
+        out_x.append(xs[min(start + size, n) - 1])
+        out_y.append(sum(chunk_y) / len(chunk_y))
+    return out_x, out_y
+
+
+def series(points: Sequence[MetricsPoint], label: str, value: object, side: str = "left") -> Series:
+    xs, ys = [], []
+    for point in points:
+        y = value(point)  # type: ignore[operator]
+        if y is not None and math.isfinite(y):
+            xs.append(float(point.step))
+            ys.append(float(y))
+    return Series(label, xs, ys, side)
+
+
+def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
+    """Up to ``count`` whole-number ticks spanning [lo, hi]."""
+    if hi <= lo:
+        return [round(lo)]
+    span = (hi - lo) / (count - 1)
+    return sorted({round(lo + i * span) for i in range(count)})
+
+
+class RunChart(PlotextPlot):
+    """Base for charts that redraw only when the snapshot brings new points."""
+
+    DEFAULT_CSS = "RunChart { height: 1fr; min-height: 5; }"
+    empty_hint = "waiting for steps…"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._drawn: tuple[int, int, object] | None = None
+
+    def series_for(self, snap: Snapshot) -> list[Series]:
+        raise NotImplementedError
+
+    def show(self, snap: Snapshot) -> None:
+        points = snap.points
+        key = (len(points), points[-1].step if points else -1, self._extra_key(snap))
+        if key == self._drawn and self._drawn is not None:
+            return
+        self._drawn = key
+        self.draw(self.series_for(snap))
+
+    def _extra_key(self, snap: Snapshot) -> object:
+        return None
+
+    def draw(self, all_series: list[Series]) -> None:
+        plt = self.plt
+        plt.clear_figure()
+        limit = max(16, 2 * max(self.size.width, 40))
+        drawn = False
+        for s in all_series:
+            if not s.xs:
+                continue
+            xs, ys = thin(s.xs, s.ys, limit)
+            plt.plot(xs, ys, marker="braille", label=s.label, yside=s.side)
+            drawn = True
+        if drawn:
+            lo = min(min(s.xs) for s in all_series if s.xs)
+            hi = max(max(s.xs) for s in all_series if s.xs)
+            ticks = step_ticks(lo, hi)
+            plt.xticks(ticks, [fmt.count(t) for t in ticks])
+        else:
+            plt.title(self.empty_hint)
+        plt.xlabel("step")
+        self.refresh()
+
+
+class ThroughputChart(RunChart):
+    def series_for(self, snap: Snapshot) -> list[Series]:
+        return [
+            series(snap.points, "step ms", lambda p: p.step_time_s and p.step_time_s * 1e3),
+            series(snap.points, "samples/s", lambda p: p.samples_per_s, side="right"),
+        ]
+
+
+class ScalarChart(RunChart):
+    """The logged scalars: ``loss`` when there is one, else the first name logged."""
+
+    empty_hint = "no loss yet: call mon.log(loss=loss)"
+
+    def series_for(self, snap: Snapshot) -> list[Series]:
+        name = self.scalar_name(snap)
+        if name is None:
+            return []
+        return [series(snap.points, name, lambda p: p.scalars.get(name))]
+
+    @staticmethod
+    def scalar_name(snap: Snapshot) -> str | None:
+        names: list[str] = []
+        for point in snap.points[-64:]:
+            names.extend(k for k in point.scalars if k not in names)
+        if "loss" in names:
+            return "loss"
+        return names[0] if names else None

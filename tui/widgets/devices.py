@@ -1,0 +1,109 @@
+"""Per-GPU utilization and memory meters, temperature, power; the job's CPU and memory."""
+
+from __future__ import annotations
+
+from textual.markup import escape
+from textual.widgets import Static
+
+from bsmon.probes.protocol import DeviceReading, HostReading
+
+from .. import format as fmt
+from ..session import Snapshot
+
+LABEL = 5  # "util " / "mem  "
+
+
+def level_style(fraction: float | None) -> str:
+    if fraction is None:
+        return "$text-muted"
+    if fraction >= 0.9:
+        return "$error"
+    if fraction >= 0.75:
+        return "$warning"
+    return "$success"
+
+
+def meter(fraction: float | None, width: int) -> str:
+    return f"[{level_style(fraction)}]{fmt.bar(fraction, width)}[/]"
+
+
+def meter_neutral(fraction: float | None, width: int) -> str:
+    """Utilization has no bad level: high is what a training job wants."""
+    return f"[$accent]{fmt.bar(fraction, width)}[/]"
+
+
+def torch_lines(device: DeviceReading, width: int) -> list[str]:
+    """The job's allocator: allocated and reserved now, peak allocated (one line if it fits)."""
+    gib = lambda v: fmt.bytes_(v).removesuffix(" GiB")  # noqa: E731
+    main = (
+        f"torch alloc {gib(device.torch_allocated_bytes)} · "
+        f"rsvd {fmt.bytes_(device.torch_reserved_bytes)}"
+    )
+    peak = f"peak {fmt.bytes_(device.torch_peak_bytes)}"
+    if len(main) + len(peak) + 3 <= width:
+        return [f"{main} · {peak}"]
+    return [main, f"      {peak}"]
+
+
+def _ratio(used: float | None, total: float | None) -> float | None:
+    return used / total if used is not None and total else None
+
+
+def device_lines(device: DeviceReading, width: int) -> list[str]:
+    memory = _ratio(device.memory_used_bytes, device.memory_total_bytes)
+    util = device.util_percent / 100 if device.util_percent is not None else None
+    bar_width = max(4, min(30, width - LABEL - 16))
+    extras = " ".join(
+        x
+        for x in (
+            f"{device.temperature_c:.0f}°C" if device.temperature_c is not None else "",
+            f"{device.power_w:.0f} W" if device.power_w is not None else "",
+        )
+        if x
+    )
+    used = fmt.bytes_(device.memory_used_bytes).removesuffix(" GiB")
+    lines = [
+        f"[b]GPU{device.index}[/b] {escape(device.name) or 'unknown'}  {extras}",
+        f"util {meter_neutral(util, bar_width)} {fmt.percent(device.util_percent):>4}",
+        f"mem  {meter(memory, bar_width)} {used}/{fmt.bytes_(device.memory_total_bytes)}",
+        *torch_lines(device, width),
+    ]
+    if device.error:
+        lines.append(f"[$text-muted]n/a — {escape(device.error)}[/]")
+    return lines
+
+
+def host_line(host: HostReading) -> str:
+    if host.error:
+        return f"CPU  [$text-muted]n/a — {escape(host.error)}[/]"
+    return f"CPU  {fmt.percent(host.cpu_percent)} · RSS {fmt.bytes_(host.rss_bytes)}"
+
+
+class DevicePanel(Static):
+    DEFAULT_CSS = "DevicePanel { height: auto; }"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._snap: Snapshot | None = None
+
+    def show(self, snap: Snapshot) -> None:
+        self._snap = snap
+        self.update("\n".join(self._lines(self.content_size.width or 34)))
+
+    def on_resize(self) -> None:
+        if self._snap is not None:
+            self.show(self._snap)
+
+    def _lines(self, width: int) -> list[str]:
+        snap = self._snap
+        metrics = snap.latest if snap else None
+        if metrics is None:
+            return ["[$text-muted]waiting for the first reading…[/]"]
+        lines: list[str] = []
+        for device in metrics.devices:
+            lines.extend(device_lines(device, width))
+        if not metrics.devices:
+            reason = metrics.gpu.reason or "no GPU in use"
+            lines.append(f"GPU  [$text-muted]n/a — {escape(reason)}[/]")
+        lines.append(host_line(metrics.host))
+        return lines

@@ -1,0 +1,61 @@
+"""The one-line header: job, host, pid, uptime, step and connection state."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.markup import escape
+from textual.widgets import Static
+
+from .. import format as fmt
+from ..session import ConnState, Snapshot
+
+STATE_LABELS = {
+    ConnState.CONNECTING: "◌ CONNECTING",
+    ConnState.LIVE: "● LIVE",
+    ConnState.FINISHED: "■ FINISHED",
+    ConnState.DISCONNECTED: "○ DISCONNECTED",
+}
+
+
+class JobHeader(Horizontal):
+    DEFAULT_CSS = """
+    JobHeader { height: 1; background: $panel; }
+    JobHeader #brand {
+        width: auto; padding: 0 1; background: $primary; color: $text; text-style: bold;
+    }
+    JobHeader #job { width: 1fr; padding: 0 1; }
+    JobHeader #state { width: auto; padding: 0 1; text-style: bold; }
+    JobHeader #state.live { color: $success; }
+    JobHeader #state.connecting { color: $warning; }
+    JobHeader #state.finished { color: $accent; }
+    JobHeader #state.disconnected { color: $error; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("bsmon", id="brand")
+        yield Static("", id="job")
+        yield Static("", id="state")
+
+    def show(self, snap: Snapshot) -> None:
+        self.query_one("#job", Static).update(job_line(snap))
+        state = self.query_one("#state", Static)
+        state.update(STATE_LABELS[snap.state])
+        state.set_classes(snap.state.value)
+
+
+def job_line(snap: Snapshot) -> str:
+    session = snap.session
+    if session is None:
+        return escape(snap.target)
+    step = snap.latest.step if snap.latest else None
+    parts = [
+        f"[b]{escape(session.name)}[/b]",
+        escape(session.host),
+        f"pid {session.pid}",
+        f"up {fmt.clock(snap.uptime_s)}",
+        f"step {step:,}" if step is not None else "step n/a",
+    ]
+    if session.world_size > 1:
+        parts.insert(3, f"rank {session.rank}/{session.world_size}")
+    return " · ".join(parts)
