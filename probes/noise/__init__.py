@@ -1,0 +1,24 @@
+"""The rolling gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018).
+
+Modules, one job each:
+
+- ``estimators``: the unbiased two-batch-size estimators (App. A.1) in one general form;
+- ``smoothing``: the ratio of two bias-corrected EMAs, its standard error and interval;
+- ``pernorms``: per-example squared gradient norms of each supported layer (pure tensors);
+- ``layers``: which layers are measured, coverage, and dispatch to ``pernorms``;
+- ``autograd``: end-of-backward callbacks, on-device squared norms, example counting;
+- ``scaling``: the mixed-precision loss scale and the optional Adam preconditioner;
+- ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sequential``: the measurement
+  sources that run in the training job's hooks;
+- ``record``: the step record handed to the agent thread without a device sync;
+- ``tracker``: the agent thread's side (records → smoothed reading);
+- ``controller``: ``NoiseScale``, which picks and runs all of the above for a ``Monitor``.
+
+Never imports textual or rich.
+"""
+
+from __future__ import annotations
+
+from .controller import MODES, NoiseScale
+
+__all__ = ["MODES", "NoiseScale"]

@@ -1,0 +1,376 @@
+"""``NoiseScale``: chooses the estimator, runs it on the training thread, smooths on the agent.
+
+Modes (``attach(..., noise_scale=...)``):
+
+``"auto"`` (default)
+    one device: per-example norms; switches to ``microbatch`` while the job accumulates
+    gradients (2+ backward passes per step, seen on 3 steps in a row) and back when it stops.
+    DDP (the wrapped model passed to attach): the comm-hook estimator (``ddp``); if the model
+    already had a comm hook before attach, per-example norms.
+``"per_example"``
+    per-example norms of the supported layers (coverage < 100% when others exist).
+``"microbatch"``
+    micro-batches: the backward passes of an accumulating step, or under DDP the ranks.
+``"sequential"``
+    consecutive steps (biased; for comparison only).
+``None``
+    off.
+
+Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook (one
+record appended to a deque). Agent thread: ``agent_tick`` reads records, smooths, and writes
+``telemetry.noise``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..protocol import Capability, Event, NoiseScaleReading
+from ..safety import FaultGuard
+from ..telemetry import Telemetry
+from .autograd import ExampleCounter
+from .ddp import CommHookTaken, DDPSource
+from .layers import SUPPORTED_NAMES
+from .microbatch import MicrobatchSource
+from .per_example import PerExampleSource
+from .record import StepRecord, read
+from .scaling import AdamPreconditioner, LossScale
+from .sequential import SequentialSource
+from .source import Source
+from .tracker import UNACCOUNTED, Tracker
+
+MODES = ("auto", "per_example", "microbatch", "sequential")
+SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
+DEFAULT_BUDGET = 0.02  # share of the step time bsmon's noise-scale hooks may take
+_RESET = object()
+
+
+class Budget:
+    """Chooses the steps to measure so that the hooks cost at most ``fraction`` of the step
+    time on average: a token bucket credited ``fraction × step time`` per step and debited the
+    measured host time of bsmon's hooks (on the CPU that is the norm computations themselves;
+    on a GPU, only their launch). Which steps are measured depends on timing, never on the
+    gradients, so the estimate stays unbiased; only its variance grows."""
+
+    def __init__(self, fraction: float | None) -> None:
+        self.fraction = fraction
+        self.credit = 0.0
+        self.cost: float | None = None  # smoothed cost of one measured step, seconds
+        self.share = 1.0  # smoothed share of steps measured
+
+    def next(self, measured: bool, cost: float, step_time: float | None) -> bool:
+        """After a step: whether to measure the next one."""
+        if measured and cost > 0:
+            self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
+        fraction = self.fraction
+        if fraction is None or fraction >= 1 or not step_time or self.cost is None:
+            decision = True
+        else:
+            self.credit += fraction * step_time - (cost if measured else 0.0)
+            self.credit = min(self.credit, 2 * self.cost)  # no bursts after a long pause
+            decision = self.credit >= self.cost
+        self.share = 0.98 * self.share + 0.02 * decision
+        return decision
+
+
+def _world() -> int:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+class NoiseScale:
+    def __init__(
+        self,
+        model: nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        *,
+        mode: str | None,
+        window: int,
+        guard: FaultGuard,
+        emit: Callable[[Event], None],
+        step: Callable[[], int],
+        grad_scaler: Any = None,
+        preconditioned: bool = False,
+        budget: float | None = DEFAULT_BUDGET,
+        examples_hint: Callable[[], int | None] = lambda: None,
+        step_time: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        if mode is not None and mode not in MODES:
+            choices = ", ".join(repr(m) for m in (*MODES, None))
+            raise ValueError(f"noise_scale must be one of {choices}, got {mode!r}")
+        self.mode = mode
+        self.window = window
+        self._guard = guard
+        self._emit_event = emit
+        self._step = step
+        self._loss_scale = LossScale(grad_scaler)
+        self._precond = AdamPreconditioner(optimizer) if preconditioned else None
+        self.preconditioned = preconditioned
+        if budget is not None and not budget > 0:
+            raise ValueError(f"noise_budget must be a positive fraction or None, got {budget!r}")
+        self.budget = Budget(budget)
+        self._step_time = step_time
+        self._last_measured = 0
+        self._examples_hint = examples_hint
+        self._model = model
+        self._trainable = list(
+            {
+                id(p): p for g in optimizer.param_groups for p in g["params"] if p.requires_grad
+            }.values()
+        )
+        ddp_type = torch.nn.parallel.DistributedDataParallel
+        self._world = _world()
+        self._ddp = model if isinstance(model, ddp_type) and self._world > 1 else None
+        self._inner = model.module if isinstance(model, ddp_type) else model
+        self._counter: ExampleCounter | None = None
+        self._inbox: deque[Any] = deque()
+        self._exclusions: deque[tuple[int, ...]] = deque()
+        self.tracker = Tracker(window)
+        self.source: Source | None = None
+        self.why = "turned off: attach(noise_scale=None)"
+        self._accumulating_steps = 0
+        self._single_steps = 0
+        self._auto_microbatch = False
+        self._reported: set[str] = set()
+        self.reading = NoiseScaleReading()
+        if mode is not None:
+            try:
+                self.source, self.why = self._choose(mode)
+            except Exception as exc:  # a bsmon bug must not stop the job from starting
+                guard.report("noise scale: setup", exc)
+                self.source, self.why = None, f"bsmon could not set it up: {exc}"
+        self.reading = self._reading()
+
+    # -- choosing ------------------------------------------------------------------------------
+
+    def _kwargs(self, world: int = 1) -> dict[str, Any]:
+        return {
+            "guard": self._guard,
+            "loss_scale": self._loss_scale,
+            "precond": self._precond,
+            "emit": self._emit,
+            "world": world,
+        }
+
+    def _counted(self) -> ExampleCounter:
+        if self._counter is None:
+            self._counter = ExampleCounter(self._model, self._guard)
+        return self._counter
+
+    def _per_example(self, world: int) -> PerExampleSource | None:
+        if self._inner is None:
+            return None
+        source = PerExampleSource(self._inner, self._trainable, **self._kwargs(world))
+        if source.coverage > 0:
+            return source
+        source.close()
+        return None
+
+    def _microbatch(self) -> MicrobatchSource:
+        return MicrobatchSource(
+            self._trainable, self._counted(), self._examples_hint, **self._kwargs()
+        )
+
+    def _choose(self, mode: str) -> tuple[Source | None, str]:
+        world = self._world
+        no_layers = (
+            f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); "
+            "use noise_scale='microbatch' with gradient accumulation, or 'sequential' (biased)"
+        )
+        if mode == "sequential":
+            source = SequentialSource(
+                self._trainable,
+                self._counted(),
+                self._examples_hint,
+                self._model,
+                **self._kwargs(world),
+            )
+            return source, "consecutive steps (sequential: biased, for comparison only)"
+        if world > 1 and mode in ("auto", "microbatch"):
+            if self._ddp is None:
+                return None, (
+                    f"distributed run ({world} ranks): pass the DistributedDataParallel-wrapped "
+                    "model to attach() to measure the noise scale"
+                )
+            try:
+                source = DDPSource(
+                    self._ddp, self._counted(), self._examples_hint, **self._kwargs(world)
+                )
+                return source, f"local vs all-reduced gradients over {world} ranks (DDP comm hook)"
+            except CommHookTaken:
+                taken = (
+                    "the DDP model had a comm hook before attach() (attach first, so bsmon can "
+                    "wrap it)"
+                )
+                if mode == "microbatch":
+                    return None, taken
+                source = self._per_example(world)
+                if source is None:
+                    return None, f"{taken}; and {no_layers}"
+                return source, f"per-example gradient norms ({taken})"
+        if mode in ("auto", "per_example"):
+            if world > 1 and self._ddp is None and mode == "per_example":
+                return None, "distributed run: pass the DistributedDataParallel-wrapped model"
+            source = self._per_example(world)
+            if source is not None:
+                why = "per-example gradient norms in the backward pass"
+                return source, why + (" (auto: one device)" if mode == "auto" else "")
+            if mode == "per_example":
+                return None, no_layers
+            self._auto_microbatch = True
+            return self._microbatch(), (
+                "micro-batch norms (auto: no layer to measure per example; "
+                "needs gradient accumulation)"
+            )
+        return self._microbatch(), "micro-batch norms across the backward passes of each step"
+
+    # -- training thread -----------------------------------------------------------------------
+
+    def on_step(self) -> None:
+        """At the optimizer's pre-step hook: hand this step's record to the agent thread."""
+        source = self.source
+        if source is None:
+            return
+        try:
+            while self._exclusions:
+                ids = self._exclusions.popleft()
+                if isinstance(source, PerExampleSource):
+                    source.exclude_params(ids, UNACCOUNTED)
+            step = self._step() + 1
+            measured = source.measuring
+            record = source.take_record(step)
+            if record is not None:
+                gap = step - self._last_measured if self._last_measured else 1
+                self._last_measured = step
+                self._inbox.append(dataclasses.replace(record, gap=max(1, gap)))
+            if self.mode == "auto" and self._ddp is None and measured:
+                self._maybe_switch(source.last_backwards)
+            measure_next = self.budget.next(measured, source.take_cost(), self._step_time())
+            self.source.set_measuring(measure_next)  # type: ignore[union-attr]
+        except Exception as exc:
+            self._guard.report("noise scale: step", exc)
+
+    def _maybe_switch(self, backwards: int) -> None:
+        if backwards == 0:
+            return
+        if backwards > 1:
+            self._accumulating_steps += 1
+            self._single_steps = 0
+        else:
+            self._single_steps += 1
+            self._accumulating_steps = 0
+        source = self.source
+        if isinstance(source, PerExampleSource) and self._accumulating_steps >= SWITCH_AFTER:
+            self._switch(self._microbatch(), "gradient accumulation", True)
+        elif (
+            isinstance(source, MicrobatchSource)
+            and self._auto_microbatch
+            and self._single_steps >= SWITCH_AFTER
+            and self._inner is not None
+        ):
+            per_example = self._per_example(1)
+            if per_example is not None:
+                self._switch(per_example, "no more gradient accumulation", False)
+
+    def _switch(self, new: Source, because: str, auto_microbatch: bool) -> None:
+        old = self.source
+        if old is not None:
+            old.close()
+            new.set_measuring(old.measuring)
+        self.source = new
+        self._last_measured = 0
+        self._auto_microbatch = auto_microbatch
+        self._accumulating_steps = self._single_steps = 0
+        self.why = (
+            "micro-batch norms across the backward passes of each step (auto: gradient "
+            "accumulation)"
+            if isinstance(new, MicrobatchSource)
+            else "per-example gradient norms in the backward pass (auto: one device)"
+        )
+        self._inbox.append(_RESET)
+        self._emit(
+            f"noise scale: {because}, now measured with {new.estimator} (estimate restarted)"
+        )
+
+    def _emit(self, message: str, level: str = "info") -> None:
+        event = Event(time.time(), self._step(), "noise_scale", message, level)  # type: ignore[arg-type]
+        self._emit_event(event)
+
+    # -- agent thread --------------------------------------------------------------------------
+
+    def agent_tick(self, telemetry: Telemetry) -> None:
+        inbox = self._inbox
+        changed = False
+        while inbox:
+            item = inbox[0]
+            if item is _RESET:
+                inbox.popleft()
+                self.tracker.reset()
+                changed = True
+                continue
+            values = read(item.values)
+            if values is None:
+                break  # a device copy still in flight; keep the order
+            inbox.popleft()
+            self._ingest(item, values, telemetry)
+            changed = True
+        if changed:
+            self.reading = self._reading()
+            telemetry.noise = self.reading
+
+    def _ingest(self, record: StepRecord, values: list[float], telemetry: Telemetry) -> None:
+        outcome = self.tracker.add(record, values)
+        if outcome.exclude:
+            self._exclusions.append(outcome.exclude)
+        if outcome.reason and outcome.reason not in self._reported and len(self._reported) < 20:
+            self._reported.add(outcome.reason)
+            telemetry.add_event(
+                Event(
+                    t=time.time(),
+                    step=record.step,
+                    kind="noise_scale",
+                    level="warning",
+                    message=f"noise scale: skipped step {record.step}: {outcome.reason} "
+                    "(further skips are only counted)",
+                )
+            )
+
+    def _reading(self) -> NoiseScaleReading:
+        source = self.source
+        if source is None:
+            return NoiseScaleReading(note=self.why)
+        detail = source.detail()
+        share = self.budget.share
+        if share < 0.95 and not source.always_measure:
+            detail += f"; measured on {share:.0%} of steps (cost budget)"
+        return self.tracker.reading(
+            estimator=source.estimator,
+            coverage=source.coverage,
+            biased=source.biased,
+            preconditioned=self.preconditioned,
+            detail=detail,
+        )
+
+    # -- either thread -------------------------------------------------------------------------
+
+    @property
+    def capability(self) -> Capability:
+        if self.source is None:
+            return Capability(False, self.why)
+        extra = " (Adam-preconditioned)" if self.preconditioned else ""
+        return Capability(True, self.why + extra)
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        if self._counter is not None:
+            self._counter.remove()

@@ -1,0 +1,180 @@
+"""DDP: each rank's local gradient before the all-reduce against the all-reduced one.
+
+bsmon registers a DDP communication hook (the official API, research note §8.3 and
+factcheck §3). For every gradient bucket it takes the squared norm of the bucket as this rank
+computed it (``bucket.buffer()`` before the all-reduce: the local gradient, summed over any
+``no_sync`` micro-steps), then hands the bucket to the real communication hook, and takes the
+squared norm of what comes back (the averaged gradient the optimizer will see). The local
+batch of B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2),
+estimated on every rank from its own local norm: no extra collective, so a rank that runs
+without bsmon cannot be left waiting.
+
+DDP allows one communication hook per model. bsmon's hook calls the *real* one: DDP's default
+all-reduce, or the hook the user registers later — ``register_comm_hook`` and
+``_register_builtin_comm_hook`` of that model are redirected to become the inner hook instead
+of failing. A hook registered *before* ``attach()`` cannot be wrapped (DDP offers no way to
+replace it); then this source is unavailable and ``auto`` falls back to per-example norms.
+When the monitor closes, the hook stays (DDP cannot remove one) but only forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from .autograd import ExampleCounter
+from .record import StepRecord
+from .source import Source
+
+
+class CommHookTaken(RuntimeError):
+    """The DDP model already has a communication hook, registered before attach()."""
+
+
+def _builtin_hooks() -> dict[Any, Callable]:
+    kinds = dist.BuiltinCommHookType
+    return {
+        kinds.ALLREDUCE: default_hooks.allreduce_hook,
+        kinds.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+    }
+
+
+def bsmon_comm_hook(state: DDPSource, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
+    """The hook DDP calls per bucket; ``state`` is the source. Measures around the inner hook."""
+    local = state.measure_local(bucket)
+    future = state.inner_hook(state.inner_state, bucket)
+    if local is None:
+        return future
+
+    def after(done: torch.futures.Future) -> Tensor:
+        value = done.value()
+        state.measure_global(value, bucket, local)
+        return value
+
+    return future.then(after)
+
+
+class DDPSource(Source):
+    estimator = "ddp"
+
+    def __init__(
+        self,
+        ddp: torch.nn.parallel.DistributedDataParallel,
+        counter: ExampleCounter,
+        examples_hint: Callable[[], int | None],
+        **kwargs: Any,
+    ) -> None:
+        params = [p for p in ddp.parameters() if p.requires_grad]
+        super().__init__(params, **kwargs)
+        self._counter = counter
+        self._examples_hint = examples_hint
+        self.inner_state: Any = ddp.process_group
+        self.inner_hook: Callable = default_hooks.allreduce_hook
+        self.inner_name = "DDP's all-reduce"
+        try:
+            ddp.register_comm_hook(self, bsmon_comm_hook)
+        except RuntimeError as exc:
+            raise CommHookTaken(str(exc)) from None
+        self._ddp = ddp
+        self._redirect(ddp)
+        self._local: list[Tensor] = []
+        self._global: list[Tensor] = []
+
+    def _redirect(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Later registrations on this model set the inner hook instead of failing."""
+
+        def register_comm_hook(state: object, hook: Callable) -> None:
+            ddp._check_comm_hook(hook)
+            self.inner_state, self.inner_hook = state, hook
+            self.inner_name = getattr(hook, "__qualname__", repr(hook))
+
+        def register_builtin_comm_hook(comm_hook_type: Any) -> None:
+            hook = _builtin_hooks().get(comm_hook_type)
+            if hook is None:
+                raise RuntimeError(f"bsmon cannot wrap the built-in comm hook {comm_hook_type}")
+            self.inner_state, self.inner_hook = ddp.process_group, hook
+            self.inner_name = str(comm_hook_type)
+
+        ddp.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+        ddp._register_builtin_comm_hook = register_builtin_comm_hook  # type: ignore[method-assign]
+
+    # -- in the comm hook (autograd thread) ----------------------------------------------------
+
+    def measure_local(self, bucket: dist.GradBucket) -> Tensor | None:
+        if not self.active:
+            return None
+        start = time.perf_counter()
+        try:
+            if self._scale is None:
+                self._scale = self.loss_scale.current(bucket.buffer().device)
+            return self._bucket_sq(bucket, [bucket.buffer()])
+        except Exception as exc:
+            self.report("DDP comm hook (local norm)", exc)
+            return None
+        finally:
+            self.cost += time.perf_counter() - start
+
+    def measure_global(self, value: Any, bucket: dist.GradBucket, local: Tensor) -> None:
+        if self.closed:
+            return
+        start = time.perf_counter()
+        try:
+            tensor = value[0] if isinstance(value, (list, tuple)) else value
+            self._global.append(self._bucket_sq(bucket, [tensor]))
+            self._local.append(local)
+            self.backwards = max(self.backwards, 1)
+        except Exception as exc:
+            self.report("DDP comm hook (global norm)", exc)
+        finally:
+            self.cost += time.perf_counter() - start
+
+    def _bucket_sq(self, bucket: dist.GradBucket, flat: list[Tensor]) -> Tensor:
+        data = flat[0].detach()
+        if self.precond is None:
+            return data.float().square().sum()
+        params = bucket.parameters()
+        pieces = torch.split(data.reshape(-1), [p.numel() for p in params])
+        total = data.new_zeros((), dtype=torch.float32)
+        for piece, param in zip(pieces, params, strict=True):
+            w2 = self.precond.w2(param)
+            if w2 is None:
+                self._problem = "Adam state not initialised yet (first step)"
+                continue
+            total = total + (piece.float().square() * w2.reshape(-1)).sum()
+        return total
+
+    # -- step ----------------------------------------------------------------------------------
+
+    def _record(self, step: int) -> StepRecord | None:
+        if not self._global or self._scale is None:
+            return None
+        device = self._global[0].device
+        self._total = torch.stack([t.to(device) for t in self._global]).sum()
+        local = torch.stack([t.to(device) for t in self._local]).sum()
+        examples = self._counter.take() or self._examples_hint() or 0
+        if not examples:
+            self._problem = "unknown local batch size (pass batch_size= to attach)"
+        world = self.world
+        return self._make(
+            step,
+            [local],
+            examples=examples * world,
+            units=((1, float(examples or 1), 1.0 / (world * world)),),
+        )
+
+    def _clear(self) -> None:
+        self._counter.take()
+        self._local = []
+        self._global = []
+
+    def detail(self) -> str:
+        return f"local vs all-reduced gradient, {self.world} ranks (around {self.inner_name})"
+
+    def close(self) -> None:
+        super().close()  # the hook stays registered (DDP cannot remove it) and only forwards

@@ -1,0 +1,202 @@
+"""Which layers bsmon measures per example, and how: discovery, coverage, dispatch.
+
+Supported: nn.Linear (2-D and ≥3-D inputs), nn.Conv1d, nn.Conv2d, nn.Embedding, and the affine
+parameters of nn.LayerNorm, nn.RMSNorm, nn.GroupNorm and nn.BatchNorm1d/2d/3d. Dim 0 of a
+layer's input is the example. Left out (their parameters are excluded from both terms of the
+estimate, and coverage says how much that is):
+
+- parameters of other layers, and raw parameters used functionally;
+- parameters held by two modules (tied weights: per-example norms of a shared parameter are
+  not additive across its uses — research note §6.8);
+- layers inside nn.MultiheadAttention (its out_proj weight is used functionally) and inside
+  nn.Transformer* layers built with batch_first=False (their inputs are not batch-first);
+- nn.Embedding with scale_grad_by_freq (the scaling couples the examples).
+
+At run time a layer is dropped (with an event) if it runs twice in one backward pass (weight
+sharing) or if its parameters receive gradient without its hook firing (used functionally).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from . import pernorms
+from .scaling import AdamPreconditioner
+
+SUPPORTED_NAMES = "Linear, Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, BatchNorm"
+_RMSNorm = getattr(nn, "RMSNorm", None)
+_BATCH_FIRST_CONTAINERS = (
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+    nn.TransformerEncoder,
+    nn.TransformerDecoder,
+    nn.Transformer,
+)
+
+
+def kind_of(module: nn.Module) -> str | None:
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return "conv"
+    if isinstance(module, nn.Embedding):
+        return None if module.scale_grad_by_freq else "embedding"
+    if isinstance(module, nn.LayerNorm):
+        return "layer_norm"
+    if _RMSNorm is not None and isinstance(module, _RMSNorm):
+        return "rms_norm"
+    if isinstance(module, nn.GroupNorm):
+        return "group_norm"
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+        module, nn.SyncBatchNorm
+    ):
+        return "batch_norm"
+    return None
+
+
+# the fewest input dims with a batch dim in front
+_MIN_DIMS = {"linear": 2, "embedding": 1, "group_norm": 2, "batch_norm": 2}
+
+
+@dataclass(eq=False)
+class Layer:
+    name: str
+    module: nn.Module
+    kind: str
+    weight: nn.Parameter | None
+    bias: nn.Parameter | None
+    fires: int = field(default=0, compare=False)
+
+    @property
+    def params(self) -> tuple[nn.Parameter, ...]:
+        return tuple(p for p in (self.weight, self.bias) if p is not None)
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def accepts(self, x: object) -> bool:
+        """Whether this call has a batched input bsmon can take apart."""
+        if not isinstance(x, Tensor):
+            return False
+        module = self.module
+        if self.kind == "conv":
+            return x.dim() == (3 if isinstance(module, nn.Conv1d) else 4)
+        if self.kind in ("layer_norm", "rms_norm"):
+            return x.dim() > len(module.normalized_shape)  # type: ignore[arg-type]
+        return x.dim() >= _MIN_DIMS[self.kind]
+
+    def norms(
+        self,
+        x: Tensor | None,
+        x_sq: Tensor | None,
+        g: Tensor,
+        precond: AdamPreconditioner | None,
+        batch_stats: bool,
+    ) -> Tensor:
+        """Per-example squared norms (B,) of this layer's measured parameters."""
+        weight = self.weight is not None and self.weight.requires_grad
+        bias = self.bias is not None and self.bias.requires_grad
+        w2 = (
+            (
+                precond.w2(self.weight) if weight else None,  # type: ignore[arg-type]
+                precond.w2(self.bias) if bias else None,  # type: ignore[arg-type]
+            )
+            if precond is not None
+            else (None, None)
+        )
+        m = self.module
+        kind = self.kind
+        flags = {"weight": weight, "bias": bias, "w2": w2}
+        if kind == "linear":
+            return pernorms.linear(x, g, x_sq=x_sq, **flags)
+        assert x is not None
+        if kind == "conv":
+            return pernorms.conv(m, x, g, **flags)  # type: ignore[arg-type]
+        if kind == "embedding":
+            if not weight:
+                return g.new_zeros(g.shape[0], dtype=torch.float32)
+            return pernorms.embedding(m, x, g, w2)  # type: ignore[arg-type]
+        if kind == "layer_norm":
+            return pernorms.layer_norm(m, x, g, **flags)  # type: ignore[arg-type]
+        if kind == "rms_norm":
+            return pernorms.rms_norm(m, x, g, weight=weight, w2=w2)
+        if kind == "group_norm":
+            return pernorms.group_norm(m, x, g, **flags)  # type: ignore[arg-type]
+        return pernorms.batch_norm(m, x, g, batch_stats=batch_stats, **flags)  # type: ignore[arg-type]
+
+
+@dataclass
+class Discovery:
+    layers: list[Layer]
+    trainable_numel: int
+    left_out: dict[str, int]  # reason -> parameters (elements) left out for it
+
+
+def _excluded_subtrees(model: nn.Module) -> dict[str, str]:
+    """Module-name prefixes whose layers must not be measured, with the reason."""
+    out: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.MultiheadAttention):
+            out[name] = "attention projections used functionally"
+        elif isinstance(module, _BATCH_FIRST_CONTAINERS) and not _batch_first(module):
+            out[name] = "transformer layer with batch_first=False"
+    return out
+
+
+def _batch_first(module: nn.Module) -> bool:
+    if hasattr(module, "batch_first"):
+        return bool(module.batch_first)
+    attention = next((m for m in module.modules() if isinstance(m, nn.MultiheadAttention)), None)
+    return bool(attention.batch_first) if attention is not None else True
+
+
+def _under(name: str, prefixes: dict[str, str]) -> str | None:
+    for prefix, reason in prefixes.items():
+        if prefix in ("", name) or name.startswith(prefix + "."):
+            return reason
+    return None
+
+
+def discover(model: nn.Module, trainable: list[Tensor]) -> Discovery:
+    trainable_ids = {id(p) for p in trainable}
+    owners: Counter[int] = Counter()
+    for module in model.modules():
+        for p in module._parameters.values():
+            if p is not None:
+                owners[id(p)] += 1
+    excluded = _excluded_subtrees(model)
+    layers: list[Layer] = []
+    measured: set[int] = set()
+    reasons: dict[int, tuple[int, str]] = {}
+    for name, module in model.named_modules():
+        kind = kind_of(module)
+        why = _under(name, excluded)
+        if why is None and kind is None:
+            why = f"unsupported layer {type(module).__name__}"
+        chosen: dict[str, nn.Parameter] = {}
+        for pname, p in module._parameters.items():
+            if p is None or id(p) not in trainable_ids or id(p) in measured:
+                continue
+            if owners[id(p)] > 1:
+                reasons[id(p)] = (p.numel(), "tied to another module")
+            elif why is not None:
+                reasons[id(p)] = (p.numel(), why)
+            elif pname not in ("weight", "bias"):
+                reasons[id(p)] = (p.numel(), f"{type(module).__name__}.{pname}")
+            else:
+                chosen[pname] = p
+                measured.add(id(p))
+        if chosen:
+            layers.append(
+                Layer(name, module, kind, chosen.get("weight"), chosen.get("bias"))  # type: ignore[arg-type]
+            )
+    left_out: Counter[str] = Counter()
+    for numel, reason in reasons.values():
+        left_out[reason] += numel
+    total = sum(p.numel() for p in {id(p): p for p in trainable}.values())
+    return Discovery(layers, total, dict(left_out))

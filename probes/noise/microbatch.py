@@ -1,0 +1,104 @@
+"""Micro-batch norms under gradient accumulation (several backward passes per step).
+
+A tensor hook on every trainable parameter sees the gradient each backward pass contributes
+before it is added to ``p.grad``; its squared norm is summed on the device per pass. With k
+passes of b_j examples and the step's gradient ḡ = Σ_j c_j, the micro-batches are the small
+batches and the step the big one (eq. A.2 in the form of ``estimators.components``): unbiased,
+whether or not the loss is divided by k, with no copy of any gradient (AdaptDL's method,
+research note §2.3, §8.2). A step with a single backward pass has no small batch: it is
+skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .autograd import ExampleCounter, squared_norm
+from .record import StepRecord
+from .source import Source
+
+
+class MicrobatchSource(Source):
+    estimator = "microbatch"
+
+    def __init__(
+        self,
+        trainable: list[Tensor],
+        counter: ExampleCounter,
+        examples_hint: Callable[[], int | None],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(trainable, **kwargs)
+        self._counter = counter
+        self._examples_hint = examples_hint
+        self._handles = [p.register_hook(functools.partial(self._gradient, p)) for p in trainable]
+        self._pending: list[Tensor] = []  # this backward pass
+        self._units: list[tuple[Tensor, int]] = []  # this step: (Σ|c_j|², examples) per pass
+        self.last_units = 0
+
+    def _gradient(self, param: Tensor, grad: Tensor) -> None:
+        if not self.active:
+            return
+        start = time.perf_counter()
+        try:
+            w2 = self.precond.w2(param) if self.precond is not None else None
+            self._pending.append(squared_norm(grad, w2))
+            self._end.touch()
+        except Exception as exc:
+            self.report("micro-batch gradient hook", exc)
+        finally:
+            self.cost += time.perf_counter() - start
+
+    def _on_backward_end(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        device = pending[0].device
+        self._units.append(
+            (torch.stack([t.to(device) for t in pending]).sum(), self._counter.take())
+        )
+        super()._on_backward_end()
+
+    def _record(self, step: int) -> StepRecord | None:
+        units = self._units
+        if not units:
+            return None
+        sizes = [n for _, n in units]
+        if not all(sizes):  # the forward passes could not be counted: share the declared batch
+            hint = self._examples_hint() or 0
+            sizes = [hint / len(units)] * len(units) if hint else sizes
+        if len(units) < 2:
+            self._problem = (
+                "the micro-batch estimator needs gradient accumulation "
+                "(2 or more backward passes per optimizer step)"
+            )
+        elif not all(sizes):
+            self._problem = "unknown micro-batch sizes (pass batch_size= to attach)"
+        return self._make(
+            step,
+            [value for value, _ in units],
+            examples=sum(sizes),
+            units=tuple((1, float(n), 1.0) for n in sizes),
+        )
+
+    def _clear(self) -> None:
+        self.last_units = len(self._units)
+        self._counter.take()  # forward passes not followed by a backward pass in this step
+        self._pending = []
+        self._units = []
+
+    def detail(self) -> str:
+        k = self.last_units
+        return f"{k} micro-batches per step" if k > 1 else "waiting for gradient accumulation"
+
+    def close(self) -> None:
+        super().close()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

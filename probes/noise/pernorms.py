@@ -1,0 +1,308 @@
+"""Per-example squared gradient norms of one layer, from its input and its output gradient.
+
+Each function returns a ``(B,)`` tensor: for every example ``i`` of the batch (dim 0), the
+squared norm of that example's *contribution* to the layer's parameter gradients (weight and
+bias together), i.e. ``|c_i|²`` where ``p.grad = Σ_i c_i``. Nothing here touches hooks or the
+agent; these are pure tensor functions, checked against brute force in the tests.
+
+``w2`` is an optional per-parameter weight of the same shape as the parameter (the squared
+Adam preconditioner ``1/(√v̂+ε)²``); with it the result is ``Σ w2 ⊙ c_i²``.
+
+Methods (research note §5): the Goodfellow trick for 2-D linear inputs; for sequences and
+convolutions either the "ghost" Gram form (no per-example gradient is formed) or per-example
+gradients materialised in chunks, whichever needs fewer FLOPs; sorted segment sums for
+embeddings; closed forms for the affine parameters of normalisation layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Per-example gradients are materialised in chunks of at most this many elements (float32:
+# 64 MiB), so the transient memory stays bounded whatever the batch.
+CHUNK_ELEMENTS = 1 << 24
+
+Weights = tuple[Tensor | None, Tensor | None]  # (weight w2, bias w2)
+
+
+def _work_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _as_work(t: Tensor) -> Tensor:
+    t = t.detach()
+    dtype = _work_dtype(t)
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _sq(t: Tensor, dims: tuple[int, ...], w2: Tensor | None = None) -> Tensor:
+    """Σ over ``dims`` of t² (weighted by w2, broadcast from the right). Unweighted, it is a
+    norm reduction: no temporary of t's size (which on the CPU costs more than the sum)."""
+    if w2 is None:
+        return torch.linalg.vector_norm(t, dim=dims, dtype=_work_dtype(t)).square()
+    t2 = _as_work(t).square() * w2.to(_work_dtype(t))
+    return t2.sum(dims)
+
+
+def _flat_batch(x: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, *, d) → (B, T, d), with T the product of the middle dims."""
+    b = x.shape[0]
+    return x.reshape(b, -1, x.shape[-1]), g.reshape(b, -1, g.shape[-1])
+
+
+def matmul_grad_sq(a: Tensor, g: Tensor, w2: Tensor | None = None, groups: int = 1) -> Tensor:
+    """Per-example ``|Σ_t g_t a_tᵀ|²`` for a: (B, T, din), g: (B, T, dout).
+
+    With ``groups > 1`` the feature dims are split into that many independent blocks (grouped
+    convolutions): ``din = groups·din_g``, ``dout = groups·dout_g``.
+    """
+    b, t, din = a.shape
+    dout = g.shape[2]
+    din_g, dout_g = din // groups, dout // groups
+    ghost_cost = t * t * (din_g + dout_g)
+    materialise_cost = t * din_g * dout_g
+    if w2 is None and ghost_cost <= materialise_cost:
+        if groups == 1:
+            gram_a = torch.bmm(a, a.transpose(1, 2))
+            gram_g = torch.bmm(g, g.transpose(1, 2))
+            return (gram_a * gram_g).sum((1, 2))
+        ag = a.reshape(b, t, groups, din_g).permute(0, 2, 1, 3)  # (B, G, T, din_g)
+        gg = g.reshape(b, t, groups, dout_g).permute(0, 2, 1, 3)
+        gram_a = torch.matmul(ag, ag.transpose(2, 3))
+        gram_g = torch.matmul(gg, gg.transpose(2, 3))
+        return (gram_a * gram_g).sum((1, 2, 3))
+    # materialise per-example gradients (B, G, dout_g, din_g), a chunk of examples at a time
+    per_example = groups * dout_g * din_g
+    step = max(1, CHUNK_ELEMENTS // max(per_example, 1))
+    if w2 is not None:
+        w2 = w2.reshape(groups, dout_g, din_g).to(a.dtype)
+    out = []
+    for start in range(0, b, step):
+        ac = a[start : start + step].reshape(-1, t, groups, din_g).permute(0, 2, 3, 1)
+        gc = g[start : start + step].reshape(-1, t, groups, dout_g).permute(0, 2, 1, 3)
+        grads = torch.matmul(ac, gc)  # (b', G, din_g, dout_g)
+        out.append(_sq(grads.transpose(2, 3), (1, 2, 3), w2))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------
+
+
+def linear_input_sq(x: Tensor) -> Tensor:
+    """For a 2-D input: per-example |a_i|², taken in the forward so the input can be freed."""
+    return _sq(x.detach(), (1,))
+
+
+def linear(
+    x: Tensor | None,
+    g: Tensor,
+    *,
+    weight: bool,
+    bias: bool,
+    w2: Weights = (None, None),
+    x_sq: Tensor | None = None,
+) -> Tensor:
+    """nn.Linear: x (B, *, din), g (B, *, dout). ``x_sq`` is ``linear_input_sq(x)`` for a 2-D
+    input without a preconditioner (then ``x`` may be None)."""
+    g = g.detach()
+    w2w, w2b = w2
+    if g.dim() == 2:
+        if weight and w2w is not None:
+            assert x is not None
+            g2 = _as_work(g).square()
+            total = (torch.matmul(g2, w2w.to(g2.dtype)) * _as_work(x).square()).sum(1)
+            return total + _sq(g, (1,), w2b) if bias else total
+        g_sq = None if (bias and w2b is not None) else _sq(g, (1,))
+        if not weight:
+            return g_sq if g_sq is not None else _sq(g, (1,), w2b)
+        a_sq = x_sq if x_sq is not None else linear_input_sq(x)  # type: ignore[arg-type]
+        if g_sq is None:  # weight unweighted, bias weighted
+            return _sq(g, (1,)) * a_sq + _sq(g, (1,), w2b)
+        # Goodfellow: |g_i a_iᵀ|² = |g_i|²|a_i|², and the bias adds |g_i|²
+        return g_sq * (a_sq + 1) if bias else g_sq * a_sq
+    assert x is not None
+    a3, g3 = _flat_batch(_as_work(x), _as_work(g))
+    total = matmul_grad_sq(a3, g3, w2w) if weight else g3.new_zeros(g3.shape[0])
+    if bias:
+        total = total + _sq(g3.sum(1), (1,), w2b)
+    return total
+
+
+def _conv_patches(module: nn.Conv1d | nn.Conv2d, x: Tensor) -> Tensor:
+    """The input patches a convolution multiplies with its weight: (B, Cin·K, L)."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    pad = list(module._reversed_padding_repeated_twice)
+    if any(pad):
+        x = F.pad(x, pad, mode=mode)
+    if isinstance(module, nn.Conv1d):
+        return F.unfold(
+            x.unsqueeze(2),
+            kernel_size=(1, module.kernel_size[0]),
+            dilation=(1, module.dilation[0]),
+            stride=(1, module.stride[0]),
+        )
+    return F.unfold(x, module.kernel_size, dilation=module.dilation, stride=module.stride)
+
+
+def conv(
+    module: nn.Conv1d | nn.Conv2d,
+    x: Tensor,
+    g: Tensor,
+    *,
+    weight: bool,
+    bias: bool,
+    w2: Weights = (None, None),
+) -> Tensor:
+    """nn.Conv1d / nn.Conv2d with a batched input x (B, Cin, *) and g (B, Cout, *)."""
+    g = _as_work(g)
+    b = g.shape[0]
+    g3 = g.reshape(b, g.shape[1], -1)  # (B, Cout, L)
+    total = g3.new_zeros(b)
+    if weight:
+        patches = _conv_patches(module, _as_work(x))  # (B, Cin·K, L)
+        total = matmul_grad_sq(
+            patches.transpose(1, 2), g3.transpose(1, 2), w2[0], groups=module.groups
+        )
+    if bias:
+        total = total + _sq(g3.sum(2), (1,), w2[1])
+    return total
+
+
+def embedding(module: nn.Embedding, idx: Tensor, g: Tensor, w2: Weights = (None, None)) -> Tensor:
+    """nn.Embedding: idx (B, *) integer, g (B, *, dim). Sorted segment sums per example:
+    O(B·T·dim), no data-dependent shapes (so no device sync)."""
+    g = _as_work(g)
+    b = g.shape[0]
+    idx = idx.reshape(b, -1)
+    g = g.reshape(b, idx.shape[1], -1)
+    if module.padding_idx is not None:
+        g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
+    if idx.shape[1] == 1:
+        rows = idx[:, 0]
+        return _sq(g[:, 0], (1,), None if w2[0] is None else w2[0][rows])
+    sorted_idx, order = idx.sort(dim=1)
+    gs = g.gather(1, order.unsqueeze(-1).expand_as(g))
+    csum = gs.cumsum(1)
+    t = idx.shape[1]
+    is_end = torch.ones_like(sorted_idx, dtype=torch.bool)
+    is_end[:, :-1] = sorted_idx[:, 1:] != sorted_idx[:, :-1]
+    pos = torch.arange(t, device=idx.device).expand(b, t)
+    ends = torch.where(is_end, pos, torch.full_like(pos, -1))
+    prev_end = torch.cat([ends.new_full((b, 1), -1), ends[:, :-1].cummax(1).values], dim=1)
+    before = csum.gather(1, prev_end.clamp(min=0).unsqueeze(-1).expand_as(csum))
+    before = before * (prev_end >= 0).unsqueeze(-1).to(before.dtype)
+    segments = csum - before  # at segment ends: the sum of g over one distinct row
+    w2w = None if w2[0] is None else w2[0][sorted_idx]
+    per_row = _sq(segments, (2,), w2w)
+    return (per_row * is_end.to(per_row.dtype)).sum(1)
+
+
+def layer_norm(
+    module: nn.LayerNorm,
+    x: Tensor,
+    g: Tensor,
+    *,
+    weight: bool,
+    bias: bool,
+    w2: Weights = (None, None),
+) -> Tensor:
+    """nn.LayerNorm: x (B, *, *normalized_shape)."""
+    x, g = _as_work(x), _as_work(g)
+    nd = len(module.normalized_shape)
+    dims = tuple(range(x.dim() - nd, x.dim()))
+    mean = x.mean(dims, keepdim=True)
+    var = x.var(dims, unbiased=False, keepdim=True)
+    x_hat = (x - mean) * torch.rsqrt(var + module.eps)
+    return _norm_affine(x_hat, g, nd, weight=weight, bias=bias, w2=w2)
+
+
+def rms_norm(
+    module: nn.Module, x: Tensor, g: Tensor, *, weight: bool, w2: Weights = (None, None)
+) -> Tensor:
+    """nn.RMSNorm (torch ≥ 2.4): x (B, *, *normalized_shape); only a weight."""
+    x, g = _as_work(x), _as_work(g)
+    nd = len(module.normalized_shape)  # type: ignore[arg-type]
+    dims = tuple(range(x.dim() - nd, x.dim()))
+    eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps  # type: ignore[attr-defined]
+    x_hat = x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+    return _norm_affine(x_hat, g, nd, weight=weight, bias=False, w2=w2)
+
+
+def _norm_affine(
+    x_hat: Tensor, g: Tensor, nd: int, *, weight: bool, bias: bool, w2: Weights
+) -> Tensor:
+    """Parameters of shape normalized_shape (the last ``nd`` dims): sum over the middle dims."""
+    b = g.shape[0]
+    shape = (b, -1, *g.shape[g.dim() - nd :])
+    g3 = g.reshape(shape)
+    total = g3.new_zeros(b)
+    param_dims = tuple(range(1, 1 + nd))
+    if weight:
+        total = total + _sq((g3 * x_hat.reshape(shape)).sum(1), param_dims, w2[0])
+    if bias:
+        total = total + _sq(g3.sum(1), param_dims, w2[1])
+    return total
+
+
+def _channel_affine(x_hat: Tensor, g: Tensor, *, weight: bool, bias: bool, w2: Weights) -> Tensor:
+    """Per-channel parameters (C,) of an input (B, C, *): sum over the spatial dims."""
+    b, c = g.shape[0], g.shape[1]
+    g3 = g.reshape(b, c, -1)
+    total = g3.new_zeros(b)
+    if weight:
+        total = total + _sq((g3 * x_hat.reshape(b, c, -1)).sum(2), (1,), w2[0])
+    if bias:
+        total = total + _sq(g3.sum(2), (1,), w2[1])
+    return total
+
+
+def group_norm(
+    module: nn.GroupNorm,
+    x: Tensor,
+    g: Tensor,
+    *,
+    weight: bool,
+    bias: bool,
+    w2: Weights = (None, None),
+) -> Tensor:
+    """nn.GroupNorm: x (B, C, *)."""
+    x, g = _as_work(x), _as_work(g)
+    b = x.shape[0]
+    xg = x.reshape(b, module.num_groups, -1)
+    mean = xg.mean(2, keepdim=True)
+    var = xg.var(2, unbiased=False, keepdim=True)
+    x_hat = ((xg - mean) * torch.rsqrt(var + module.eps)).reshape(x.shape)
+    return _channel_affine(x_hat, g, weight=weight, bias=bias, w2=w2)
+
+
+def batch_norm(
+    module: nn.modules.batchnorm._BatchNorm,
+    x: Tensor,
+    g: Tensor,
+    *,
+    weight: bool,
+    bias: bool,
+    w2: Weights = (None, None),
+    batch_stats: bool = True,
+) -> Tensor:
+    """nn.BatchNorm1d/2d/3d: x (B, C) or (B, C, *). ``batch_stats``: whether the forward
+    normalised with the batch's statistics (training) or the running ones (evaluation).
+
+    The examples of a batch are coupled through the batch statistics, so these per-example
+    contributions sum to the gradient but are not independent draws (research note §6.11)."""
+    x, g = _as_work(x), _as_work(g)
+    c = x.shape[1]
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    if batch_stats:
+        dims = (0, *range(2, x.dim()))
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, unbiased=False, keepdim=True)
+    else:
+        mean = module.running_mean.to(x.dtype).reshape(shape)  # type: ignore[union-attr]
+        var = module.running_var.to(x.dtype).reshape(shape)  # type: ignore[union-attr]
+    x_hat = (x - mean) * torch.rsqrt(var + module.eps)
+    return _channel_affine(x_hat, g, weight=weight, bias=bias, w2=w2)

@@ -1,0 +1,136 @@
+"""``sequential``: consecutive steps' gradients as the two small batches — biased, for comparison.
+
+This is the fastai batch-size finder's method (and AdaptDL's single-replica fallback) with
+two steps: the gradient of step t−1 and of step t, each of B examples, against their mean as
+a batch of 2B. The two gradients are taken at different parameters — an update happened in
+between — so the |G|² estimate is biased low by the factor (1 − ε/ε_opt) and can be negative at
+a well-tuned learning rate (research note §6.3). bsmon marks it ``biased`` everywhere.
+
+Cost: two gradient copies (the previous step's and the latest pass's), unscaled and (with the
+Adam option) preconditioned, taken after each backward pass so clipping cannot touch them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .autograd import ExampleCounter, total_squared_norm
+from .record import StepRecord
+from .source import Source
+
+
+class SequentialSource(Source):
+    estimator = "sequential"
+    biased = True
+
+    def __init__(
+        self,
+        trainable: list[Tensor],
+        counter: ExampleCounter,
+        examples_hint: Callable[[], int | None],
+        model: torch.nn.Module | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(trainable, **kwargs)
+        self.always_measure = True  # pairs of consecutive steps
+        self._counter = counter
+        self._examples_hint = examples_hint
+        # without per-layer hooks, one hook on the root module's output tells bsmon that a
+        # backward pass through the model is under way, so the end-of-pass callback is queued
+        self._handle = model.register_forward_hook(self._forward) if model is not None else None
+        self._hooks_on_params = (
+            [p.register_hook(self._touch) for p in trainable[:1]] if model is None else []
+        )
+        self._current: tuple[tuple[bool, ...], list[Tensor]] | None = None
+        self._previous: tuple[tuple[bool, ...], list[Tensor], int] | None = None
+        self._current_sq: Tensor | None = None
+        self._previous_sq: Tensor | None = None
+
+    def _forward(self, _module: Any, _args: tuple, output: Any) -> None:
+        try:
+            if self.active and torch.is_grad_enabled():
+                tensor = _first_tensor(output)
+                if tensor is not None and tensor.requires_grad:
+                    tensor.register_hook(self._touch)
+        except Exception as exc:
+            self.report("sequential forward hook", exc)
+
+    def _touch(self, _grad: Tensor) -> None:
+        try:
+            if self.active:
+                self._end.touch()
+        except Exception as exc:
+            self.report("sequential gradient hook", exc)
+
+    def _on_backward_end(self) -> None:
+        super()._on_backward_end()
+        if self._scale is None:
+            return
+        present = tuple(p.grad is not None for p in self.params)
+        grads = [p.grad.detach() for p in self.params if p.grad is not None]  # type: ignore[union-attr]
+        copies = torch._foreach_div([g.to(torch.float32) for g in grads], self._scale.float())
+        if self.precond is not None:
+            w2 = [self.precond.w2(p) for p in self.params if p.grad is not None]
+            if any(w is None for w in w2):
+                self._problem = "Adam state not initialised yet (first step)"
+            else:
+                torch._foreach_mul_(copies, [w.sqrt() for w in w2])  # type: ignore[union-attr]
+        self._current = (present, copies)
+        self._current_sq = total_squared_norm(copies)
+
+    def _record(self, step: int) -> StepRecord | None:
+        current, current_sq = self._current, self._current_sq
+        if current is None or current_sq is None:
+            return None
+        examples = self._counter.take() or self._examples_hint() or 0
+        previous, previous_sq = self._previous, self._previous_sq
+        self._previous, self._previous_sq = (*current, examples), current_sq
+        if previous is None or previous_sq is None:
+            return None
+        present, copies, prev_examples = previous
+        if present != current[0] or examples != prev_examples or not examples:
+            return None  # different parameters or batch sizes: no pair this step
+        diff_sq = total_squared_norm(torch._foreach_sub(current[1], copies))
+        # the two gradients are already unscaled: the record's scale is 1
+        self._scale = self.loss_scale.one(current_sq.device)
+        self._total = (2 * previous_sq + 2 * current_sq - diff_sq) / 4
+        return self._make(
+            step,
+            [(previous_sq + current_sq) / 4],
+            examples=2 * examples,
+            units=((2, float(examples), 1.0),),
+        )
+
+    def _clear(self) -> None:
+        self._counter.take()  # forward passes not followed by a backward pass in this step
+        self._current = None
+        self._current_sq = None
+
+    def detail(self) -> str:
+        return "consecutive steps (biased: an update lies between them)"
+
+    def close(self) -> None:
+        super().close()
+        if self._handle is not None:
+            self._handle.remove()
+        for handle in self._hooks_on_params:
+            handle.remove()
+        self._previous = None
+
+
+def _first_tensor(value: Any) -> Tensor | None:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if (found := _first_tensor(item)) is not None:
+                return found
+    if isinstance(value, dict):
+        for item in value.values():
+            if (found := _first_tensor(item)) is not None:
+                return found
+    return None

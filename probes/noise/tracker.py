@@ -1,0 +1,106 @@
+"""The agent thread's side: step records in, a ``NoiseScaleReading`` out.
+
+Reads each record's values once its device copy has landed (in order), divides out the loss
+scale, skips (and counts) steps that cannot be used — non-finite gradients, a problem the
+training thread flagged, a gradient that arrived without its per-example hook — forms the
+step's unbiased |G|² and tr Σ and feeds the smoother.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..protocol import NoiseScaleReading
+from .estimators import EstimateError, Units, components, finite
+from .record import StepRecord
+from .smoothing import RatioEMA
+
+NONFINITE = "non-finite gradients (e.g. a mixed-precision overflow)"
+UNACCOUNTED = "a measured parameter got gradient outside its layer's forward"
+
+
+@dataclass
+class Outcome:
+    """What one record did: used, or skipped for ``reason``; parameters to stop measuring."""
+
+    used: bool
+    reason: str | None = None
+    exclude: tuple[int, ...] = field(default_factory=tuple)
+
+
+class Tracker:
+    def __init__(self, window: int) -> None:
+        self.ema = RatioEMA(window)
+        self.skipped = 0
+        self.note: str | None = None
+        self.last_step = 0
+
+    def reset(self) -> None:
+        self.ema.reset()
+        self.note = None
+
+    def add(self, record: StepRecord, values: list[float]) -> Outcome:
+        self.last_step = record.step
+        outcome = self._evaluate(record, values)
+        if outcome.used:
+            self.note = None
+        else:
+            self.skipped += 1
+            self.note = outcome.reason
+        return outcome
+
+    def _evaluate(self, record: StepRecord, values: list[float]) -> Outcome:
+        if not finite(*values):
+            return Outcome(False, NONFINITE)
+        if record.problem:
+            return Outcome(False, record.problem)
+        total, scale, *rest = values
+        if record.unaccounted and rest.pop() > 0:
+            return Outcome(False, UNACCOUNTED, record.unaccounted)
+        s2 = scale * scale
+        if not s2 > 0:
+            return Outcome(False, f"loss scale {scale}")
+        groups = [
+            Units(value * factor / s2, count, size)
+            for value, (count, size, factor) in zip(rest, record.units, strict=True)
+        ]
+        try:
+            step = components(total / s2, record.examples, groups)
+        except EstimateError as exc:
+            return Outcome(False, str(exc))
+        if not (math.isfinite(step.g2) and math.isfinite(step.trace)):
+            return Outcome(False, NONFINITE)
+        self.ema.update(step.g2, step.trace, record.gap)
+        return Outcome(True)
+
+    def reading(
+        self,
+        estimator: str | None,
+        coverage: float | None,
+        biased: bool,
+        preconditioned: bool,
+        detail: str | None,
+    ) -> NoiseScaleReading:
+        est = self.ema.estimate()
+        return NoiseScaleReading(
+            b_simple=_finite(est.b_simple),
+            stderr=_finite(est.stderr),
+            estimator=estimator,
+            coverage=coverage,
+            biased=biased,
+            lower_bound=_finite(est.lower_bound),
+            samples=est.steps,
+            skipped_steps=self.skipped,
+            ci_low=_finite(est.ci_low),
+            ci_high=_finite(est.ci_high),
+            needed=math.ceil(est.needed),
+            effective=round(est.effective_steps, 1),
+            preconditioned=preconditioned,
+            detail=detail or None,
+            note=self.note,
+        )
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
