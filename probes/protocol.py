@@ -85,6 +85,14 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     lower_bound: float | None = None
     samples: int = 0
     skipped_steps: int = 0
+    # added with the noise-scale estimator (issue 3); see docs/protocol.md
+    ci_low: float | None = None  # 95% interval of b_simple (Fieller)
+    ci_high: float | None = None
+    needed: int = 0  # effective steps needed before b_simple is shown
+    effective: float = 0.0  # effective steps in the moving averages now
+    preconditioned: bool = False  # Adam-preconditioned variant
+    detail: str | None = None  # the estimator in words, e.g. "4 micro-batches per step"
+    note: str | None = None  # why the last step was skipped, or why there is no estimate
 
 
 # --------------------------------------------------------------------------------------------
