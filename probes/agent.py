@@ -27,6 +27,8 @@ from .commands import CommandRouter
 from .data import MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
 from .hooks import StepHooks
+from .noise import MODES as NOISE_SCALE_MODES
+from .noise import NoiseScale
 from .protocol import Capability, Event, SessionInfo
 from .safety import FaultGuard
 from .service import AgentService, PeriodicSampler
@@ -34,7 +36,7 @@ from .telemetry import EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
 INBOX_CAPACITY = 1 << 16
-NOISE_SCALE_CHOICES = ("auto",)
+NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
@@ -76,6 +78,9 @@ class Monitor:
         loss_fn: Any = None,
         noise_scale: str | None = "auto",
         noise_window: int = 1000,
+        noise_preconditioned: bool = False,
+        noise_budget: float | None = 0.02,
+        grad_scaler: Any = None,
         socket_dir: str | os.PathLike[str] | None = None,
         record: bool | str | os.PathLike[str] = True,
         sample_interval_s: float = 1.0,
@@ -116,6 +121,20 @@ class Monitor:
         self._guard = FaultGuard(self._emit_event, lambda: self._step)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
+        self._noise = NoiseScale(
+            model,
+            optimizer,
+            mode=noise_scale,
+            window=noise_window,
+            guard=self._guard,
+            emit=self._emit_event,
+            step=lambda: self._step,
+            grad_scaler=grad_scaler,
+            preconditioned=noise_preconditioned,
+            budget=noise_budget,
+            examples_hint=lambda: self._batch_samples or self._batch_size,
+            step_time=lambda: self.telemetry.step_time_s,
+        )
 
         rank, world_size = _distributed_rank()
         self.session = SessionInfo(
@@ -133,6 +152,7 @@ class Monitor:
         )
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
+        self.telemetry.noise = self._noise.reading
         self.router = CommandRouter()
         self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
         self.socket_path: Path | None = None
@@ -147,7 +167,8 @@ class Monitor:
             session=self.session,
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
-            noise_capability=lambda: Capability(False, "not enabled"),
+            noise_capability=lambda: self._noise.capability,
+            on_tick=lambda: self._noise.agent_tick(self.telemetry),
         )
         self._start_service()
         _live_monitors.add(self)
@@ -204,7 +225,7 @@ class Monitor:
     # -- training-thread hot path ------------------------------------------------------------
 
     def _on_step_begin(self) -> None:
-        pass
+        self._noise.on_step()
 
     def _on_step_end(self) -> None:
         self._step += 1
@@ -283,6 +304,7 @@ class Monitor:
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
             "b_simple": t.noise.b_simple,
+            "noise": protocol.to_builtins(t.noise),
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
@@ -304,6 +326,7 @@ class Monitor:
                 return
             self._closed = True
         self._hooks.remove()
+        self._noise.close()
         atexit.unregister(self.close)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
