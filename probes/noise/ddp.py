@@ -60,6 +60,15 @@ def bsmon_comm_hook(state: DDPSource, bucket: dist.GradBucket) -> torch.futures.
     return future.then(after)
 
 
+# DDP checks the hook's annotations against the real types; `from __future__ import
+# annotations` would leave strings there, so set them explicitly
+bsmon_comm_hook.__annotations__ = {
+    "state": "DDPSource",
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[Tensor],
+}
+
+
 class DDPSource(Source):
     estimator = "ddp"
 
