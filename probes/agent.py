@@ -304,7 +304,7 @@ class Monitor:
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
             "b_simple": t.noise.b_simple,
-            "noise": protocol.to_builtins(t.noise),
+            "noise": {name: getattr(t.noise, name) for name in t.noise.__struct_fields__},
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,

@@ -79,6 +79,22 @@ def total_squared_norm(grads: list[Tensor], w2: list[Tensor | None] | None = Non
     return torch.stack([n.to(device) for n in norms]).square().sum()
 
 
+def grad_accumulator(param: Tensor) -> Any:
+    """The autograd node that adds into ``param.grad`` (held, so it stays the same node)."""
+    return param.view_as(param).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+
+
+def accumulates(node: Any) -> bool:
+    """Inside a hook: whether the running backward pass adds into the gradient behind
+    ``node``. False inside ``torch.autograd.grad`` (e.g. a gradient penalty) and for
+    ``backward(inputs=...)`` that leaves the parameter out: those passes are not training
+    gradients and must not be measured."""
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:  # torch refuses to answer for a leaf during autograd.grad()
+        return False
+
+
 class ExampleCounter:
     """Counts the examples (dim 0 of the first tensor argument) of each forward pass of the
     root model run with gradients enabled, so estimators without per-example hooks know how

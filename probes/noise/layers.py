@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from . import pernorms
+from .autograd import grad_accumulator
 from .scaling import AdamPreconditioner
 
 SUPPORTED_NAMES = "Linear, Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, BatchNorm"
@@ -70,6 +71,10 @@ class Layer:
     weight: nn.Parameter | None
     bias: nn.Parameter | None
     fires: int = field(default=0, compare=False)
+    accumulator: object = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        self.accumulator = grad_accumulator(self.params[0])
 
     @property
     def params(self) -> tuple[nn.Parameter, ...]:
@@ -177,7 +182,7 @@ def discover(model: nn.Module, trainable: list[Tensor]) -> Discovery:
         kind = kind_of(module)
         why = _under(name, excluded)
         if why is None and kind is None:
-            why = f"unsupported layer {type(module).__name__}"
+            why = type(module).__name__
         chosen: dict[str, nn.Parameter] = {}
         for pname, p in module._parameters.items():
             if p is None or id(p) not in trainable_ids or id(p) in measured:
@@ -187,7 +192,7 @@ def discover(model: nn.Module, trainable: list[Tensor]) -> Discovery:
             elif why is not None:
                 reasons[id(p)] = (p.numel(), why)
             elif pname not in ("weight", "bias"):
-                reasons[id(p)] = (p.numel(), f"{type(module).__name__}.{pname}")
+                reasons[id(p)] = (p.numel(), type(module).__name__)
             else:
                 chosen[pname] = p
                 measured.add(id(p))

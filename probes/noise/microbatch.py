@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .autograd import ExampleCounter, squared_norm
+from .autograd import ExampleCounter, accumulates, grad_accumulator, squared_norm
 from .record import StepRecord
 from .source import Source
 
@@ -37,6 +37,7 @@ class MicrobatchSource(Source):
         super().__init__(trainable, **kwargs)
         self._counter = counter
         self._examples_hint = examples_hint
+        self._accumulators = {id(p): grad_accumulator(p) for p in trainable}
         self._handles = [p.register_hook(functools.partial(self._gradient, p)) for p in trainable]
         self._pending: list[Tensor] = []  # this backward pass
         self._units: list[tuple[Tensor, int]] = []  # this step: (Σ|c_j|², examples) per pass
@@ -47,6 +48,8 @@ class MicrobatchSource(Source):
             return
         start = time.perf_counter()
         try:
+            if not accumulates(self._accumulators[id(param)]):
+                return  # torch.autograd.grad or backward(inputs=...): not a training gradient
             w2 = self.precond.w2(param) if self.precond is not None else None
             self._pending.append(squared_norm(grad, w2))
             self._end.touch()

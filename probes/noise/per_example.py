@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from . import pernorms
-from .autograd import total_squared_norm
+from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
 from .record import StepRecord
 from .source import Source
@@ -34,9 +34,9 @@ class PerExampleSource(Source):
 
     def __init__(self, model: nn.Module, trainable: list[Tensor], **kwargs: Any) -> None:
         self.discovery: Discovery = discover(model, trainable)
-        self._batch_norm = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
-        )
+        self._batch_norms = [
+            m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
         super().__init__([], **kwargs)
         self.layers: list[Layer] = []
         self._handles: dict[Layer, Any] = {}
@@ -93,6 +93,8 @@ class PerExampleSource(Source):
             return
         start = time.perf_counter()
         try:
+            if not accumulates(layer.accumulator):
+                return  # torch.autograd.grad or backward(inputs=...): not a training gradient
             sq = layer.norms(x, x_sq, g, self.precond, batch_stats)
             self._entries.append((layer, sq.sum(), sq.shape[0]))
             self._end.touch()
@@ -164,6 +166,8 @@ class PerExampleSource(Source):
         handle.remove()
         self.layers.remove(layer)
         self._refresh()
+        if self.backwards:  # this step's norms were gathered over the old set of layers
+            self._problem = "the measured layers changed during this step"
         self.emit(
             f"noise scale: left out {layer.name or type(layer.module).__name__} "
             f"({type(layer.module).__name__}): {why}; coverage now {self.coverage:.0%}",
@@ -176,7 +180,12 @@ class PerExampleSource(Source):
 
     def detail(self) -> str:
         text = f"per example, {self.coverage:.0%} of trainable parameters"
-        if self._batch_norm:
+        left_out = self.discovery.left_out
+        if left_out:
+            text += (
+                " (not measured: " + ", ".join(sorted(left_out, key=left_out.get)[::-1][:2]) + ")"
+            )
+        if any(m.training for m in self._batch_norms):
             text += "; BatchNorm couples the examples, so approximate"
         return text
 

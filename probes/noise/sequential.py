@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .autograd import ExampleCounter, total_squared_norm
+from .autograd import ExampleCounter, accumulates, grad_accumulator, total_squared_norm
 from .record import StepRecord
 from .source import Source
 
@@ -39,6 +39,7 @@ class SequentialSource(Source):
         self.always_measure = True  # pairs of consecutive steps
         self._counter = counter
         self._examples_hint = examples_hint
+        self._accumulator = grad_accumulator(trainable[0])
         # without per-layer hooks, one hook on the root module's output tells bsmon that a
         # backward pass through the model is under way, so the end-of-pass callback is queued
         self._handle = model.register_forward_hook(self._forward) if model is not None else None
@@ -61,7 +62,7 @@ class SequentialSource(Source):
 
     def _touch(self, _grad: Tensor) -> None:
         try:
-            if self.active:
+            if self.active and accumulates(self._accumulator):
                 self._end.touch()
         except Exception as exc:
             self.report("sequential gradient hook", exc)

@@ -1,0 +1,198 @@
+"""The training-thread sources, step by step, against brute force (torch.func / autograd).
+
+A model with every supported layer goes through the per-example hooks; the step's record
+must carry Σ_i |c_i|² and |Σ_i c_i|² over the measured parameters exactly as per-sample
+gradients give them — raw and Adam-preconditioned. The micro-batch hooks likewise, per
+backward pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from bsmon.probes.noise.autograd import ExampleCounter
+from bsmon.probes.noise.microbatch import MicrobatchSource
+from bsmon.probes.noise.per_example import PerExampleSource
+from bsmon.probes.noise.record import read
+from bsmon.probes.noise.scaling import AdamPreconditioner, LossScale
+from bsmon.probes.safety import FaultGuard
+
+TOKENS = 5
+
+
+class Zoo(nn.Module):
+    """Every supported layer once, plus a raw parameter bsmon cannot measure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8, padding_idx=0)
+        self.ln = nn.LayerNorm(8)
+        self.seq = nn.Linear(8, 6)
+        self.conv1 = nn.Conv1d(6, 4, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 4)
+        self.rms = nn.RMSNorm(4)
+        self.img = nn.Conv2d(1, 3, 3)
+        self.bn = nn.BatchNorm1d(3)
+        self.head = nn.Linear(4 * TOKENS + 3, 2)
+        self.extra = nn.Parameter(torch.ones(2))
+
+    def forward(self, tokens: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.emb(tokens))
+        h = torch.relu(self.seq(h))
+        h = self.gn(self.conv1(h.transpose(1, 2)))
+        h = self.rms(h.transpose(1, 2))
+        i = self.bn(self.img(image).mean((2, 3)))
+        return self.head(torch.cat([h.flatten(1), i], 1)) * self.extra
+
+
+def quiet_guard() -> FaultGuard:
+    return FaultGuard(lambda _event: None, lambda: 0)
+
+
+def source_options(precond=None) -> dict:
+    return {
+        "guard": quiet_guard(),
+        "loss_scale": LossScale(None),
+        "precond": precond,
+        "emit": lambda *_: None,
+    }
+
+
+def zoo_batch(batch: int = 6):
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 11, (batch, TOKENS))
+    image = torch.randn(batch, 1, 6, 6)
+    weights = torch.randn(batch, 2)
+    return tokens, image, weights
+
+
+def brute_force(model, names, tokens, image, weights, w2=None):
+    """(Σ_i |c_i|², |Σ_i c_i|²) over the named parameters, from per-sample gradients."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def loss(p, t, im, w):
+        out = functional_call(model, (p, buffers), (t.unsqueeze(0), im.unsqueeze(0)))
+        return (out * w.unsqueeze(0)).sum()
+
+    per = vmap(grad(loss), in_dims=(None, 0, 0, 0))(params, tokens, image, weights)
+    a = q = 0.0
+    for name in names:
+        g = per[name].double()
+        weight = 1.0 if w2 is None else w2[name].double()
+        a += float((g.square() * weight).sum())
+        q += float((g.sum(0).square() * weight).sum())
+    return a, q
+
+
+def test_per_example_record_matches_per_sample_gradients():
+    model = Zoo().eval()  # BatchNorm on running statistics: examples independent
+    model.bn.running_var.uniform_(0.5, 2.0)
+    trainable = list(model.parameters())
+    source = PerExampleSource(model, trainable, **source_options())
+    names = [n for n, p in model.named_parameters() if n != "extra"]
+    assert {id(p) for p in source.params} == {
+        id(p) for n, p in model.named_parameters() if n != "extra"
+    }
+    assert source.coverage == pytest.approx(1 - 2 / sum(p.numel() for p in trainable))
+    assert source.discovery.left_out == {"Zoo": 2}
+    assert source.detail().endswith("(not measured: Zoo)")
+
+    tokens, image, weights = zoo_batch()
+    (model(tokens, image) * weights).sum().backward()
+    record = source.take_record(1)
+    total, scale, sq_sum = read(record.values)
+    expected_a, expected_q = brute_force(model, names, tokens, image, weights)
+    assert scale == 1.0 and record.examples == 6 and record.units == ((6, 1.0, 1.0),)
+    assert sq_sum == pytest.approx(expected_a, rel=1e-4)
+    assert total == pytest.approx(expected_q, rel=1e-4)
+    source.close()
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_adam_preconditioned_record_matches_weighted_per_sample_gradients():
+    model = Zoo().eval()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    precond = AdamPreconditioner(optimizer)
+    source = PerExampleSource(model, list(model.parameters()), **source_options(precond))
+    tokens, image, weights = zoo_batch()
+    for _ in range(2):  # Adam state after two steps
+        (model(tokens, image) * weights).sum().backward()
+        first = source.take_record(1)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert first is not None
+    w2 = {}
+    for name, p in model.named_parameters():
+        state = optimizer.state[p]
+        v_hat = state["exp_avg_sq"] / (1 - 0.999 ** float(state["step"]))
+        w2[name] = 1 / (v_hat.sqrt() + 1e-8) ** 2
+    names = [n for n, _ in model.named_parameters() if n != "extra"]
+    (model(tokens, image) * weights).sum().backward()
+    record = source.take_record(3)
+    assert record.problem is None
+    total, _scale, sq_sum = read(record.values)
+    expected_a, expected_q = brute_force(model, names, tokens, image, weights, w2)
+    assert sq_sum == pytest.approx(expected_a, rel=1e-3)
+    assert total == pytest.approx(expected_q, rel=1e-3)
+
+
+def test_preconditioning_needs_adam_state_first():
+    model = Zoo().eval()
+    precond = AdamPreconditioner(torch.optim.AdamW(model.parameters()))
+    source = PerExampleSource(model, list(model.parameters()), **source_options(precond))
+    tokens, image, weights = zoo_batch()
+    (model(tokens, image) * weights).sum().backward()
+    assert "Adam state" in source.take_record(1).problem
+    with pytest.raises(ValueError, match="Adam-family"):
+        AdamPreconditioner(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_micro_batch_record_per_backward_pass():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    trainable = list(model.parameters())
+    guard = quiet_guard()
+    counter = ExampleCounter(model, guard)
+    source = MicrobatchSource(trainable, counter, lambda: None, **source_options())
+    sizes = [5, 7, 4]
+    batches = [torch.randn(n, 4) for n in sizes]
+    contributions = []
+    for x in batches:
+        loss = model(x).square().sum()
+        contributions.append(torch.autograd.grad(loss, trainable, retain_graph=True))
+        loss.backward()
+    record = source.take_record(1)
+    total, _scale, *units = read(record.values)
+    assert record.examples == sum(sizes)
+    assert record.units == tuple((1, float(n), 1.0) for n in sizes)
+    for value, c in zip(units, contributions, strict=True):
+        assert value == pytest.approx(sum(float(t.double().square().sum()) for t in c), rel=1e-5)
+    summed = [sum(parts) for parts in zip(*contributions, strict=True)]
+    assert total == pytest.approx(sum(float(t.double().square().sum()) for t in summed), rel=1e-5)
+    assert source.detail() == "3 micro-batches per step"
+
+
+def test_a_single_backward_pass_is_no_micro_batch():
+    model = nn.Linear(3, 1)
+    counter = ExampleCounter(model, quiet_guard())
+    source = MicrobatchSource(list(model.parameters()), counter, lambda: None, **source_options())
+    model(torch.randn(4, 3)).sum().backward()
+    assert "gradient accumulation" in source.take_record(1).problem
+
+
+def test_the_loss_scale_is_carried_for_the_agent_to_divide_out():
+    model = nn.Linear(3, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    options = source_options() | {"loss_scale": LossScale(scaler)}
+    source = PerExampleSource(model, list(model.parameters()), **options)
+    scaler.scale(model(torch.randn(4, 3)).sum()).backward()
+    total, scale, _sq_sum = read(source.take_record(1).values)
+    assert scale == 256.0
+    scaler.unscale_(optimizer)
+    unscaled = sum(float(p.grad.square().sum()) for p in model.parameters())
+    assert total / scale**2 == pytest.approx(unscaled, rel=1e-5)
