@@ -109,7 +109,14 @@ HELP_TEXT = """\
 - **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
   job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
 - **Batch**: the current batch size, the mean full-iteration step time, and throughput.
-- **Noise scale**: the gradient noise scale B_simple when the job measures it.
+- **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
+  estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
+  of a noiseless step: raising the batch toward B_simple cuts the steps needed at little
+  cost in samples; far above it a larger batch wastes compute. An order-of-magnitude guide
+  for the current learning rate, not a prescription. The chart: B_simple on a log scale,
+  its 95% band (gray) and the batch size (orange). The estimator is named: per-example
+  norms (default), micro-batches (gradient accumulation), DDP ranks, or `sequential`, which
+  is **biased** and only for comparison. "collecting" until enough steps are measured.
 - **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
 - **Loss**: the scalars the job logs with `mon.log(loss=...)`.
 - **Events**: what happened, with the time into the run and the step.
