@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from bsmon.probes import protocol
-from bsmon.probes.protocol import Capability, DeviceReading, HostReading, MetricsPoint
+from bsmon.probes.protocol import (
+    Capability,
+    DeviceReading,
+    HostReading,
+    MetricsPoint,
+    NoiseScaleReading,
+)
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.sources import ScriptedSource
 
@@ -46,7 +52,31 @@ def gpu_devices() -> list[DeviceReading]:
     ]
 
 
-def points(steps: int = 3000, every: int = 25) -> list[MetricsPoint]:
+NOISE_CAPABILITY = Capability(True, "per-example gradient norms in the backward pass (auto)")
+
+
+def noise_reading(step: int) -> NoiseScaleReading | None:
+    """A noise scale that rises over the run (as it does while the loss falls), with a 95%
+    band that narrows as the averages fill; none before 30 measured steps."""
+    if step < 30:
+        return None
+    b = 300 + 1100 * (1 - math.exp(-step / 900)) + 40 * math.sin(step / 170)
+    rel = 0.35 / math.sqrt(min(step, 1000) / 30)
+    return NoiseScaleReading(
+        b_simple=b,
+        stderr=b * rel / 1.96,
+        estimator="per_example",
+        coverage=1.0,
+        samples=step,
+        ci_low=b / (1 + rel),
+        ci_high=b * (1 + rel),
+        needed=30,
+        effective=min(step, 1000.0),
+        detail="per example, 100% of trainable parameters",
+    )
+
+
+def points(steps: int = 3000, every: int = 25, noise: bool = True) -> list[MetricsPoint]:
     out = []
     for step in range(every, steps + 1, every):
         wobble = 0.05 * math.sin(step / 90)
@@ -64,13 +94,14 @@ def points(steps: int = 3000, every: int = 25) -> list[MetricsPoint]:
                     "loss": 2.3 * math.exp(-step / 700) + 0.35 + 0.03 * math.sin(step / 13),
                     "accuracy": 1 - math.exp(-step / 500),
                 },
+                noise=noise_reading(step) if noise else None,
             )
         )
     return out
 
 
-def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
-    pts = points(steps)
+def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[protocol.Message]:
+    pts = points(steps, noise=noise)
     last = pts[-1]
     devices = gpu_devices() if gpu else []
     gpu_cap = Capability(True) if gpu else Capability(False, "torch 2.13.0+cpu is a CPU-only build")
@@ -86,7 +117,7 @@ def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
             "probe": NOT_YET,
         },
         gpu=gpu_cap,
-        noise_scale=Capability(False, "not enabled"),
+        noise_scale=NOISE_CAPABILITY if noise else Capability(False, "not enabled"),
         devices=devices,
     )
     events = [
@@ -110,11 +141,12 @@ def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
         batch_size=128,
         step_time_s=last.step_time_s,
         samples_per_s=last.samples_per_s,
-        b_simple=None,
+        b_simple=last.noise.b_simple if last.noise else None,
         samples=last.samples,
         steps_in_window=0,
         idle_s=0.1,
         scalars={},
+        noise=last.noise or NoiseScaleReading(),
         devices=devices,
         gpu=gpu_cap,
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
@@ -123,9 +155,13 @@ def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
 
 
 def scripted_app(
-    gpu: bool = True, disconnect: str | None = None, finished: bool = False, **kwargs: object
+    gpu: bool = True,
+    disconnect: str | None = None,
+    finished: bool = False,
+    noise: bool = True,
+    **kwargs: object,
 ) -> BsmonApp:
-    script = messages(gpu=gpu)
+    script = messages(gpu=gpu, noise=noise)
     if finished:
         script.append(protocol.Bye(reason="closed", t=NOW))
     source = ScriptedSource(

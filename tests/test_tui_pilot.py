@@ -54,7 +54,7 @@ async def test_live_dashboard_shows_the_jobs_numbers():
         assert "512 W" in devices and "/79.6 GiB" in devices
         batch = text_of(app, "#batch")
         assert "128" in batch and "samples/s" in batch
-        assert "not enabled" in text_of(app, "#noise")
+        assert "B_simple ≈ 1.32k ± 41" in text_of(app, "#noise-text")
         assert not app.screen.query_one(StateBanner).display
 
 
