@@ -91,11 +91,12 @@ def test_linear_sequence_forms_agree(tokens, monkeypatch):
         (lambda: nn.Conv2d(2, 8, 5, padding=2), (3, 2, 16, 16)),  # many positions: materialised
     ],
 )
-def test_conv(make, shape):
+@pytest.mark.parametrize("method", pernorms.CONV_METHODS)
+def test_conv(make, shape, method):
     layer = make()
     x = torch.randn(*shape)
     g = output_grad(layer, x)
-    ours = pernorms.conv(layer, x, g, weight=True, bias=layer.bias is not None)
+    ours = pernorms.conv(layer, x, g, weight=True, bias=layer.bias is not None, method=method)
     close(ours, brute_force(layer, x, g))
 
 
@@ -185,6 +186,8 @@ def test_preconditioned_weights():
             ours = pernorms.linear(x, g, weight=True, bias=True, w2=pair)
         elif isinstance(layer, nn.Conv2d):
             ours = pernorms.conv(layer, x, g, weight=True, bias=True, w2=pair)
+            grouped = pernorms.conv(layer, x, g, weight=True, bias=True, w2=pair, method="grouped")
+            close(grouped, ours)
         elif isinstance(layer, nn.LayerNorm):
             ours = pernorms.layer_norm(layer, x, g, weight=True, bias=True, w2=pair)
         else:

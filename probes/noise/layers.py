@@ -18,7 +18,9 @@ sharing) or if its parameters receive gradient without its hook firing (used fun
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +65,57 @@ def kind_of(module: nn.Module) -> str | None:
 _MIN_DIMS = {"linear": 2, "embedding": 1, "group_norm": 2, "batch_norm": 2}
 
 
+class FastestMethod:
+    """Times a layer's exact methods on its first calls and keeps the fastest: which one wins
+    depends on the layer's shape and the device. CPU calls are timed directly; on a GPU the
+    calls are bracketed by CUDA events that are read later, once they have completed (a query,
+    never a wait)."""
+
+    TRIALS = 2
+
+    def __init__(self, methods: tuple[str, ...]) -> None:
+        self.methods = methods
+        self.times: dict[str, list[float]] = {m: [] for m in methods}
+        self._pending: list[tuple[str, object, object]] = []
+        self.choice: str | None = None
+
+    def pick(self) -> str:
+        if self.choice is not None:
+            return self.choice
+        self._collect()
+        started = {m: len(self.times[m]) for m in self.methods}
+        for method, _, _ in self._pending:
+            started[method] += 1
+        if all(len(t) >= self.TRIALS for t in self.times.values()):
+            self.choice = min(self.methods, key=lambda m: sorted(self.times[m])[0])
+            return self.choice
+        return min(self.methods, key=lambda m: started[m])
+
+    def timed(self, method: str, device: torch.device, run: Callable[[], Tensor]) -> Tensor:
+        if self.choice is not None:
+            return run()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = run()
+            end.record()
+            self._pending.append((method, start, end))
+            return out
+        began = time.perf_counter()
+        out = run()
+        self.times[method].append(time.perf_counter() - began)
+        return out
+
+    def _collect(self) -> None:
+        still = []
+        for method, start, end in self._pending:
+            if end.query():  # type: ignore[attr-defined]
+                self.times[method].append(start.elapsed_time(end) / 1000)  # type: ignore[attr-defined]
+            else:
+                still.append((method, start, end))
+        self._pending = still
+
+
 @dataclass(eq=False)
 class Layer:
     name: str
@@ -72,9 +125,12 @@ class Layer:
     bias: nn.Parameter | None
     fires: int = field(default=0, compare=False)
     accumulator: object = field(default=None, compare=False)
+    methods: FastestMethod | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.accumulator = grad_accumulator(self.params[0])
+        if self.kind == "conv":
+            self.methods = FastestMethod(pernorms.CONV_METHODS)
 
     @property
     def params(self) -> tuple[nn.Parameter, ...]:
@@ -121,7 +177,14 @@ class Layer:
             return pernorms.linear(x, g, x_sq=x_sq, **flags)
         assert x is not None
         if kind == "conv":
-            return pernorms.conv(m, x, g, **flags)  # type: ignore[arg-type]
+            chooser = self.methods
+            assert chooser is not None
+            method = chooser.pick()
+            return chooser.timed(
+                method,
+                g.device,
+                lambda: pernorms.conv(m, x, g, method=method, **flags),  # type: ignore[arg-type]
+            )
         if kind == "embedding":
             if not weight:
                 return g.new_zeros(g.shape[0], dtype=torch.float32)
