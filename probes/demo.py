@@ -118,7 +118,14 @@ def run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         watch_parent(lambda: request_stop(0, None))
     with attach(
-        model, optimizer, batch_size=args.batch_size, name=args.name, loss_fn=loss_fn
+        model,
+        optimizer,
+        batch_size=args.batch_size,
+        name=args.name,
+        loss_fn=loss_fn,
+        # per-example norms of convolutions are dear on a CPU: a demo may spend 10% of its
+        # step time on them (the default is 2%) so the noise scale appears within seconds
+        noise_budget=0.1,
     ) as mon:
         print(
             f"demo: training on {device}; monitor it with `bsmon attach {args.name}` "
@@ -141,9 +148,11 @@ def run(args: argparse.Namespace) -> int:
                     if args.report_every and time.monotonic() - last_report >= args.report_every:
                         last_report = time.monotonic()
                         stats = mon.stats()
+                        b_simple = stats["b_simple"]
+                        noise = f"{b_simple:.0f}" if b_simple is not None else "collecting"
                         print(
                             f"demo: step {stats['step']} loss {loss.item():.4f} "
-                            f"batch {mon.batch_size}",
+                            f"batch {mon.batch_size} B_simple {noise}",
                             flush=True,
                         )
                     if stop or (args.steps and mon.step >= args.steps):

@@ -4,15 +4,18 @@ driven by scripted sessions and by a real job."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import torch
 
 from bsmon.probes import attach, protocol
+from bsmon.probes.client import JobConnection
 from bsmon.probes.protocol import Capability, NoiseScaleReading
 from bsmon.tui.app import BsmonApp, follow_job
 from bsmon.tui.sources import ScriptedSource
 from bsmon.tui.widgets.noise import NoiseChart, describe, fit, log_ticks
 
+from .helpers import wait_until
 from .noise_jobs import ISO, Regression
 from .scripted import NOW, messages, scripted_app
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
@@ -166,3 +169,28 @@ async def test_a_real_job_shows_a_live_estimate(bsmon_dir):
             assert screen.snapshot.latest.noise.estimator == "per_example"
     finally:
         mon.close()
+
+
+def test_the_demo_job_serves_a_live_b_simple(bsmon_dir, processes):
+    """The issue's "done when": `bsmon demo` has a live B_simple with its band to show."""
+    job = processes.python(
+        "-m", "bsmon.probes.demo", "--steps", "0", "--name", "noisy-demo", "--report-every", "0"
+    )
+    path = wait_until(
+        lambda: next(iter(bsmon_dir.glob(f"{job.pid}.sock")), None),
+        timeout=60,
+        message="the demo job's socket",
+    )
+    with JobConnection(path) as conn:
+        hello = conn.hello()
+        assert hello.noise_scale.available and "per-example" in hello.noise_scale.reason
+        deadline = time.monotonic() + 120
+        noise = None
+        while time.monotonic() < deadline:
+            seen = [m for m in conn.messages(0.5) if isinstance(m, protocol.Metrics)]
+            if seen and seen[-1].b_simple is not None:
+                noise = seen[-1].noise
+                break
+        assert noise is not None, "no B_simple from the demo within 120 s"
+    assert noise.estimator == "per_example" and noise.coverage == 1.0
+    assert noise.stderr > 0 and noise.ci_low < noise.b_simple < noise.ci_high
