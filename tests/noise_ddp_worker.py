@@ -41,6 +41,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=128, help="per rank")
     parser.add_argument("--user-hook", choices=("none", "before", "after"), default="none")
+    parser.add_argument(
+        "--micro", type=int, default=1, help="micro-batches, all but the last under no_sync"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=2)
@@ -66,6 +69,7 @@ def main() -> int:
             optimizer,
             steps=args.steps,
             batch=args.batch,
+            micro=args.micro,
             reduction=args.reduction,
             ddp=ddp,
         )

@@ -12,6 +12,7 @@ a 4·10⁶-sample Monte-Carlo when it was written).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -86,11 +87,15 @@ def train(
         for j in range(micro):
             x = xs[step, j * size : (j + 1) * size]
             y = ys[step, j * size : (j + 1) * size]
-            residual = model(x).squeeze(-1) - y
-            per_example = 0.5 * residual.square()
-            loss = per_example.mean() if reduction == "mean" else per_example.sum()
-            if divide_by_micro and reduction == "mean":
-                loss = loss / micro
-            loss.backward()
+            # under DDP, every micro-batch but the last accumulates locally (no_sync)
+            last = j == micro - 1
+            sync = ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext()
+            with sync:
+                residual = model(x).squeeze(-1) - y
+                per_example = 0.5 * residual.square()
+                loss = per_example.mean() if reduction == "mean" else per_example.sum()
+                if divide_by_micro and reduction == "mean":
+                    loss = loss / micro
+                loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -68,3 +68,15 @@ def test_ddp_hook_registered_before_attach_falls_back_to_per_example(processes, 
         assert "had a comm hook before attach()" in result["capability"][1]
         assert result["user_hook_calls"] >= 1500
         assert_within_ten_percent(result)
+
+
+@pytest.mark.slow
+def test_ddp_with_no_sync_accumulation(processes, tmp_path):
+    """Two micro-batches per step, the first under no_sync: the comm hook sees the local
+    gradient summed over both. The local batch is then the whole step's: the truth must lie
+    within 4 reported standard errors."""
+    args = ("--case", "iso+bias", "--micro", "2", "--steps", "1500")
+    for result in run_ranks(processes, tmp_path, *args):
+        noise = result["noise"]
+        assert noise["estimator"] == "ddp" and noise["samples"] == 1500
+        assert abs(noise["b_simple"] - result["truth"]) <= 4 * noise["stderr"], noise
