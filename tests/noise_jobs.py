@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bsmon.probes import attach
+
 
 @dataclass(frozen=True)
 class Case:
@@ -99,3 +101,10 @@ def train(
                 loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def measuring(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, **options: object):
+    """attach() for tests: no socket, every step measured (no cost budget)."""
+    options.setdefault("serve", False)
+    options.setdefault("noise_budget", None)
+    return attach(model, optimizer, batch_size=batch, **options)  # type: ignore[arg-type]

@@ -10,9 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bsmon.probes import attach
-
-from .noise_jobs import ANISO, ANISO_BIAS, ISO, ISO_BIAS, NOTE_MAIN, Case, Regression, train
+from .noise_jobs import (
+    ANISO,
+    ANISO_BIAS,
+    ISO,
+    ISO_BIAS,
+    NOTE_MAIN,
+    Case,
+    Regression,
+    measuring,
+    train,
+)
 
 BATCH = 128
 
@@ -27,9 +35,7 @@ def estimate(
         k: options.pop(k) for k in ("micro", "reduction", "divide_by_micro") if k in options
     }
     options.setdefault("noise_window", steps)
-    with attach(
-        job.model, optimizer, batch_size=batch, serve=False, noise_budget=None, **options
-    ) as mon:
+    with measuring(job.model, optimizer, batch, **options) as mon:
         train(job, optimizer, steps=steps, batch=batch, **train_options)
         assert mon.flush()
         stats = mon.stats()
@@ -112,12 +118,10 @@ def test_sequential_is_biased_once_the_model_learns():
         train(job, optimizer, steps=300, batch=BATCH)  # reach stationarity
         xs, ys = job.batches(steps, BATCH)
         trace = g2 = 0.0
-        with attach(
+        with measuring(
             job.model,
             optimizer,
-            batch_size=BATCH,
-            serve=False,
-            noise_budget=None,
+            BATCH,
             noise_scale=mode,
             noise_window=10**6,  # ≈ a plain mean over the run, like the truth below
         ) as mon:

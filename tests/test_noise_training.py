@@ -15,9 +15,19 @@ from bsmon.probes.client import JobConnection
 from bsmon.probes.noise import pernorms
 
 from .helpers import wait_until
-from .noise_jobs import ANISO, ISO, ISO_BIAS, Regression, train
+from .noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
 
 BATCH = 128
+
+
+def fit_squares(model, optimizer, steps: int, shape: tuple[int, ...], flush=None) -> None:
+    """Steps of an arbitrary regression (the output towards 0) on fresh random inputs."""
+    for _ in range(steps):
+        model(torch.randn(*shape)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if flush is not None:
+            assert flush.flush()
 
 
 def noise_events(mon) -> list[protocol.Event]:
@@ -39,12 +49,10 @@ def test_measured_after_unscaling_and_before_clipping():
     optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=100)
     xs, ys = job.batches(2000, BATCH)
-    with attach(
+    with measuring(
         job.model,
         optimizer,
-        batch_size=BATCH,
-        serve=False,
-        noise_budget=None,
+        BATCH,
         noise_window=2000,
         grad_scaler=scaler,
     ) as mon:
@@ -74,12 +82,10 @@ def test_non_finite_steps_are_skipped_and_counted():
     optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
     xs, ys = job.batches(2000, BATCH)
-    with attach(
+    with measuring(
         job.model,
         optimizer,
-        batch_size=BATCH,
-        serve=False,
-        noise_budget=None,
+        BATCH,
         grad_scaler=scaler,
     ) as mon:
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
@@ -118,11 +124,8 @@ class Scale(nn.Module):
 def test_coverage_with_an_unsupported_layer():
     model = nn.Sequential(nn.Linear(10, 16), Scale(16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, optimizer, batch_size=32, serve=False, noise_budget=None) as mon:
-        for _ in range(60):
-            model(torch.randn(32, 10)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    with measuring(model, optimizer, 32) as mon:
+        fit_squares(model, optimizer, 60, (32, 10))
         assert mon.flush()
         noise = mon.stats()["noise"]
         capability = mon._noise.capability
@@ -148,12 +151,9 @@ class FunctionalHead(nn.Module):
 def test_a_layer_used_functionally_is_found_and_left_out():
     model = FunctionalHead()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    with attach(model, optimizer, batch_size=16, serve=False, noise_budget=None) as mon:
-        for _ in range(42):
-            model(torch.randn(16, 6)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            assert mon.flush()  # the agent's verdict reaches the training thread by next step
+    with measuring(model, optimizer, 16) as mon:
+        # each step flushed: the agent's verdict reaches the training thread by the next step
+        fit_squares(model, optimizer, 42, (16, 6), flush=mon)
         noise = mon.stats()["noise"]
         events = noise_events(mon)
     assert noise["coverage"] == pytest.approx((6 * 8 + 8) / (6 * 8 + 8 + 8 + 1))
@@ -175,11 +175,8 @@ class Reused(nn.Module):
 def test_a_layer_run_twice_per_pass_is_left_out():
     model = Reused()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    with attach(model, optimizer, batch_size=16, serve=False, noise_budget=None) as mon:
-        for _ in range(40):
-            model(torch.randn(16, 5)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    with measuring(model, optimizer, 16) as mon:
+        fit_squares(model, optimizer, 40, (16, 5))
         assert mon.flush()
         noise = mon.stats()["noise"]
         events = noise_events(mon)
@@ -222,7 +219,7 @@ def test_auto_switches_to_micro_batches_and_back():
     torch.manual_seed(0)
     job = Regression(ANISO, seed=0)
     optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
-    with attach(job.model, optimizer, batch_size=64, serve=False, noise_budget=None) as mon:
+    with measuring(job.model, optimizer, 64) as mon:
         train(job, optimizer, steps=10, batch=64)
         assert mon._noise.source.estimator == "per_example"
         train(job, optimizer, steps=10, batch=64, micro=4)
@@ -270,11 +267,8 @@ def test_a_fault_in_the_hooks_never_reaches_the_job(monkeypatch):
     monkeypatch.setattr(pernorms, "linear", broken)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, optimizer, batch_size=8, serve=False, noise_budget=None) as mon:
-        for _ in range(20):
-            model(torch.randn(8, 4)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    with measuring(model, optimizer, 8) as mon:
+        fit_squares(model, optimizer, 20, (8, 4))
         assert mon.flush()
         stats = mon.stats()
         events = noise_events(mon)
@@ -290,12 +284,10 @@ def test_adam_preconditioned_variant():
     torch.manual_seed(0)
     job = Regression(ISO, seed=0)
     optimizer = torch.optim.Adam(job.model.parameters(), lr=0.0)
-    with attach(
+    with measuring(
         job.model,
         optimizer,
-        batch_size=BATCH,
-        serve=False,
-        noise_budget=None,
+        BATCH,
         noise_preconditioned=True,
     ) as mon:
         train(job, optimizer, steps=2000, batch=BATCH)

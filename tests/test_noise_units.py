@@ -13,6 +13,7 @@ from bsmon.probes.noise import estimators
 from bsmon.probes.noise.controller import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.record import capture, read
+from bsmon.probes.noise.sequential import pair_terms
 from bsmon.probes.noise.smoothing import RatioEMA
 
 
@@ -80,11 +81,10 @@ def test_a_unit_as_large_as_the_step_cannot_be_used():
         components(1.0, 8, [])
 
 
-def test_sequential_pair_is_two_micro_batches():
+def test_two_consecutive_steps_are_two_micro_batches():
     g1, g2 = np.array([1.0, 2.0]), np.array([0.5, 1.0])
-    step = estimators.sequential_pair(
-        float(g1 @ g1), float(g2 @ g2), float((g1 - g2) @ (g1 - g2)), examples=10
-    )
+    total, unit_sq = pair_terms(float(g1 @ g1), float(g2 @ g2), float((g1 - g2) @ (g1 - g2)))
+    step = components(total, 20, [Units(unit_sq, 2, 10)])
     assert step.g2 == pytest.approx(float(g1 @ g2))  # the pair estimate of |G|² is g₁·g₂
     assert step.trace == pytest.approx(10 * float((g1 - g2) @ (g1 - g2)) / 2)
 

@@ -19,7 +19,6 @@ When the monitor closes, the hook stays (DDP cannot remove one) but only forward
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .autograd import ExampleCounter
 from .record import StepRecord
-from .source import Source
+from .source import Source, hook
 
 
 class CommHookTaken(RuntimeError):
@@ -115,33 +114,18 @@ class DDPSource(Source):
 
     # -- in the comm hook (autograd thread) ----------------------------------------------------
 
+    @hook("DDP comm hook (local norm)")
     def measure_local(self, bucket: dist.GradBucket) -> Tensor | None:
-        if not self.active:
-            return None
-        start = time.perf_counter()
-        try:
-            if self._scale is None:
-                self._scale = self.loss_scale.current(bucket.buffer().device)
-            return self._bucket_sq(bucket, [bucket.buffer()])
-        except Exception as exc:
-            self.report("DDP comm hook (local norm)", exc)
-            return None
-        finally:
-            self.cost += time.perf_counter() - start
+        if self._scale is None:
+            self._scale = self.loss_scale.current(bucket.buffer().device)
+        return self._bucket_sq(bucket, [bucket.buffer()])
 
+    @hook("DDP comm hook (global norm)")
     def measure_global(self, value: Any, bucket: dist.GradBucket, local: Tensor) -> None:
-        if self.closed:
-            return
-        start = time.perf_counter()
-        try:
-            tensor = value[0] if isinstance(value, (list, tuple)) else value
-            self._global.append(self._bucket_sq(bucket, [tensor]))
-            self._local.append(local)
-            self.backwards = max(self.backwards, 1)
-        except Exception as exc:
-            self.report("DDP comm hook (global norm)", exc)
-        finally:
-            self.cost += time.perf_counter() - start
+        tensor = value[0] if isinstance(value, (list, tuple)) else value
+        self._global.append(self._bucket_sq(bucket, [tensor]))
+        self._local.append(local)
+        self.backwards = max(self.backwards, 1)
 
     def _bucket_sq(self, bucket: dist.GradBucket, flat: list[Tensor]) -> Tensor:
         data = flat[0].detach()

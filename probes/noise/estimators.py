@@ -76,16 +76,5 @@ def per_example(sq_sum: float, total_sq: float, examples: int) -> StepComponents
     return components(total_sq, examples, [Units(sq_sum, examples, 1.0)])
 
 
-def sequential_pair(prev_sq: float, cur_sq: float, diff_sq: float, examples: int) -> StepComponents:
-    """Two consecutive steps' gradients g₁, g₂ of equal batches treated as two micro-batches of
-    one big batch (the fastai batch-size finder's method with two steps).
-
-    Biased: g₂ is taken after an update made with g₁ (research note §6.3), so E[g₁·g₂] is
-    |G|²(1 − ε/ε_opt), not |G|². For comparison only."""
-    # c_u = g_u / 2, ḡ = (g₁ + g₂)/2, |g₁ + g₂|² = 2|g₁|² + 2|g₂|² − |g₁ − g₂|²
-    total_sq = (2 * prev_sq + 2 * cur_sq - diff_sq) / 4
-    return components(total_sq, 2 * examples, [Units((prev_sq + cur_sq) / 4, 2, examples)])
-
-
 def finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)

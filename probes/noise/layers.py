@@ -123,7 +123,6 @@ class Layer:
     kind: str
     weight: nn.Parameter | None
     bias: nn.Parameter | None
-    fires: int = field(default=0, compare=False)
     accumulator: object = field(default=None, compare=False)
     methods: FastestMethod | None = field(default=None, compare=False)
 

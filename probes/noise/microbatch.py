@@ -12,7 +12,6 @@ skipped with that reason.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import Tensor
 
 from .autograd import ExampleCounter, accumulates, grad_accumulator, squared_norm
 from .record import StepRecord
-from .source import Source
+from .source import Source, hook
 
 
 class MicrobatchSource(Source):
@@ -43,20 +42,13 @@ class MicrobatchSource(Source):
         self._units: list[tuple[Tensor, int]] = []  # this step: (Σ|c_j|², examples) per pass
         self.last_units = 0
 
+    @hook("micro-batch gradient hook")
     def _gradient(self, param: Tensor, grad: Tensor) -> None:
-        if not self.active:
-            return
-        start = time.perf_counter()
-        try:
-            if not accumulates(self._accumulators[id(param)]):
-                return  # torch.autograd.grad or backward(inputs=...): not a training gradient
-            w2 = self.precond.w2(param) if self.precond is not None else None
-            self._pending.append(squared_norm(grad, w2))
-            self._end.touch()
-        except Exception as exc:
-            self.report("micro-batch gradient hook", exc)
-        finally:
-            self.cost += time.perf_counter() - start
+        if not accumulates(self._accumulators[id(param)]):
+            return  # torch.autograd.grad or backward(inputs=...): not a training gradient
+        w2 = self.precond.w2(param) if self.precond is not None else None
+        self._pending.append(squared_norm(grad, w2))
+        self._end.touch()
 
     def _on_backward_end(self) -> None:
         pending, self._pending = self._pending, []

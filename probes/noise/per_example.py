@@ -15,7 +15,6 @@ but ``auto`` prefers the micro-batch estimators there, as the issue asks.
 from __future__ import annotations
 
 import functools
-import time
 from collections import Counter
 from typing import Any
 
@@ -26,7 +25,7 @@ from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
 from .record import StepRecord
-from .source import Source
+from .source import Source, hook
 
 
 class PerExampleSource(Source):
@@ -61,47 +60,33 @@ class PerExampleSource(Source):
 
     # -- hooks (training thread) ---------------------------------------------------------------
 
+    @hook("per-example forward hook")
     def _forward(self, layer: Layer, module: nn.Module, args: tuple, output: Any) -> None:
-        if not self.active:
+        if not torch.is_grad_enabled():
             return
-        start = time.perf_counter()
-        try:
-            if not torch.is_grad_enabled():
-                return
-            if not isinstance(output, Tensor) or not output.requires_grad:
-                return
-            x = args[0] if args else None
-            if not layer.accepts(x):
-                return  # an unbatched call: its gradient will be unaccounted, see _record
-            x_sq = None
-            if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-                x_sq = pernorms.linear_input_sq(x)  # keep (B,) instead of the input
-                x = None
-            batch_stats = layer.kind == "batch_norm" and (
-                module.training or getattr(module, "running_mean", None) is None
-            )
-            output.register_hook(functools.partial(self._gradient, layer, x, x_sq, batch_stats))
-        except Exception as exc:
-            self.report("per-example forward hook", exc)
-        finally:
-            self.cost += time.perf_counter() - start
+        if not isinstance(output, Tensor) or not output.requires_grad:
+            return
+        x = args[0] if args else None
+        if not layer.accepts(x):
+            return  # an unbatched call: its gradient will be unaccounted, see _record
+        x_sq = None
+        if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
+            x_sq = pernorms.linear_input_sq(x)  # keep (B,) instead of the input
+            x = None
+        batch_stats = layer.kind == "batch_norm" and (
+            module.training or getattr(module, "running_mean", None) is None
+        )
+        output.register_hook(functools.partial(self._gradient, layer, x, x_sq, batch_stats))
 
+    @hook("per-example norms")
     def _gradient(
         self, layer: Layer, x: Tensor | None, x_sq: Tensor | None, batch_stats: bool, g: Tensor
     ) -> None:
-        if not self.active:
-            return
-        start = time.perf_counter()
-        try:
-            if not accumulates(layer.accumulator):
-                return  # torch.autograd.grad or backward(inputs=...): not a training gradient
-            sq = layer.norms(x, x_sq, g, self.precond, batch_stats)
-            self._entries.append((layer, sq.sum(), sq.shape[0]))
-            self._end.touch()
-        except Exception as exc:
-            self.report("per-example norms", exc)
-        finally:
-            self.cost += time.perf_counter() - start
+        if not accumulates(layer.accumulator):
+            return  # torch.autograd.grad or backward(inputs=...): not a training gradient
+        sq = layer.norms(x, x_sq, g, self.precond, batch_stats)
+        self._entries.append((layer, sq.sum(), sq.shape[0]))
+        self._end.touch()
 
     def _on_backward_end(self) -> None:
         entries, self._entries = self._entries, []

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .autograd import ExampleCounter, accumulates, grad_accumulator, total_squared_norm
 from .record import StepRecord
-from .source import Source
+from .source import Source, hook
 
 
 class SequentialSource(Source):
@@ -51,21 +51,17 @@ class SequentialSource(Source):
         self._current_sq: Tensor | None = None
         self._previous_sq: Tensor | None = None
 
+    @hook("sequential forward hook")
     def _forward(self, _module: Any, _args: tuple, output: Any) -> None:
-        try:
-            if self.active and torch.is_grad_enabled():
-                tensor = _first_tensor(output)
-                if tensor is not None and tensor.requires_grad:
-                    tensor.register_hook(self._touch)
-        except Exception as exc:
-            self.report("sequential forward hook", exc)
+        if torch.is_grad_enabled():
+            tensor = _first_tensor(output)
+            if tensor is not None and tensor.requires_grad:
+                tensor.register_hook(self._touch)
 
+    @hook("sequential gradient hook")
     def _touch(self, _grad: Tensor) -> None:
-        try:
-            if self.active and accumulates(self._accumulator):
-                self._end.touch()
-        except Exception as exc:
-            self.report("sequential gradient hook", exc)
+        if accumulates(self._accumulator):
+            self._end.touch()
 
     def _on_backward_end(self) -> None:
         super()._on_backward_end()
@@ -98,12 +94,9 @@ class SequentialSource(Source):
         diff_sq = total_squared_norm(torch._foreach_sub(current[1], copies))
         # the two gradients are already unscaled: the record's scale is 1
         self._scale = self.loss_scale.one(current_sq.device)
-        self._total = (2 * previous_sq + 2 * current_sq - diff_sq) / 4
+        self._total, unit_sq = pair_terms(previous_sq, current_sq, diff_sq)
         return self._make(
-            step,
-            [(previous_sq + current_sq) / 4],
-            examples=2 * examples,
-            units=((2, float(examples), 1.0),),
+            step, [unit_sq], examples=2 * examples, units=((2, float(examples), 1.0),)
         )
 
     def _clear(self) -> None:
@@ -121,6 +114,13 @@ class SequentialSource(Source):
         for handle in self._hooks_on_params:
             handle.remove()
         self._previous = None
+
+
+def pair_terms(prev_sq: Any, cur_sq: Any, diff_sq: Any) -> tuple[Any, Any]:
+    """Two equal steps' gradients g₁, g₂ as the units of one big batch (floats or tensors):
+    the big batch's squared norm |(g₁ + g₂)/2|² = (2|g₁|² + 2|g₂|² − |g₁ − g₂|²)/4 and the
+    units' Σ|c_u|² with c_u = g_u/2."""
+    return (2 * prev_sq + 2 * cur_sq - diff_sq) / 4, (prev_sq + cur_sq) / 4
 
 
 def _first_tensor(value: Any) -> Tensor | None:

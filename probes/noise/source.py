@@ -8,9 +8,10 @@ event, marks the step unusable, and never reaches the training loop.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -20,6 +21,31 @@ from .record import StepRecord, capture
 from .scaling import AdamPreconditioner, LossScale
 
 Emit = Callable[[str, str], None]  # (message, level)
+Body = TypeVar("Body", bound=Callable[..., Any])
+
+
+def hook(where: str) -> Callable[[Body], Body]:
+    """Decorates the body of a source's hook: skipped while the source is not measuring, its
+    host time counted against the cost budget, an exception reported (and the step spoilt),
+    never raised into the training loop."""
+
+    def decorate(body: Body) -> Body:
+        @functools.wraps(body)
+        def run(self: Source, *args: Any) -> Any:
+            if not self.active:
+                return None
+            start = time.perf_counter()
+            try:
+                return body(self, *args)
+            except Exception as exc:
+                self.report(where, exc)
+                return None
+            finally:
+                self.cost += time.perf_counter() - start
+
+        return run  # type: ignore[return-value]
+
+    return decorate
 
 
 class Source:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..protocol import NoiseScaleReading
+from ..timing import finite_or_none as _finite
 from .estimators import EstimateError, Units, components, finite
 from .record import StepRecord
 from .smoothing import RatioEMA
@@ -100,7 +101,3 @@ class Tracker:
             detail=detail or None,
             note=self.note,
         )
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
