@@ -173,6 +173,32 @@ def test_the_budget_measures_the_share_of_steps_it_can_afford():
     assert budget.share == pytest.approx(0.2, abs=0.1)
 
 
+def test_the_budget_prices_what_measured_steps_really_cost():
+    """The hooks report 1 ms, but measured steps run 2 ms longer than the others (autograd's
+    dispatch of the hooks, caches): the budget goes by the 2 ms."""
+    budget = Budget(0.02)
+    measured = 0
+    decision = True
+    for _ in range(5000):
+        duration = 0.012 if decision else 0.010
+        decision = budget.next(decision, 0.001 if decision else 0.0, 0.010, duration)
+        measured += decision
+    assert budget.price == pytest.approx(0.002)
+    assert measured / 5000 == pytest.approx(0.1, abs=0.015)
+
+
+def test_the_budget_price_is_robust_to_outlying_step_times():
+    budget = Budget(0.02)
+    decision = True
+    for i in range(3000):
+        duration = 0.011 if decision else 0.010
+        if i % 50 == 0:
+            duration = 0.5  # an evaluation between two steps
+        decision = budget.next(decision, 0.001 if decision else 0.0, 0.010, duration)
+    assert budget.price == pytest.approx(0.001, rel=0.05)
+    assert 0.15 <= budget.share <= 0.3
+
+
 def test_no_budget_measures_every_step():
     budget = Budget(None)
     assert all(budget.next(True, 0.5, 0.010) for _ in range(100))

@@ -24,6 +24,7 @@ record appended to a deque). Agent thread: ``agent_tick`` reads records, smooths
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,34 +49,66 @@ from .tracker import UNACCOUNTED, Tracker
 
 MODES = ("auto", "per_example", "microbatch", "sequential")
 SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
+BACKLOG = 4096  # records waiting for the agent thread (it drains them every 0.1 s)
 DEFAULT_BUDGET = 0.02  # share of the step time bsmon's noise-scale hooks may take
 _RESET = object()
 
 
 class Budget:
-    """Chooses the steps to measure so that the hooks cost at most ``fraction`` of the step
+    """Chooses the steps to measure so that measuring costs about ``fraction`` of the step
     time on average: a token bucket credited ``fraction × step time`` per step and debited the
-    measured host time of bsmon's hooks (on the CPU that is the norm computations themselves;
-    on a GPU, only their launch). Which steps are measured depends on timing, never on the
-    gradients, so the estimate stays unbiased; only its variance grows."""
+    price of each measured step.
+
+    The price starts as the host time spent in bsmon's hooks (on the CPU that is the norm
+    computations themselves; on a GPU, their launches). Measured steps also cost something
+    outside the hooks' own code (autograd calling them, caches), so once enough steps of both
+    kinds have been seen the price is how much longer the median measured step takes than the
+    median other one — kept between 1x and 3x the hooks' own time, so a burst of noise in the
+    step times can neither hide the cost nor stop the measurements. Which steps are measured
+    depends on timing, never on the gradients, so the estimate stays unbiased; only its
+    variance grows."""
+
+    SAMPLES = 32  # recent step durations of each kind
+    MIN_SAMPLES = 5
 
     def __init__(self, fraction: float | None) -> None:
         self.fraction = fraction
         self.credit = 0.0
-        self.cost: float | None = None  # smoothed cost of one measured step, seconds
+        self.cost: float | None = None  # smoothed host time in the hooks per measured step
+        self.measured_times: deque[float] = deque(maxlen=self.SAMPLES)
+        self.plain_times: deque[float] = deque(maxlen=self.SAMPLES)
         self.share = 1.0  # smoothed share of steps measured
 
-    def next(self, measured: bool, cost: float, step_time: float | None) -> bool:
-        """After a step: whether to measure the next one."""
+    @property
+    def price(self) -> float | None:
+        cost = self.cost
+        if cost is None:
+            return None
+        if min(len(self.measured_times), len(self.plain_times)) < self.MIN_SAMPLES:
+            return cost
+        extra = statistics.median(self.measured_times) - statistics.median(self.plain_times)
+        return min(max(extra, cost), 3 * cost)
+
+    def next(
+        self,
+        measured: bool,
+        cost: float,
+        step_time: float | None,
+        duration: float | None = None,
+    ) -> bool:
+        """After a step (``duration`` long, ``cost`` of it in the hooks): measure the next?"""
+        if duration is not None and duration > 0:
+            (self.measured_times if measured else self.plain_times).append(duration)
         if measured and cost > 0:
             self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
-        fraction = self.fraction
-        if fraction is None or fraction >= 1 or not step_time or self.cost is None:
+        fraction, price = self.fraction, self.price
+        base = statistics.median(self.plain_times) if self.plain_times else step_time
+        if fraction is None or fraction >= 1 or not base or price is None:
             decision = True
         else:
-            self.credit += fraction * step_time - (cost if measured else 0.0)
-            self.credit = min(self.credit, 2 * self.cost)  # no bursts after a long pause
-            decision = self.credit >= self.cost
+            self.credit += fraction * base - (price if measured else 0.0)
+            self.credit = min(self.credit, 2 * price)  # no bursts after a long pause
+            decision = self.credit >= price
         self.share = 0.98 * self.share + 0.02 * decision
         return decision
 
@@ -120,6 +153,7 @@ class NoiseScale:
         self.budget = Budget(budget)
         self._step_time = step_time
         self._last_measured = 0
+        self._last_wall: float | None = None  # perf_counter at the previous optimizer step
         self._examples_hint = examples_hint
         self._model = model
         self._trainable = list(
@@ -132,7 +166,7 @@ class NoiseScale:
         self._ddp = model if isinstance(model, ddp_type) and self._world > 1 else None
         self._inner = model.module if isinstance(model, ddp_type) else model
         self._counter: ExampleCounter | None = None
-        self._inbox: deque[Any] = deque()
+        self._inbox: deque[Any] = deque(maxlen=BACKLOG)
         self._exclusions: deque[tuple[int, ...]] = deque()
         self.tracker = Tracker(window)
         self.source: Source | None = None
@@ -254,7 +288,12 @@ class NoiseScale:
                 self._inbox.append(dataclasses.replace(record, gap=max(1, gap)))
             if self.mode == "auto" and self._ddp is None and measured:
                 self._maybe_switch(source.last_backwards)
-            measure_next = self.budget.next(measured, source.take_cost(), self._step_time())
+            now = time.perf_counter()
+            duration = now - self._last_wall if self._last_wall is not None else None
+            self._last_wall = now
+            measure_next = self.budget.next(
+                measured, source.take_cost(), self._step_time(), duration
+            )
             self.source.set_measuring(measure_next)  # type: ignore[union-attr]
         except Exception as exc:
             self._guard.report("noise scale: step", exc)

@@ -83,7 +83,8 @@ class SequentialSource(Source):
         current, current_sq = self._current, self._current_sq
         if current is None or current_sq is None:
             return None
-        examples = self._counter.take() or self._examples_hint() or 0
+        # under DDP the gradient is the average over the ranks: W times the local examples
+        examples = (self._counter.take() or self._examples_hint() or 0) * self.world
         previous, previous_sq = self._previous, self._previous_sq
         self._previous, self._previous_sq = (*current, examples), current_sq
         if previous is None or previous_sq is None:
