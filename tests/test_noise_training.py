@@ -384,3 +384,25 @@ def test_no_device_synchronisation_on_the_training_thread(mode):
         assert mon.flush()
         assert mon.stats()["errors"] == 0
         wait_until(lambda: mon.stats()["noise"]["samples"] > 30, message="measured steps")
+
+
+def test_every_hook_on_the_model_is_recognisably_bsmons():
+    """Code that copies a model without bsmon's hooks (the probe's sidecar) tells them apart
+    by the module of the hook or of its owner."""
+
+    def owner_module(hook) -> str:
+        owner = getattr(hook, "__self__", None)
+        return type(owner).__module__ if owner is not None else hook.__module__
+
+    for mode in ("per_example", "microbatch", "sequential"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with attach(model, optimizer, batch_size=4, serve=False, noise_scale=mode):
+            hooks = [
+                hook
+                for module in model.modules()
+                for table in (module._forward_hooks, module._forward_pre_hooks)
+                for hook in table.values()
+            ]
+            assert hooks or mode == "microbatch"
+            assert all(owner_module(h).startswith("bsmon.") for h in hooks), (mode, hooks)

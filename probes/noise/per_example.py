@@ -28,6 +28,20 @@ from .record import StepRecord
 from .source import Source, hook
 
 
+class _LayerHook:
+    """The forward hook on one layer. A small bsmon object rather than a partial, so code that
+    copies a model (the probe's sidecar) can tell bsmon's hooks from the user's."""
+
+    __slots__ = ("layer", "source")
+
+    def __init__(self, source: PerExampleSource, layer: Layer) -> None:
+        self.source = source
+        self.layer = layer
+
+    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.source._forward(self.layer, module, args, output)
+
+
 class PerExampleSource(Source):
     estimator = "per_example"
 
@@ -40,9 +54,7 @@ class PerExampleSource(Source):
         self.layers: list[Layer] = []
         self._handles: dict[Layer, Any] = {}
         for layer in self.discovery.layers:
-            self._handles[layer] = layer.module.register_forward_hook(
-                functools.partial(self._forward, layer)
-            )
+            self._handles[layer] = layer.module.register_forward_hook(_LayerHook(self, layer))
             self.layers.append(layer)
         self._refresh()
         self._entries: list[tuple[Layer, Tensor, int]] = []  # this backward pass
