@@ -27,7 +27,7 @@ def memory_line(batch: BatchReading, gpu: bool) -> str:
     if batch.accumulation_steps:
         return "memory  constant (accumulation mode)"
     if not gpu:
-        return "memory  [$text-muted]n/a — no GPU memory to model[/]"
+        return "memory  [$text-muted]n/a (no GPU to model)[/]"
     measured = len(batch.memory)
     if batch.predicted_max is None:
         need = "two sizes" if measured < 2 else "a budget"
