@@ -56,8 +56,16 @@ def test_conclusions_anchor_the_intercept_on_the_job_and_never_predict_a_failed_
     assert predicted == int(8000 * 0.95) and extrapolation == pytest.approx(4.0)
     with_job = plan.conclude(points, 1000 * MiB, job_points=[(64, 300 * MiB)])
     assert with_job[2][0] == pytest.approx(300 * MiB - slope * 64)  # the job's own point
-    failed = [*points, point(3000, 0, fits=False)]
+    failed = [*points, point(3000, 0, fits=False)]  # an OOM: no peak reading
     assert plan.conclude(failed, 1000 * MiB)[0] == int(2999 * 0.95)
+
+
+def test_a_size_that_ran_over_the_budget_still_measures_the_slope():
+    noisy_small = [point(32, 337 * MiB), point(600, 339 * MiB)]  # RSS noise: slope too low
+    over = point(40_000, 1040 * MiB, fits=False)
+    predicted, _, (_, slope) = plan.conclude([*noisy_small, over], 768 * MiB)
+    assert slope == pytest.approx((1040 - 339) * MiB / (40_000 - 600))
+    assert predicted == int(((768 - 339) * MiB / slope + 600) * 0.95)
 
 
 def test_the_recommendation_joins_memory_speed_and_noise():

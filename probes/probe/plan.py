@@ -80,15 +80,17 @@ def conclude(
 ) -> tuple[int | None, float | None, tuple[float, float] | None]:
     """(predicted largest batch with the margin, extrapolation ratio, (intercept, slope)).
 
-    The slope comes from the sidecar's fitting sizes (the upper range); the intercept is
-    anchored on the job's own measured point when there is one, since the job's allocator,
-    context and cached state are what the prediction is for.
+    The slope comes from the two largest sizes with a measured peak — a size that ran but went
+    over the budget is a measurement too, and the most informative one (slopes from small
+    sizes drown in measurement noise). The intercept is anchored on the job's own measured
+    point when there is one, since the job's allocator, context and cached state are what the
+    prediction is for.
     """
-    fitting = [p for p in points if p.fits and p.peak_bytes]
-    upper = sorted(fitting, key=lambda p: p.batch_size)[-2:]
-    fit = line_fit([(p.batch_size, p.peak_bytes) for p in upper])  # type: ignore[misc]
-    if fit is None:
-        return None, None, None
+    measured = sorted((p for p in points if p.peak_bytes), key=lambda p: p.batch_size)[-2:]
+    fitting = [p for p in points if p.fits]
+    fit = line_fit([(p.batch_size, p.peak_bytes) for p in measured])  # type: ignore[misc]
+    if fit is None or not fitting:
+        return None, None, fit
     intercept, slope = fit
     if job_points:
         size, peak = max(job_points)
