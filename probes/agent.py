@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import socket
 import sys
@@ -36,14 +37,17 @@ from .lr_scaling import POLICIES as LR_POLICIES
 from .probe.job import ProbeSource, device_free
 from .probe.runner import ProbeExtension, ProbeRunner
 from .protocol import Capability, Event, ProbeResult, SessionInfo
+from .ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from .safety import FaultGuard
 from .service import AgentService, Extension, PeriodicSampler
 from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
 INBOX_CAPACITY = 1 << 16
+SMALL_DEVICE_BATCH = 8  # a per-device batch below this mostly leaves the device waiting
 NOISE_SCALE_CHOICES = ("auto",)
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_ranks_serials = itertools.count()  # every rank attaches in the same order: same namespaces
 
 
 def _bsmon_version() -> str:
@@ -95,6 +99,7 @@ class Monitor:
         lr_scaling: str | None = None,
         lr_scheduler: Any = None,
         probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+        ranks_view: bool = True,
     ) -> None:
         _check_options(
             model,
@@ -124,6 +129,10 @@ class Monitor:
         self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
         self._guard = FaultGuard(self._emit_event, lambda: self._step)
+        self._warned: set[str] = set()
+        self._has_batchnorm = model is not None and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
+        )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
 
@@ -161,6 +170,10 @@ class Monitor:
         self.probe_source = ProbeSource(model, optimizer, loss_fn, probe_step, self.batch_control)
         self.prober = self._make_prober(rank)
         extensions: list[Extension] = [ProbeExtension(self.prober)]
+        self._ddp_timing: DdpTiming | None = None
+        self._ranks_exchange: RankExchange | None = None
+        if world_size > 1 and ranks_view and (ranks := self._make_ranks(rank, world_size)):
+            extensions.append(ranks)
         if self.batch_control is not None:
             extensions.append(BatchExtension(self.batch_control, self.telemetry))
         self._service = AgentService(
@@ -227,6 +240,36 @@ class Monitor:
             for kind in ("set_batch_size", "step_batch_size"):
                 self.router.disable(kind, "send batch-size commands to rank 0's monitor")
         return controller
+
+    def _make_ranks(self, rank: int, world_size: int) -> RanksExtension | None:
+        """Rank 0's view of every rank, through the job's rendezvous store (no collective)."""
+        try:
+            store = store_for(next(_ranks_serials))
+        except Exception as exc:
+            self._warn(
+                "ranks_view_unavailable",
+                f"no ranks view: the job's store is not reachable ({type(exc).__name__}: {exc})",
+            )
+            return None
+        self._ranks_exchange = RankExchange(store, rank, world_size)
+        self._ddp_timing = DdpTiming(self.model)
+        if self.batch_control is not None and self.batch_control.size < SMALL_DEVICE_BATCH:
+            self._warn(
+                "small_device_batch",
+                f"the per-device batch is {self.batch_control.size}: below "
+                f"{SMALL_DEVICE_BATCH} samples a device mostly waits; consider gradient "
+                "accumulation (micro_batch_size) or fewer ranks",
+            )
+        placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
+        return RanksExtension(self._ranks_exchange, placement, rank_summary, self._ddp_timing)
+
+    def _warn(self, kind: str, message: str) -> None:
+        """A warning from the literature, once per kind."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self._emit_event(
+                Event(t=time.time(), step=self._step, kind=kind, level="warning", message=message)
+            )
 
     def _make_prober(self, rank: int) -> ProbeRunner:
         source = self.probe_source
@@ -308,6 +351,8 @@ class Monitor:
         )
         if control is not None:
             control.at_step_boundary()
+        if self._ddp_timing is not None:
+            self._ddp_timing.at_step(self._step)
 
     def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
@@ -316,8 +361,18 @@ class Monitor:
             self._batch_samples += size
             self._batches_since_step.append((loader, indices))
             self.probe_source.offer(batch, size)
+            if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
+                self._warn_uneven_batch(size)
         except Exception as exc:
             self._guard.report("dataloader batch accounting", exc)
+
+    def _warn_uneven_batch(self, size: int) -> None:
+        self._warn(
+            "uneven_batchnorm_batch",
+            f"a batch of {size} samples (the end of an epoch) meets BatchNorm in training "
+            "mode: its statistics from so few samples are noisy, and NaN or an error "
+            "with 1; pass drop_last=True to mon.dataloader",
+        )
 
     def _emit_event(self, event: Event) -> None:
         self._inbox.append((EVENT, event))
@@ -372,6 +427,16 @@ class Monitor:
         control = self.batch_control
         if control is None:
             raise ValueError("mon.dataloader() needs attach(..., batch_size=N)")
+        sampler = kwargs.get("sampler")
+        if isinstance(sampler, torch.utils.data.DistributedSampler) and hasattr(dataset, "__len__"):
+            samples, world = len(dataset), sampler.num_replicas
+            if samples % world:
+                how = "drops" if sampler.drop_last else "pads with repeated"
+                self._warn(
+                    "uneven_world_split",
+                    f"{samples} samples do not split evenly over {world} ranks: "
+                    f"DistributedSampler {how} samples every epoch",
+                )
         return make_dataloader(dataset, lambda: control.loader_size, self._on_batch, **kwargs)
 
     def on_batch_size_change(self, callback: Callable[[int, int], None]) -> None:
@@ -498,6 +563,8 @@ class Monitor:
         self._hooks.remove()
         self.probe_source.close()
         self.prober.stop()
+        if self._ranks_exchange is not None:
+            self._ranks_exchange.close()
         atexit.unregister(self.close)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:

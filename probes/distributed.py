@@ -21,6 +21,11 @@ def control_group() -> dist.ProcessGroup | None:
     """A new gloo group over all ranks, or None outside a multi-rank job."""
     if world()[1] <= 1:
         return None
+    return new_gloo_group()
+
+
+def new_gloo_group() -> dist.ProcessGroup:
+    """A private gloo group over all ranks (collective: every rank must call it, in order)."""
     return dist.new_group(backend="gloo")
 
 

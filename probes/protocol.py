@@ -187,6 +187,37 @@ class ProbeReading(msgspec.Struct, omit_defaults=True):
     result: ProbeResult | None = None
 
 
+class RankReading(msgspec.Struct, omit_defaults=True):
+    """One rank of a distributed job as rank 0 last heard of it."""
+
+    rank: int
+    host: str = ""
+    local_rank: int = 0
+    step: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    batch_size: int | None = None
+    util_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    comm_wait_s: float | None = None  # all-reduce time not overlapped with backward compute
+    age_s: float | None = None  # since rank 0 last heard from it
+    late: bool = False
+
+
+class RanksReading(msgspec.Struct, omit_defaults=True):
+    """Every rank on one screen: gathered by rank 0 over a private gloo group."""
+
+    world_size: int
+    ranks: list[RankReading] = msgspec.field(default_factory=list)
+    straggler: int | None = None  # the rank with the most compute per step
+    straggler_ratio: float | None = None  # its compute over the median rank's
+    timing: str = ""  # how compute was measured, or why it was not
+    global_batch_size: int | None = None
+
+
 # --------------------------------------------------------------------------------------------
 # Server -> client
 # --------------------------------------------------------------------------------------------
@@ -239,6 +270,7 @@ class Metrics(Message, tag="metrics"):
     host: HostReading = msgspec.field(default_factory=HostReading)
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
     probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
+    ranks: RanksReading | None = None
     errors: int = 0
     dropped: int = 0
 

@@ -239,3 +239,44 @@ def probed_messages() -> list[protocol.Message]:
         status="done", message="done", started=NOW - 41, points=result.points, result=result
     )
     return script
+
+
+def ranks_reading(world: int = 64, per_node: int = 8) -> protocol.RanksReading:
+    readings = []
+    for rank in range(world):
+        slow = rank == 37
+        late = rank == 12
+        readings.append(
+            protocol.RankReading(
+                rank=rank,
+                host=f"gpu-node-{rank // per_node}",
+                local_rank=rank % per_node,
+                step=3000 if not late else 2991,
+                step_time_s=0.0429,
+                samples_per_s=2980.0,
+                batch_size=128,
+                util_percent=71.0 if slow else 97.0 - (rank % 5),
+                memory_used_bytes=int((61.2 + (rank % 3)) * 2**30),
+                memory_total_bytes=int(79.6 * 2**30),
+                forward_s=0.021 if slow else 0.0122 + 0.0002 * (rank % 4),
+                backward_s=0.0205,
+                comm_wait_s=0.0021 if slow else 0.0095,
+                age_s=14.0 if late else 0.8,
+                late=late,
+            )
+        )
+    return protocol.RanksReading(
+        world_size=world,
+        ranks=readings,
+        straggler=37,
+        straggler_ratio=1.27,
+        timing="compute = forward + backward (DDP runtime statistics)",
+        global_batch_size=128 * world,
+    )
+
+
+def distributed_messages() -> list[protocol.Message]:
+    script = messages()
+    script[0].session.rank, script[0].session.world_size = 0, 64
+    script[-1].ranks = ranks_reading()
+    return script

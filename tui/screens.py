@@ -21,6 +21,7 @@ from .commands import CommandDesk
 from .confirm import ConfirmScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
+from .ranks_screen import RanksScreen
 from .session import Snapshot
 from .sources import Source, Update
 from .widgets.banner import StateBanner
@@ -57,6 +58,7 @@ class DashboardScreen(Screen):
         Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
         Binding("minus", "batch('down')", "Batch −", id="batch_down"),
         Binding("p", "probe", "Probe", id="probe"),
+        Binding("r", "ranks", "Ranks", id="ranks"),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
     JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
@@ -108,7 +110,7 @@ class DashboardScreen(Screen):
             widget.show(snap)  # type: ignore[attr-defined]
         name = ScalarChart.scalar_name(snap)
         self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
-        if isinstance(self.app.screen, ProbeScreen) and self.app.screen.is_mounted:
+        if isinstance(self.app.screen, (ProbeScreen, RanksScreen)) and self.app.screen.is_mounted:
             self.app.screen.show(snap)
         for reply in update.replies:
             self._answer(reply)
@@ -120,6 +122,9 @@ class DashboardScreen(Screen):
         self.app.push_screen(HelpScreen())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "ranks":  # only a distributed job has ranks to show
+            snap = self.snapshot
+            return snap is not None and snap.session is not None and snap.session.world_size > 1
         capability = self.JOB_ACTIONS.get(action)
         if capability is None:
             return True
@@ -149,6 +154,9 @@ class DashboardScreen(Screen):
     def open_probe_screen(self) -> None:
         can_apply = self.check_action("batch", ()) is True
         self.app.push_screen(ProbeScreen(self.apply_batch_size, can_apply, self.snapshot))
+
+    def action_ranks(self) -> None:
+        self.app.push_screen(RanksScreen(self.snapshot))
 
     def apply_batch_size(self, size: int) -> None:
         self.commands.send(SetBatchSize(value=size, reason="the probe's recommendation"))
@@ -195,6 +203,7 @@ HELP_TEXT = """\
 | `+` / `=` | step the batch size up (double by default; applied at the next step) |
 | `-` | step the batch size down |
 | `p` | probe the largest batch size in a sidecar process (asks first) |
+| `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
 

@@ -260,8 +260,14 @@ class Sidecar:
         and scaled along the fitted line."""
         intercept, slope = fit
         as_is = plan.largest_within(intercept, slope, budget)
-        out = [WhatIf("as is", as_is, measured=False,
-                      note=f"the fitted line, up to {largest.batch_size:,} measured")]
+        out = [
+            WhatIf(
+                "as is",
+                as_is,
+                measured=False,
+                note=f"the fitted line, up to {largest.batch_size:,} measured",
+            )
+        ]
         if not self.cuda:
             note = "measured on a GPU only: resident memory on the CPU never shrinks back"
             out += [

@@ -74,6 +74,8 @@ class BatchPanel(Static):
             f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}",
             f"seen    {fmt.count(m.samples)} samples",
         ]
+        if m.ranks is not None and m.ranks.global_batch_size is not None:
+            lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:
             lines.append(f"[$warning]no step for {fmt.duration(m.idle_s)}[/]")
         batch = m.batch
