@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
-from . import discovery, protocol
+from . import discovery, protocol, sigterm
 from .commands import CommandRouter
 from .data import MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
 from .hooks import StepHooks
 from .protocol import Capability, Event, SessionInfo
+from .record import Recorder, default_record_path
 from .safety import FaultGuard
 from .service import AgentService, PeriodicSampler
 from .telemetry import EVENT, FLUSH, LOG, STEP, Telemetry
@@ -107,7 +108,7 @@ class Monitor:
         self._batch_size = batch_size
         self._pid = os.getpid()
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
 
         # training-thread state
         self._step = 0
@@ -133,6 +134,7 @@ class Monitor:
         )
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
+        self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
         self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
         self.socket_path: Path | None = None
@@ -148,10 +150,14 @@ class Monitor:
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
             noise_capability=lambda: Capability(False, "not enabled"),
+            recorder=self.recorder,
         )
+        if self.recorder is not None:
+            self.recorder.start()
         self._start_service()
         _live_monitors.add(self)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
+        sigterm.install(live_monitors)
         self._emit_event(
             Event(
                 t=time.time(),
@@ -173,6 +179,28 @@ class Monitor:
             self._degrade(str(exc))
             return None
         return path
+
+    def _make_recorder(
+        self, record: bool | str | os.PathLike[str], socket_dir: str | os.PathLike[str] | None
+    ) -> Recorder | None:
+        """The session recorder (``record=True``: in BSMON_DIR/records; a path: there)."""
+        if record is False:
+            return None
+        private_dir = None
+        if record is True:
+            base = (
+                Path(socket_dir).expanduser() if socket_dir is not None else discovery.default_dir()
+            )
+            path = default_record_path(base, self.name, self.session.start_time, self._pid)
+            private_dir = path.parent
+        elif isinstance(record, (str, os.PathLike)) and os.fspath(record):
+            path = Path(record).expanduser().absolute()
+        else:
+            raise TypeError(f"record must be True, False or a path, got {record!r}")
+        self.session.record = str(path)
+        return Recorder(
+            path, self.session, self.telemetry, self._emit_event, private_dir=private_dir
+        )
 
     def _start_service(self) -> None:
         try:
@@ -286,6 +314,7 @@ class Monitor:
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
+            "record": self.session.record,
             "serving": self.serving.available,
         }
 
@@ -297,20 +326,32 @@ class Monitor:
         self._inbox.append((FLUSH, done))
         return done.wait(timeout)
 
+    def record_probe_result(self, result: dict[str, Any]) -> None:
+        """Put a probe's result in the session record (any thread; never raises)."""
+        if self.recorder is not None:
+            self.recorder.probe(result, self._step)
+
+    def _close_at_exit(self) -> None:
+        self.close("the job exited")
+
     def close(self, reason: str = "closed") -> None:
-        """Remove every hook, stop every thread, remove the socket. Idempotent."""
+        """Remove every hook, stop every thread, remove the socket, end the record and write
+        its summary beside it. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         self._hooks.remove()
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
+        if self.recorder is not None:
+            self.recorder.close(reason, self._step)
+        sigterm.uninstall_if_idle()
 
     @property
     def closed(self) -> bool:

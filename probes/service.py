@@ -19,6 +19,7 @@ from . import protocol
 from .commands import CommandRouter
 from .devices import DeviceSample, DeviceSampler
 from .protocol import Capability, Hello, HostReading, SessionInfo
+from .record import Recorder
 from .server import AgentServer
 from .telemetry import Telemetry
 
@@ -68,6 +69,7 @@ class AgentService(threading.Thread):
         fault_count: Callable[[], int],
         noise_capability: Callable[[], Capability],
         on_tick: Callable[[], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
@@ -78,6 +80,7 @@ class AgentService(threading.Thread):
         self._fault_count = fault_count
         self._noise_capability = noise_capability
         self._on_tick = on_tick
+        self.recorder = recorder
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
             if socket_path is not None
@@ -152,7 +155,8 @@ class AgentService(threading.Thread):
         telemetry.poll()
         if self._on_tick is not None:
             self._on_tick()
-        for event in telemetry.take_new_events():
+        events = telemetry.take_new_events()
+        for event in events:
             if self.server is not None:
                 self.server.broadcast(protocol.encode(event), droppable=False)
         now = time.time()
@@ -160,6 +164,8 @@ class AgentService(threading.Thread):
         metrics = telemetry.take_metrics(now, force=final or bool(flushes))
         if metrics is not None:
             self._broadcast_metrics(metrics, now)
+        if self.recorder is not None:
+            self.recorder.tick(now, events, self.sampler.latest, self._noise_capability(), final)
         for done in flushes:
             done.set()
 
