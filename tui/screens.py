@@ -42,6 +42,7 @@ class DashboardScreen(Screen):
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="help"),
+        Binding("e", "export", "Export", id="export"),
     ]
 
     def __init__(self, source: Source) -> None:
@@ -100,6 +101,11 @@ class DashboardScreen(Screen):
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
 
+    def action_export(self) -> None:
+        from .export import start_export
+
+        start_export(self)
+
 
 HELP_TEXT = """\
 # bsmon
@@ -119,8 +125,12 @@ HELP_TEXT = """\
 | key | action |
 |---|---|
 | `?` | this help |
+| `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
+
+In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
+a twentieth of the run, `home` `end` the start or the end, `+` `-` faster or slower.
 
 The monitor never acts on the job unless you press a key that says so.
 """
