@@ -13,7 +13,6 @@ writer stops recording and reports an event.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import queue
@@ -50,17 +49,21 @@ if TYPE_CHECKING:  # telemetry imports torch; the dashboard uses this module wit
 RECORDS_SUBDIR = "records"
 MAX_PENDING_LINES = 10_000  # lines waiting for a stuck disk before recording stops
 CLOSE_TIMEOUT_S = 15.0
-_serial = itertools.count()
+_names_used: dict[str, int] = {}  # record names given out in this process
+_names_lock = threading.Lock()
 _CLOSE = object()
 
 
 def default_record_path(base: Path, name: str, start: float, pid: int) -> Path:
-    """``<base>/records/<YYYYmmdd-HHMMSS>-<name>-<pid>[-n].jsonl``."""
+    """``<base>/records/<YYYYmmdd-HHMMSS>-<name>-<pid>[-n].jsonl``; ``-n`` for a second
+    monitor of the same name in the same process and second."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(start))
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "job"
-    serial = next(_serial)
-    suffix = f"-{serial}" if serial else ""
-    return base / RECORDS_SUBDIR / f"{stamp}-{safe}-{pid}{suffix}.jsonl"
+    stem = f"{stamp}-{safe}-{pid}"
+    with _names_lock:
+        serial = _names_used.get(stem, 0) + 1
+        _names_used[stem] = serial
+    return base / RECORDS_SUBDIR / (f"{stem}.jsonl" if serial == 1 else f"{stem}-{serial}.jsonl")
 
 
 class _Bucket:
@@ -361,18 +364,19 @@ class RecordWriter(threading.Thread):
             if span_end is not None:
                 self._spans_since_compaction += 1
                 self._last_t1 = max(self._last_t1, span_end)
+                if self._spans_since_compaction >= self._per_level:
+                    self._compact()
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
         self._file.flush()
-        if self._spans_since_compaction >= self._per_level:
-            self._compact()
         return True
 
     def _compact(self) -> None:
         """Rewrite the record with old spans merged, then go on appending to the new file."""
         self._spans_since_compaction = 0
+        self._file.flush()
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
