@@ -28,7 +28,7 @@ from .data import MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
 from .hooks import StepHooks
 from .protocol import Capability, Event, SessionInfo
-from .record import Recorder, default_record_path
+from .record import Recorder, claim_record_path, default_record_path
 from .safety import FaultGuard
 from .service import AgentService, PeriodicSampler
 from .telemetry import EVENT, FLUSH, LOG, STEP, Telemetry
@@ -197,6 +197,7 @@ class Monitor:
             path = Path(record).expanduser().absolute()
         else:
             raise TypeError(f"record must be True, False or a path, got {record!r}")
+        path = claim_record_path(path)
         self.session.record = str(path)
         return Recorder(
             path, self.session, self.telemetry, self._emit_event, private_dir=private_dir

@@ -49,21 +49,30 @@ if TYPE_CHECKING:  # telemetry imports torch; the dashboard uses this module wit
 RECORDS_SUBDIR = "records"
 MAX_PENDING_LINES = 10_000  # lines waiting for a stuck disk before recording stops
 CLOSE_TIMEOUT_S = 15.0
-_names_used: dict[str, int] = {}  # record names given out in this process
-_names_lock = threading.Lock()
+_claimed: set[Path] = set()  # record paths given out in this process
+_claimed_lock = threading.Lock()
 _CLOSE = object()
 
 
 def default_record_path(base: Path, name: str, start: float, pid: int) -> Path:
-    """``<base>/records/<YYYYmmdd-HHMMSS>-<name>-<pid>[-n].jsonl``; ``-n`` for a second
-    monitor of the same name in the same process and second."""
+    """``<base>/records/<YYYYmmdd-HHMMSS>-<name>-<pid>.jsonl``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(start))
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "job"
-    stem = f"{stamp}-{safe}-{pid}"
-    with _names_lock:
-        serial = _names_used.get(stem, 0) + 1
-        _names_used[stem] = serial
-    return base / RECORDS_SUBDIR / (f"{stem}.jsonl" if serial == 1 else f"{stem}-{serial}.jsonl")
+    return base / RECORDS_SUBDIR / f"{stamp}-{safe}-{pid}.jsonl"
+
+
+def claim_record_path(path: Path) -> Path:
+    """``path``, or ``<stem>-2.jsonl``, ``-3``… when it exists or this process already gave
+    it to another monitor (whose writer may not have created it yet)."""
+    suffix = ".jsonl" if path.name.endswith(".jsonl") else ""
+    stem = path.name.removesuffix(suffix)
+    with _claimed_lock:  # one stat per candidate, at attach (setup), never per step
+        for serial in range(1, 10_000):
+            candidate = path if serial == 1 else path.with_name(f"{stem}-{serial}{suffix}")
+            if candidate not in _claimed and not os.path.lexists(candidate):
+                _claimed.add(candidate)
+                return candidate
+    return path  # the writer's exclusive open will report it
 
 
 class _Bucket:

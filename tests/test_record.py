@@ -236,3 +236,16 @@ def test_two_monitors_of_one_name_in_one_process_get_two_records(bsmon_dir):
     first, second = (mon.recorder.path for mon in mons)
     assert first != second and first.exists() and second.exists()
     assert summarize_record(first).run.name == summarize_record(second).run.name == "twin"
+
+
+def test_a_rerun_with_the_same_record_path_does_not_overwrite_the_first(bsmon_dir, tmp_path):
+    target = tmp_path / "exp.jsonl"
+    paths = []
+    for _ in range(2):
+        job = TinyJob()
+        with attach(job.model, job.optimizer, batch_size=8, record=target) as mon:
+            job.step(mon)
+        paths.append(mon.recorder.path)
+    assert paths == [target, tmp_path / "exp-2.jsonl"]
+    assert all(summarize_record(p).steps == 1 for p in paths)
+    assert (tmp_path / "exp-2.summary.md").exists()
