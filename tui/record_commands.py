@@ -1,14 +1,23 @@
-"""``bsmon export`` and ``bsmon replay``: a session record to a summary, or back on screen."""
+"""``bsmon export`` and ``bsmon replay``: a session record to a summary, or back on screen.
+
+Errors are one line on stderr and exit code 1, like the rest of the command line (this module
+prints them itself: under ``python -m bsmon.tui.cli`` the CLI's own error class is another
+module's).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bsmon.probes.record_reader import RecordError
 from bsmon.probes.summary import paths_beside, summarize_record, write_summary
 
-from .cli import CliError
+
+def fail(message: str) -> int:
+    print(f"bsmon: {message}", file=sys.stderr)
+    return 1
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -21,7 +30,7 @@ def cmd_export(record: Path, output: Path | None) -> int:
     try:
         summary = summarize_record(record)
     except RecordError as exc:
-        raise CliError(str(exc)) from None
+        return fail(str(exc))
     json_path, md_path = (
         paths_beside(record) if output is None else (output / "summary.json", output / "summary.md")
     )
@@ -29,10 +38,10 @@ def cmd_export(record: Path, output: Path | None) -> int:
         write_summary(summary, json_path, md_path)
     except OSError as exc:
         where = output or record.parent
-        raise CliError(
-            f"cannot write the summary in {where}: {exc.strerror or exc} (choose a directory "
-            "with -o DIR)"
-        ) from None
+        reason = exc.strerror or str(exc)
+        return fail(
+            f"cannot write the summary in {where}: {reason} (choose a directory with -o DIR)"
+        )
     print(f"wrote {json_path}\nwrote {md_path}")
     return 0
 
@@ -44,7 +53,7 @@ def cmd_replay(record: Path, speed: float | None) -> int:
     try:
         data = load_replay(record)
     except RecordError as exc:
-        raise CliError(str(exc)) from None
+        return fail(str(exc))
     app = BsmonApp(RecordSource(data, speed=speed), dashboard=ReplayScreen, readonly=True)
     app.run()
     return app.return_code or 0
