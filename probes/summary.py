@@ -463,10 +463,10 @@ def summarize_record(path: Path | str) -> Summary:
         return summarize(reader)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -474,12 +474,17 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_summary(summary: Summary, json_path: Path, md_path: Path) -> tuple[Path, Path]:
+def write_summary(
+    summary: Summary, json_path: Path, md_path: Path, private: bool = False
+) -> tuple[Path, Path]:
+    """Write both files (atomically); ``private``: 0600, like the record they sit beside."""
     from .summary_md import render_markdown
 
+    mode = 0o600 if private else 0o666  # less the umask
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(json_path, msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
-    _write_atomic(md_path, render_markdown(summary).encode())
+    encoded = msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
+    _write_atomic(json_path, encoded, mode)
+    _write_atomic(md_path, render_markdown(summary).encode(), mode)
     return json_path, md_path
 
 
@@ -496,4 +501,4 @@ def paths_beside(record: Path) -> tuple[Path, Path]:
 
 
 def write_summary_beside(record: Path) -> tuple[Path, Path]:
-    return write_summary(summarize_record(record), *paths_beside(record))
+    return write_summary(summarize_record(record), *paths_beside(record), private=True)

@@ -57,6 +57,7 @@ def test_every_session_is_recorded_in_bsmon_dir_with_a_summary_beside_it(bsmon_d
     assert sum(s.steps for s in spans) == 30 and spans[-1].samples == 240
     assert all(s.t1 - s.t0 <= 1.0 for s in spans)  # at most a second each
     json_path, md_path = paths_beside(path)
+    assert stat.S_IMODE(json_path.stat().st_mode) == stat.S_IMODE(md_path.stat().st_mode) == 0o600
     summary = msgspec.json.decode(json_path.read_bytes(), type=Summary)
     assert summary.steps == 30 and summary.samples == 240 and summary.run.end_reason == "closed"
     assert md_path.read_text().startswith("# bsmon summary: rec")

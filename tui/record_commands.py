@@ -35,7 +35,7 @@ def cmd_export(record: Path, output: Path | None) -> int:
         paths_beside(record) if output is None else (output / "summary.json", output / "summary.md")
     )
     try:
-        write_summary(summary, json_path, md_path)
+        write_summary(summary, json_path, md_path, private=output is None)
     except OSError as exc:
         where = output or record.parent
         reason = exc.strerror or str(exc)
