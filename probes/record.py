@@ -204,6 +204,8 @@ class Recorder:
         final: bool = False,
     ) -> None:
         if self._closed or self.writer.failed:
+            if self.telemetry.tap is self:
+                self.telemetry.tap = None  # nothing more to record: stop spending on steps
             return
         try:
             for event in events:

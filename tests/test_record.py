@@ -250,3 +250,14 @@ def test_a_rerun_with_the_same_record_path_does_not_overwrite_the_first(bsmon_di
     assert paths == [target, tmp_path / "exp-2.jsonl"]
     assert all(summarize_record(p).steps == 1 for p in paths)
     assert (tmp_path / "exp-2.summary.md").exists()
+
+
+def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    job = TinyJob()
+    with attach(job.model, job.optimizer, batch_size=8, record=blocker / "r.jsonl") as mon:
+        wait_until(lambda: mon.recorder.failed, message="the recorder to fail")
+        job.step(mon)
+        wait_until(lambda: mon.flush() and mon.telemetry.tap is None, message="the tap removed")
+        assert mon.step == 1

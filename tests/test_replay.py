@@ -112,17 +112,18 @@ def notifications(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+async def export_and_wait(pilot) -> None:
+    await dashboard_ready(pilot)
+    await pilot.press("e")
+    exported = lambda: any("exported" in m for m in notifications(pilot.app))  # noqa: E731
+    await wait_for(pilot, exported, what="the export notification")
+
+
 async def test_e_exports_the_summary_from_the_record_and_a_screenshot(record, tmp_path):
     app = replay_app(record, position=1.0, playing=False)
     app.export_dir = tmp_path / "exports"
     async with app.run_test(size=(100, 30)) as pilot:
-        await dashboard_ready(pilot)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: any("exported" in m for m in notifications(app)),
-            what="the export notification",
-        )
+        await export_and_wait(pilot)
     (directory,) = (tmp_path / "exports").iterdir()
     assert directory.name.startswith("bsmon-synthetic-")
     assert sorted(p.name for p in directory.iterdir()) == [
@@ -146,13 +147,7 @@ async def test_e_without_a_record_exports_what_the_dashboard_holds(tmp_path):
     app = BsmonApp(ScriptedSource("resnet-cifar", script, clock=lambda: START + 754.0))
     app.export_dir = tmp_path
     async with app.run_test(size=(100, 30)) as pilot:
-        await dashboard_ready(pilot)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: any("exported" in m for m in notifications(app)),
-            what="the export notification",
-        )
+        await export_and_wait(pilot)
     (directory,) = tmp_path.iterdir()
     data = json.loads((directory / "summary.json").read_text())
     assert data["source"]["kind"] == "dashboard" and data["steps"] == 3000
