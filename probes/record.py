@@ -170,28 +170,38 @@ class Recorder:
     def on_step(
         self, step: int, duration: float | None, samples: int, batch_size: int | None
     ) -> None:
-        bucket = self._bucket
-        if bucket.batch_size != batch_size:
-            if bucket.steps:  # a span has one batch size: a change closes it
-                self._close_bucket(self._clock())
-                bucket = self._bucket
-            bucket.batch_size = batch_size
-        bucket.steps += 1
-        self.step = step
-        self.samples += samples
-        if duration is not None and duration > 0:
-            bucket.timed_steps += 1
-            bucket.timed_s += duration
-            bucket.timed_samples += samples
-            bucket.step_time.add(duration)
-            index = step_bin(duration)
-            bucket.hist[index] = bucket.hist.get(index, 0) + 1
+        try:
+            bucket = self._bucket
+            if bucket.batch_size != batch_size:
+                if bucket.steps:  # a span has one batch size: a change closes it
+                    self._close_bucket(self._clock())
+                    bucket = self._bucket
+                bucket.batch_size = batch_size
+            bucket.steps += 1
+            self.step = step
+            self.samples += samples
+            if duration is not None and 0 < duration < math.inf:
+                bucket.timed_steps += 1
+                bucket.timed_s += duration
+                bucket.timed_samples += samples
+                bucket.step_time.add(duration)
+                index = step_bin(duration)
+                bucket.hist[index] = bucket.hist.get(index, 0) + 1
+        except Exception as exc:  # never into the agent's tick
+            self._internal_error(exc)
 
     def on_scalar(self, name: str, value: float) -> None:
-        acc = self._bucket.scalars.get(name)
-        if acc is None:
-            acc = self._bucket.scalars[name] = StatAcc()
-        acc.add(value)
+        try:
+            acc = self._bucket.scalars.get(name)
+            if acc is None:
+                acc = self._bucket.scalars[name] = StatAcc()
+            acc.add(value)
+        except Exception as exc:
+            self._internal_error(exc)
+
+    def _internal_error(self, exc: Exception) -> None:
+        self.telemetry.tap = None
+        self.writer.fail(f"internal error in the recorder ({type(exc).__name__}: {exc})")
 
     # -- each tick (agent thread) -------------------------------------------------------------
 
@@ -217,17 +227,19 @@ class Recorder:
             if final or self._cell(now) != self._cell(self._bucket.t0):
                 self._close_bucket(now, sample)
         except Exception as exc:  # a bug here must end only the recording
-            self.writer.fail(f"internal error in the recorder ({type(exc).__name__}: {exc})")
+            self._internal_error(exc)
 
     def _cell(self, t: float) -> int:
         return math.floor((t - self._start) / self.bucket_s)
 
     def _close_bucket(self, now: float, sample: DeviceSample | None = None) -> None:
         bucket = self._bucket
-        fresh = sample is not None and sample is not self._last_sample
-        if fresh:
+        devices: list[DeviceSpan] = []
+        host = None
+        if sample is not None and sample is not self._last_sample:  # a fresh reading
             self._last_sample = sample
-        noise = self.telemetry.noise
+            devices = [device_span(d) for d in sample.devices]
+            host = HostSpan(cpu=single(sample.host.cpu_percent), rss=single(sample.host.rss_bytes))
         span = Span(
             t0=bucket.t0,
             t1=max(now, bucket.t0),
@@ -242,11 +254,9 @@ class Recorder:
             step_hist=bucket.hist,
             throughput=single(bucket.timed_samples / bucket.timed_s) if bucket.timed_s else None,
             scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
-            b_simple=single(noise.b_simple),
-            devices=[device_span(d) for d in sample.devices] if fresh else [],  # type: ignore[union-attr]
-            host=HostSpan(cpu=single(sample.host.cpu_percent), rss=single(sample.host.rss_bytes))
-            if fresh
-            else None,  # type: ignore[union-attr]
+            b_simple=single(self.telemetry.noise.b_simple),
+            devices=devices,
+            host=host,
         )
         self.writer.put(encode_line(span), span_end=span.t1)
         self._bucket = _Bucket(now, bucket.batch_size)

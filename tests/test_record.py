@@ -261,3 +261,27 @@ def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
         job.step(mon)
         wait_until(lambda: mon.flush() and mon.telemetry.tap is None, message="the tap removed")
         assert mon.step == 1
+
+
+def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
+    import bsmon.probes.record as record_module
+
+    def broken(_seconds):
+        raise ZeroDivisionError("injected")
+
+    monkeypatch.setattr(record_module, "step_bin", broken)
+    job = TinyJob()
+    with attach(job.model, job.optimizer, batch_size=8, name="buggy") as mon:
+        for _ in range(10):
+            job.step(mon)
+
+        def events():
+            mon.flush()
+            return [e for e in mon.telemetry.events if e.kind == "record_error"]
+
+        (event,) = wait_until(events, message="a record_error event")
+        assert "internal error in the recorder (ZeroDivisionError: injected)" in event.message
+        for _ in range(10):
+            job.step(mon)
+        assert mon.flush() and mon.stats()["step"] == 20  # the agent thread goes on
+        assert mon.stats()["step_time_s"] is not None and mon.stats()["errors"] == 0
