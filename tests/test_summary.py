@@ -189,3 +189,16 @@ def test_a_cpu_run_without_steps_still_summarizes(tmp_path):
     md = md_path.read_text()
     assert f"no GPU readings: {reason}" in md and "no steps were recorded" in md
     assert "none: nothing stood out" in md
+
+
+def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
+    from .test_layout import imported_modules
+
+    modules = imported_modules(
+        "import bsmon.probes.summary, bsmon.probes.summary_md, bsmon.probes.record_reader"
+    )
+    assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "torch")}
+    modules = imported_modules(
+        "import bsmon.tui.replay, bsmon.tui.export, bsmon.tui.record_commands"
+    )
+    assert "torch" not in modules
