@@ -8,6 +8,7 @@ the agent's daemon threads (``service.AgentService``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -16,22 +17,27 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import discovery, protocol, sigterm
+from . import discovery, distributed, protocol, sigterm
+from .batch_control import BatchController, BatchExtension, Pending
+from .batch_control import register_commands as register_batch_commands
+from .batch_policy import BatchPolicy, StepRule
 from .commands import CommandRouter
 from .data import MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
+from .guard import is_out_of_memory, release_memory
 from .hooks import StepHooks
+from .lr_scaling import POLICIES as LR_POLICIES
 from .protocol import Capability, Event, SessionInfo
 from .record import Recorder, claim_record_path, default_record_path
 from .safety import FaultGuard
 from .service import AgentService, PeriodicSampler
-from .telemetry import EVENT, FLUSH, LOG, STEP, Telemetry
+from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
 INBOX_CAPACITY = 1 << 16
@@ -43,13 +49,6 @@ def _bsmon_version() -> str:
     from . import __version__
 
     return __version__
-
-
-def _distributed_rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _default_name() -> str:
@@ -81,31 +80,30 @@ class Monitor:
         record: bool | str | os.PathLike[str] = True,
         sample_interval_s: float = 1.0,
         serve: bool = True,
+        max_batch_size: int | None = None,
+        min_batch_size: int = 1,
+        batch_step: StepRule = "double",
+        micro_batch_size: int | None = None,
+        lr_scaling: str | None = None,
+        lr_scheduler: Any = None,
     ) -> None:
-        _check_positive_int("batch_size", batch_size)
-        _check_positive_int("noise_window", noise_window, allow_none=False)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
-                "an optimizer must subclass torch.optim.Optimizer and call its __init__"
-            )
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
-            choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
-            raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ValueError(f"name must be a non-empty string, got {name!r}")
-        if not sample_interval_s > 0:
-            raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
-
+        _check_options(
+            model,
+            optimizer,
+            batch_size=batch_size,
+            name=name,
+            noise_scale=noise_scale,
+            noise_window=noise_window,
+            sample_interval_s=sample_interval_s,
+            micro_batch_size=micro_batch_size,
+            lr_scaling=lr_scaling,
+        )
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.name = name or _default_name()
         self.noise_window = noise_window
         self.record = record
-        self._batch_size = batch_size
         self._pid = os.getpid()
         self._closed = False
         self._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
@@ -113,12 +111,14 @@ class Monitor:
         # training-thread state
         self._step = 0
         self._batch_samples = 0
+        self._micro_batches = 0
+        self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
         self._guard = FaultGuard(self._emit_event, lambda: self._step)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
 
-        rank, world_size = _distributed_rank()
+        rank, world_size = distributed.world()
         self.session = SessionInfo(
             name=self.name,
             pid=self._pid,
@@ -136,11 +136,23 @@ class Monitor:
         self.telemetry.batch_size = batch_size
         self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
+        self.batch_control = self._make_batch_control(
+            batch_size,
+            BatchPolicy(batch_step, min_batch_size, max_batch_size, micro_batch_size or 1),
+            micro_batch_size=micro_batch_size,
+            lr_scaling=lr_scaling,
+            lr_scheduler=lr_scheduler,
+            rank=rank,
+            world_size=world_size,
+        )
         self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
         self.socket_path: Path | None = None
         self.serving = Capability(False, "serve=False")
         if serve:
             self.socket_path = self._prepare_socket(socket_dir)
+        extensions = []
+        if self.batch_control is not None:
+            extensions.append(BatchExtension(self.batch_control, self.telemetry))
         self._service = AgentService(
             inbox=self._inbox,
             telemetry=self.telemetry,
@@ -150,6 +162,7 @@ class Monitor:
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
             noise_capability=lambda: Capability(False, "not enabled"),
+            extensions=extensions,
             recorder=self.recorder,
         )
         if self.recorder is not None:
@@ -168,6 +181,46 @@ class Monitor:
         )
 
     # -- setup --------------------------------------------------------------------------------
+
+    def _make_batch_control(
+        self,
+        batch_size: int | None,
+        policy: BatchPolicy,
+        *,
+        micro_batch_size: int | None,
+        lr_scaling: str | None,
+        lr_scheduler: Any,
+        rank: int,
+        world_size: int,
+    ) -> BatchController | None:
+        if batch_size is None:
+            reason = "the job declared no batch size (attach(..., batch_size=N) enables it)"
+            for kind in ("set_batch_size", "step_batch_size"):
+                self.router.disable(kind, reason)
+            return None
+        if (refusal := policy.refusal(batch_size)) is not None:
+            raise ValueError(f"batch_size: {refusal}")
+        group = distributed.control_group() if world_size > 1 else None
+        controller = BatchController(
+            initial=batch_size,
+            policy=policy,
+            micro_batch_size=micro_batch_size,
+            optimizer=self.optimizer,
+            lr_scaling=lr_scaling,
+            scheduler=lr_scheduler,
+            emit=self._emit_event,
+            record=lambda change: self._inbox.append((BATCH, change)),
+            guard=self._guard,
+            step=lambda: self._step,
+            noise_scale=lambda: self.noise_scale,
+            sync=distributed.StepSync(group, rank) if group is not None else None,
+            rank=rank,
+        )
+        register_batch_commands(self.router, controller)
+        if rank != 0:
+            for kind in ("set_batch_size", "step_batch_size"):
+                self.router.disable(kind, "send batch-size commands to rank 0's monitor")
+        return controller
 
     def _prepare_socket(self, socket_dir: str | os.PathLike[str] | None) -> Path | None:
         try:
@@ -237,23 +290,24 @@ class Monitor:
 
     def _on_step_end(self) -> None:
         self._step += 1
-        samples = self._batch_samples or self._batch_size or 0
+        control = self.batch_control
+        size = control.size if control is not None else None
+        samples = self._batch_samples or size or 0
         self._batch_samples = 0
+        self._micro_batches = 0
+        if self._batches_since_step:
+            self._batches_since_step = []
         self._inbox.append(
-            (
-                STEP,
-                self._step,
-                time.time(),
-                self._clock.mark(time.perf_counter()),
-                samples,
-                self._batch_size,
-            )
+            (STEP, self._step, time.time(), self._clock.mark(time.perf_counter()), samples, size)
         )
+        if control is not None:
+            control.at_step_boundary()
 
-    def _on_batch(self, batch: Any) -> None:
+    def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
             n = batch_length(batch)
-            self._batch_samples += n if n is not None else (self._batch_size or 0)
+            self._batch_samples += n if n is not None else len(indices)
+            self._batches_since_step.append((loader, indices))
         except Exception as exc:
             self._guard.report("dataloader batch accounting", exc)
 
@@ -264,7 +318,18 @@ class Monitor:
 
     @property
     def batch_size(self) -> int | None:
-        return self._batch_size
+        """The current batch size (in accumulation mode: the effective batch per step)."""
+        return self.batch_control.size if self.batch_control is not None else None
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        control = self.batch_control
+        return control.loader_size if control is not None else None
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (1 unless attach(micro_batch_size=...))."""
+        return self.batch_control.accumulation_steps if self.batch_control is not None else 1
 
     @property
     def step(self) -> int:
@@ -273,6 +338,12 @@ class Monitor:
     @property
     def noise_scale(self) -> float | None:
         return self.telemetry.noise.b_simple
+
+    def should_step(self) -> bool:
+        """Accumulation mode: call once per micro-batch, after backward; True when the loop
+        should call ``optimizer.step()`` (every ``accumulation_steps`` micro-batches)."""
+        self._micro_batches += 1
+        return self._micro_batches >= self.accumulation_steps
 
     def log(self, **scalars: Any) -> None:
         """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU."""
@@ -290,16 +361,80 @@ class Monitor:
 
     def dataloader(self, dataset: Any, **kwargs: Any) -> MonitoredDataLoader:
         """A DataLoader whose batch size follows ``mon.batch_size`` for every batch."""
-        if self._batch_size is None:
+        control = self.batch_control
+        if control is None:
             raise ValueError("mon.dataloader() needs attach(..., batch_size=N)")
-        return make_dataloader(dataset, lambda: self._batch_size or 1, self._on_batch, **kwargs)
+        return make_dataloader(dataset, lambda: control.loader_size, self._on_batch, **kwargs)
 
-    def request_batch_size(self, value: int) -> protocol.Reply:
+    def on_batch_size_change(self, callback: Callable[[int, int], None]) -> None:
+        """Call ``callback(old, new)`` on the training thread whenever the batch size changes."""
+        if self.batch_control is None:
+            raise ValueError("on_batch_size_change() needs attach(..., batch_size=N)")
+        self.batch_control.add_callback(callback)
+
+    def request_batch_size(self, value: int, confirm: bool = False) -> protocol.Reply:
         """Ask for a new batch size through the same path and checks as the monitor's command."""
-        return self.router.handle(protocol.encode(protocol.SetBatchSize(id="api", value=value)))
+        command = protocol.SetBatchSize(
+            id="api", value=value, confirm=confirm, reason="requested by the job"
+        )
+        return self.router.handle(protocol.encode(command))
 
-    def probe(self, **_kwargs: Any) -> protocol.Reply:
+    def probe(self, **_options: Any) -> protocol.Reply:
+        """Run the max-batch-size probe (not available yet: answers why)."""
         return self.router.handle(protocol.encode(protocol.ProbeCommand(id="api")))
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Wrap forward and backward: an out-of-memory error is caught, memory freed, the
+        batch size returned to the last size that ran, and the samples of the step re-queued
+        in ``mon.dataloader`` so none is lost. Other errors pass through."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_out_of_memory(exc) or not self._recover_from_oom(exc):
+                raise
+
+    def _recover_from_oom(self, exc: BaseException) -> bool:
+        control = self.batch_control
+        if control is None or self.session.world_size > 1:
+            return False  # nothing to shrink to, or other ranks would hang in the all-reduce
+        failed = control.size
+        fallback = control.shrink_after_oom(self._step)
+        if fallback is None:
+            return False
+        exc.__traceback__ = None  # its frames hold the failed step's activations
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory()
+        requeued = 0
+        for loader, indices in self._batches_since_step:
+            loader.requeue(indices)
+            requeued += len(indices)
+        self._batches_since_step = []
+        self._batch_samples = 0
+        self._micro_batches = 0
+        if fallback != control.size:
+            control.switch(Pending(fallback, f"out of memory at {failed}", "oom guard"))
+        again = (
+            f"{requeued} samples will run again in batches of {control.loader_size}"
+            if requeued
+            else "its samples are skipped (mon.dataloader re-runs them)"
+        )
+        now = (
+            f"now {control.accumulation_steps} micro-batches of {control.loader_size}"
+            if control.micro is not None
+            else f"now {control.size}"
+        )
+        self._emit_event(
+            Event(
+                t=time.time(),
+                step=self._step,
+                kind="oom",
+                level="warning",
+                message=f"out of memory at batch {failed}; {now}; {again}",
+                data={"failed": failed, "now": control.size, "requeued": requeued},
+            )
+        )
+        return True
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of what the monitor shows (aggregates lag the training thread by ≤0.1 s)."""
@@ -307,7 +442,7 @@ class Monitor:
         return {
             "name": self.name,
             "step": self._step,
-            "batch_size": self._batch_size,
+            "batch_size": self.batch_size,
             "samples": t.samples,
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
@@ -368,6 +503,50 @@ class Monitor:
         state = "closed" if getattr(self, "_closed", True) else f"step {self._step}"
         name, path = getattr(self, "name", "?"), getattr(self, "socket_path", None)
         return f"<bsmon.Monitor {name!r} {state} socket={path}>"
+
+
+def _check_options(
+    model: object,
+    optimizer: object,
+    *,
+    batch_size: object,
+    name: object,
+    noise_scale: object,
+    noise_window: object,
+    sample_interval_s: float,
+    micro_batch_size: object,
+    lr_scaling: object,
+) -> None:
+    """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("noise_window", noise_window, allow_none=False)
+    _check_positive_int("micro_batch_size", micro_batch_size)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
+            "an optimizer must subclass torch.optim.Optimizer and call its __init__"
+        )
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
+        choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
+        raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if not sample_interval_s > 0:
+        raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
+    if lr_scaling is not None and lr_scaling not in LR_POLICIES:
+        raise ValueError(
+            f"lr_scaling must be one of {', '.join(map(repr, LR_POLICIES))} or None, "
+            f"got {lr_scaling!r}"
+        )
+    if micro_batch_size is not None:
+        if batch_size is None:
+            raise ValueError("micro_batch_size needs batch_size (the effective batch per step)")
+        if batch_size % micro_batch_size:  # type: ignore[operator]
+            raise ValueError(
+                f"batch_size {batch_size} must be a multiple of micro_batch_size {micro_batch_size}"
+            )
 
 
 def attach(

@@ -88,6 +88,48 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     skipped_steps: int = 0
 
 
+class BatchChange(msgspec.Struct, omit_defaults=True):
+    """One applied batch-size change and what it bought (``after`` fills in later)."""
+
+    step: int
+    t: float
+    old: int
+    new: int
+    reason: str
+    source: str
+    samples_per_s_before: float | None = None
+    samples_per_s_after: float | None = None
+    lr_factor: float | None = None
+
+
+class MemoryPoint(msgspec.Struct):
+    """The job's measured peak allocated memory at one batch size (all devices' maximum)."""
+
+    batch_size: int
+    peak_bytes: int
+    steps: int
+
+
+class BatchReading(msgspec.Struct, omit_defaults=True):
+    """Batch-size control state: limits, pending change, memory model, history."""
+
+    control: bool = False
+    min_size: int = 1
+    max_size: int | None = None
+    next_up: int | None = None
+    next_down: int | None = None
+    pending: int | None = None
+    accumulation_steps: int | None = None
+    micro_batch_size: int | None = None
+    lr_scaling: str | None = None
+    memory: list[MemoryPoint] = msgspec.field(default_factory=list)
+    memory_budget_bytes: int | None = None
+    predicted_max: int | None = None
+    predicted_peak_next_up: int | None = None
+    probe_max: int | None = None
+    changes: list[BatchChange] = msgspec.field(default_factory=list)
+
+
 # --------------------------------------------------------------------------------------------
 # Server -> client
 # --------------------------------------------------------------------------------------------
@@ -102,6 +144,7 @@ class Hello(Message, tag="hello"):
     gpu: Capability
     noise_scale: Capability
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
+    batch: BatchReading = msgspec.field(default_factory=BatchReading)
 
 
 class MetricsPoint(msgspec.Struct, omit_defaults=True):
@@ -137,6 +180,7 @@ class Metrics(Message, tag="metrics"):
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
     gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
     host: HostReading = msgspec.field(default_factory=HostReading)
+    batch: BatchReading = msgspec.field(default_factory=BatchReading)
     errors: int = 0
     dropped: int = 0
 

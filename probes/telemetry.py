@@ -9,15 +9,15 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .history import DecimatingHistory, metrics_history
 from .protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .timing import Captured, DurationResolver, Mark, read_scalar
 
-STEP, LOG, EVENT, FLUSH = 0, 1, 2, 3
+STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
@@ -86,6 +86,7 @@ class Telemetry:
         self._nonfinite_reported: set[str] = set()
         self.new_events: list[Event] = []
         self.flushes: list = []  # threading.Events to set once this tick's output is sent
+        self.handlers: dict[int, Callable[[Any], None]] = {}  # other inbox record kinds
         # Sees every resolved step and scalar (agent thread): on_step(step, duration_s or None,
         # samples, batch_size) and on_scalar(name, value). The session recorder uses it.
         self.tap: StepTap | None = None
@@ -105,6 +106,8 @@ class Telemetry:
                 self.add_event(record[1])
             elif kind == FLUSH:
                 self.flushes.append(record[1])
+            elif (handler := self.handlers.get(kind)) is not None:
+                handler(record[1])
 
     def _add_step(
         self, step: int, wall: float, mark: Mark, samples: int, batch_size: int | None

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 
 from bsmon.probes import protocol
-from bsmon.probes.protocol import Capability, DeviceReading, HostReading, MetricsPoint
+from bsmon.probes.protocol import (
+    BatchChange,
+    BatchReading,
+    Capability,
+    DeviceReading,
+    HostReading,
+    MemoryPoint,
+    MetricsPoint,
+)
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.sources import ScriptedSource
 
@@ -46,6 +54,34 @@ def gpu_devices() -> list[DeviceReading]:
     ]
 
 
+def batch_reading(gpu: bool) -> BatchReading:
+    memory = [
+        MemoryPoint(batch_size=64, peak_bytes=int(31.0 * 2**30), steps=900),
+        MemoryPoint(batch_size=128, peak_bytes=int(55.1 * 2**30), steps=2100),
+    ]
+    return BatchReading(
+        control=True,
+        min_size=1,
+        next_up=256,
+        next_down=64,
+        memory=memory if gpu else [],
+        memory_budget_bytes=int(78.4 * 2**30) if gpu else None,
+        predicted_max=164 if gpu else None,
+        changes=[
+            BatchChange(
+                step=900,
+                t=START + 225,
+                old=64,
+                new=128,
+                reason="step up",
+                source="monitor",
+                samples_per_s_before=2210.0,
+                samples_per_s_after=2990.0,
+            )
+        ],
+    )
+
+
 def points(steps: int = 3000, every: int = 25) -> list[MetricsPoint]:
     out = []
     for step in range(every, steps + 1, every):
@@ -81,8 +117,8 @@ def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
         batch_size=128,
         capabilities={
             "ping": Capability(True),
-            "set_batch_size": NOT_YET,
-            "step_batch_size": NOT_YET,
+            "set_batch_size": Capability(True),
+            "step_batch_size": Capability(True),
             "probe": NOT_YET,
         },
         gpu=gpu_cap,
@@ -118,6 +154,7 @@ def messages(gpu: bool = True, steps: int = 3000) -> list[protocol.Message]:
         devices=devices,
         gpu=gpu_cap,
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
+        batch=batch_reading(gpu),
     )
     return [hello, protocol.History(points=pts), *events, metrics]
 

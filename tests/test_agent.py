@@ -200,12 +200,12 @@ def test_dataloader_follows_the_batch_size_and_counts_samples(bsmon_dir):
         mon.dataloader(dataset, batch_size=4)
 
 
-def test_unsupported_commands_answer_not_supported_yet(job, bsmon_dir):
-    with attach(job.model, job.optimizer, batch_size=8) as mon:
+def test_commands_a_job_cannot_do_say_why(job, bsmon_dir):
+    with attach(job.model, job.optimizer) as mon:  # no batch size declared
         reply = mon.request_batch_size(16)
-        assert not reply.ok and "not supported yet" in reply.error
-        assert mon.batch_size == 8
-        assert "`value` must be at least 1" in mon.request_batch_size(0).error
+        assert not reply.ok and "declared no batch size" in reply.error
+        assert mon.batch_size is None
+        assert "not supported yet" in mon.probe().error
 
 
 def test_a_job_that_exits_without_close_leaves_no_socket(bsmon_dir, processes):

@@ -20,7 +20,7 @@ o = torch.optim.SGD(m.parameters(), lr=0.1)
 mon = attach(m, o, batch_size=4, name=sys.argv[1])
 for _ in range(7):
     m(torch.randn(4, 2)).sum().backward(); o.step(); o.zero_grad()
-mon.flush()  # the agent has counted the 7 steps before a client asks
+mon.flush()
 print("ready", flush=True)
 time.sleep(120)
 """

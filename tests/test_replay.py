@@ -67,7 +67,7 @@ async def test_replay_pauses_seeks_and_shows_the_finished_run(record):
         await wait_for(pilot, lambda: position(app) == 0, what="start")
         assert app.screen.snapshot.points == ()
 
-        await pilot.press("plus", "plus", "minus")  # auto: a 75 s run in 30 s, x2.5; then x5
+        await pilot.press(">", ">", "<")  # auto: a 75 s run in 30 s, x2.5; then x5
         await pilot.press("space")
         await wait_for(pilot, lambda: position(app) > 0.5, what="playing")
         assert app.screen.snapshot.replay.playing and app.screen.snapshot.replay.speed == 5.0

@@ -93,14 +93,8 @@ def test_blank_lines_are_ignored(served):
 def test_unsupported_commands_say_so_and_never_fake_success(served):
     _, mon = served
     with JobConnection(mon.socket_path) as conn:
-        for command in (
-            protocol.SetBatchSize(value=16),
-            protocol.StepBatchSize(direction="up"),
-            protocol.ProbeCommand(),
-        ):
-            reply = conn.request(command)
-            assert reply.ok is False and "not supported yet" in reply.error
-        assert mon.batch_size == 8
+        reply = conn.request(protocol.ProbeCommand())
+        assert reply.ok is False and "not supported yet" in reply.error
 
 
 def test_an_oversized_line_closes_only_its_own_connection(served):

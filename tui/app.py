@@ -53,7 +53,7 @@ class BsmonApp(App[None]):
 
     def on_mount(self) -> None:
         if self.source is not None:
-            self.push_screen(self.dashboard(self.source))
+            self.push_screen(self.dashboard(self.source, self.readonly))
         else:
             self.discover()
 
@@ -96,12 +96,23 @@ class BsmonApp(App[None]):
 
     def open_job(self, job: discovery.JobEntry) -> None:
         self.source = follow_job(job.socket, job.name, self.directory)
-        self.push_screen(DashboardScreen(self.source))
+        self.push_screen(DashboardScreen(self.source, self.readonly))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if isinstance(screen, DashboardScreen):
             yield SystemCommand("Help", "Keys and what each panel shows", screen.action_help)
+            if screen.check_action("batch", ()):
+                yield SystemCommand(
+                    "Batch size up",
+                    "Double the batch size (or the next step)",
+                    lambda: screen.action_batch("up"),
+                )
+                yield SystemCommand(
+                    "Batch size down",
+                    "Halve the batch size (or the previous step)",
+                    lambda: screen.action_batch("down"),
+                )
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

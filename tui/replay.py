@@ -320,8 +320,10 @@ class ReplayScreen(DashboardScreen):
         Binding("right", "seek(1)", "Fwd", id="replay_forward", priority=True),
         Binding("home", "seek_to(0)", "Start", id="replay_start", show=False, priority=True),
         Binding("end", "seek_to(1)", "End", id="replay_end", show=False, priority=True),
-        Binding("plus,equals_sign", "speed(2)", "Faster", id="replay_faster", show=False),
-        Binding("minus", "speed(0.5)", "Slower", id="replay_slower", show=False),
+        Binding(
+            "greater_than_sign,full_stop", "speed(2)", "Faster", id="replay_faster", show=False
+        ),
+        Binding("less_than_sign,comma", "speed(0.5)", "Slower", id="replay_slower", show=False),
     ]
 
     source: RecordSource

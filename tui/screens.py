@@ -14,8 +14,11 @@ from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
 from bsmon.probes.discovery import JobEntry
+from bsmon.probes.protocol import Reply, StepBatchSize
 
 from . import format as fmt
+from .commands import CommandDesk
+from .confirm import ConfirmScreen
 from .messages import SnapshotArrived
 from .session import Snapshot
 from .sources import Source, Update
@@ -42,13 +45,18 @@ class DashboardScreen(Screen):
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="help"),
+        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
+        Binding("minus", "batch('down')", "Batch −", id="batch_down"),
         Binding("e", "export", "Export", id="export"),
     ]
+    # actions that act on the job: removed by --readonly, disabled when the job cannot do them
+    JOB_ACTIONS = {"batch": "step_batch_size"}
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, readonly: bool = False) -> None:
         super().__init__()
         self.source = source
         self.snapshot: Snapshot | None = None
+        self.commands = CommandDesk(source, readonly)
 
     def compose(self) -> ComposeResult:
         yield JobHeader()
@@ -92,14 +100,43 @@ class DashboardScreen(Screen):
         name = ScalarChart.scalar_name(snap)
         self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
         for reply in update.replies:
-            if not reply.ok:
-                self.notify(reply.error or "refused", severity="error", timeout=6)
+            self._answer(reply)
         for notice in update.notices:
             self.notify(notice.message, severity="warning", timeout=6)
         self.refresh_bindings()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        capability = self.JOB_ACTIONS.get(action)
+        if capability is None:
+            return True
+        if self.commands.readonly:
+            return False  # hidden: the monitor was started with --readonly
+        snap = self.snapshot
+        return True if snap is not None and snap.can(capability) else None  # None: greyed
+
+    def action_batch(self, direction: str) -> None:
+        self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
+
+    def _answer(self, reply: Reply) -> None:
+        outcome = self.commands.answer(reply)
+        if outcome is None:
+            return
+        if outcome.kind == "done":
+            self.notify(outcome.message, timeout=4)
+        elif outcome.kind == "refused":
+            self.notify(outcome.message, severity="error", timeout=6)
+        else:
+            retry = outcome.retry
+
+            def confirmed(yes: bool | None) -> None:
+                if yes and retry is not None:
+                    self.commands.send(retry)
+
+            question = f"{outcome.message}.\n\nApply it anyway?"
+            self.app.push_screen(ConfirmScreen("Risky batch size", question), confirmed)
 
     def action_export(self) -> None:
         from .export import start_export
@@ -114,7 +151,9 @@ HELP_TEXT = """\
 
 - **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
   job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
-- **Batch**: the current batch size, the mean full-iteration step time, and throughput.
+- **Batch**: the current batch size, the mean full-iteration step time, throughput, the memory
+  model's *predicted* largest batch (a straight line through the peak memory measured at each
+  size the job ran), and the last changes with the throughput each one bought.
 - **Noise scale**: the gradient noise scale B_simple when the job measures it.
 - **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
 - **Loss**: the scalars the job logs with `mon.log(loss=...)`.
@@ -125,14 +164,18 @@ HELP_TEXT = """\
 | key | action |
 |---|---|
 | `?` | this help |
+| `+` / `=` | step the batch size up (double by default; applied at the next step) |
+| `-` | step the batch size down |
 | `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
 
 In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
-a twentieth of the run, `home` `end` the start or the end, `+` `-` faster or slower.
+a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
 
-The monitor never acts on the job unless you press a key that says so.
+The monitor never acts on the job unless you press a key that says so. A size the memory model
+predicts above 90% of device memory, above a probe's maximum, or that already ran out of
+memory asks for confirmation first. `bsmon --readonly` removes every key that acts on the job.
 """
 
 

@@ -74,8 +74,9 @@ class Snapshot:
         return max(0.0, self.now - self.session.start_time)
 
     def can(self, command: str) -> bool:
+        """Whether the job, as connected now, accepts ``command``."""
         cap = self.capabilities.get(command)
-        return bool(cap and cap.available)
+        return self.state is ConnState.LIVE and bool(cap and cap.available)
 
 
 class SessionModel:
