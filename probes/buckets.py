@@ -121,6 +121,10 @@ def _latest(a: object, b: object) -> object:
     return b if b is not None else a
 
 
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 def merge_devices(a: DeviceSpan, b: DeviceSpan) -> DeviceSpan:
     return DeviceSpan(
         index=b.index,
@@ -129,7 +133,9 @@ def merge_devices(a: DeviceSpan, b: DeviceSpan) -> DeviceSpan:
         util_hist=merge_counts(a.util_hist, b.util_hist),
         mem_used=merge_stat(a.mem_used, b.mem_used),
         mem_total=_latest(a.mem_total, b.mem_total),  # type: ignore[arg-type]
-        torch_peak=max((v for v in (a.torch_peak, b.torch_peak) if v is not None), default=None),
+        torch_peak=_max(a.torch_peak, b.torch_peak),
+        torch_allocated=merge_stat(a.torch_allocated, b.torch_allocated),
+        torch_reserved=_max(a.torch_reserved, b.torch_reserved),
         temperature=merge_stat(a.temperature, b.temperature),
         power=merge_stat(a.power, b.power),
         error=b.error,

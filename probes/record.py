@@ -112,6 +112,8 @@ def device_span(reading: DeviceReading) -> DeviceSpan:
         mem_used=single(reading.memory_used_bytes),
         mem_total=reading.memory_total_bytes,
         torch_peak=reading.torch_peak_bytes,
+        torch_allocated=single(reading.torch_allocated_bytes),
+        torch_reserved=reading.torch_reserved_bytes,
         temperature=single(reading.temperature_c),
         power=single(reading.power_w),
         error=reading.error,

@@ -338,6 +338,7 @@ class SummaryBuilder:
             memory_total_bytes=d.mem_total,
             memory_peak_fraction=_round(peak / d.mem_total) if peak and d.mem_total else None,
             torch_peak_bytes=d.torch_peak,
+            torch_reserved_peak_bytes=d.torch_reserved,
             temperature_max_c=d.temperature.max if d.temperature else None,
             power_mean_w=_round(d.power.mean) if d.power else None,
         )

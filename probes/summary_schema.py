@@ -71,6 +71,7 @@ class Device(msgspec.Struct):
     memory_total_bytes: int | None = None
     memory_peak_fraction: float | None = None
     torch_peak_bytes: int | None = None
+    torch_reserved_peak_bytes: int | None = None
     temperature_max_c: float | None = None
     power_mean_w: float | None = None
 

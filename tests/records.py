@@ -68,6 +68,8 @@ def make_span(
                 mem_used=single(mem_used),
                 mem_total=80 * GIB,
                 torch_peak=mem_used - GIB if mem_used else None,
+                torch_allocated=single(mem_used - 2 * GIB) if mem_used else None,
+                torch_reserved=mem_used - GIB // 2 if mem_used else None,
                 temperature=single(60.0),
                 power=single(400.0),
             )

@@ -98,6 +98,7 @@ def test_devices_host_noise_scale_and_scalars(summary, synthetic):
     assert gpu.memory_total_bytes == 80 * GIB
     assert gpu.memory_peak_fraction == pytest.approx(32 / 80)
     assert gpu.torch_peak_bytes == 31 * GIB
+    assert gpu.torch_reserved_peak_bytes == 32 * GIB - GIB // 2
     assert summary.no_devices_reason is None
     assert summary.host.rss_peak_bytes == 2 * GIB
     assert (summary.b_simple.start, summary.b_simple.end) == (100.0, 249.0)

@@ -114,6 +114,8 @@ def device_reading(d: DeviceSpan) -> DeviceReading:
         temperature_c=d.temperature.mean if d.temperature else None,
         power_w=d.power.mean if d.power else None,
         torch_peak_bytes=d.torch_peak,
+        torch_allocated_bytes=int(d.torch_allocated.mean) if d.torch_allocated else None,
+        torch_reserved_bytes=d.torch_reserved,
         error=d.error,
     )
 
