@@ -27,6 +27,17 @@ from .jobs import TinyJob
 from .records import START, session
 
 
+def the_record_error(mon) -> Event:
+    """The one record_error event the monitor reports (waits for it)."""
+
+    def found():
+        mon.flush()
+        return [e for e in mon.telemetry.events if e.kind == "record_error"]
+
+    (event,) = wait_until(found, message="a record_error event")
+    return event
+
+
 def record_items(path):
     with open_record(path) as reader:
         return reader, list(reader.lines())
@@ -103,11 +114,7 @@ def test_an_unwritable_record_location_is_an_event_and_the_job_goes_on(bsmon_dir
         for _ in range(10):
             job.step(mon)
 
-        def record_error():
-            mon.flush()
-            return [e for e in mon.telemetry.events if e.kind == "record_error"]
-
-        (event,) = wait_until(record_error, message="a record_error event")
+        event = the_record_error(mon)
         assert event.level == "warning"
         assert "recording stopped: cannot write" in event.message
         assert "the job goes on unrecorded" in event.message
@@ -275,11 +282,7 @@ def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
         for _ in range(10):
             job.step(mon)
 
-        def events():
-            mon.flush()
-            return [e for e in mon.telemetry.events if e.kind == "record_error"]
-
-        (event,) = wait_until(events, message="a record_error event")
+        event = the_record_error(mon)
         assert "internal error in the recorder (ZeroDivisionError: injected)" in event.message
         for _ in range(10):
             job.step(mon)
