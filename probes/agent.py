@@ -245,7 +245,7 @@ class Monitor:
             prepare=source.recipe,
             directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
             emit=self._emit_event,
-            on_result=lambda result: source.conclude(result, self.noise_scale),
+            on_result=lambda result: self._probe_concluded(source, result),
             step=lambda: self._step,
             device_free=lambda: device_free(device),
         )
@@ -256,6 +256,13 @@ class Monitor:
                 "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
             )  # type: ignore[attr-defined]
         return runner
+
+    def _probe_concluded(self, source: ProbeSource, result: ProbeResult) -> None:
+        """The probe's result: concluded (recommendation, batch control), then recorded."""
+        try:
+            source.conclude(result, self.noise_scale)
+        finally:
+            self.record_probe_result(protocol.to_builtins(result))
 
     def _prepare_socket(self, socket_dir: str | os.PathLike[str] | None) -> Path | None:
         try:

@@ -21,6 +21,7 @@ def recommendations(summary: Summary) -> list[Note]:
     _devices(summary, notes)
     _spikes(summary, notes)
     _best_size(summary, notes)
+    _probe(summary, notes)
     return notes
 
 
@@ -108,3 +109,21 @@ def _best_size(summary: Summary, notes: list[Note]) -> None:
             f"throughput ({best.samples_per_s:,.0f} samples/s, measured over {best.steps:,} steps)",
         )
     )
+
+
+def _probe(summary: Summary, notes: list[Note]) -> None:
+    """The last probe's own recommendation, when it made one."""
+    for probe in reversed(summary.probes):
+        recommendation = probe.get("recommendation")
+        if probe.get("status") == "ok" and isinstance(recommendation, dict):
+            size = recommendation.get("batch_size")
+            reasons = "; ".join(recommendation.get("reasons") or [])
+            if size:
+                notes.append(
+                    Note(
+                        "probe_recommendation",
+                        f"the probe at step {probe.get('step', 0):,} recommended batch size "
+                        f"{size:,}" + (f": {reasons}" if reasons else ""),
+                    )
+                )
+            return

@@ -203,13 +203,33 @@ def _scalars(s: Summary) -> str:
 def _probes(s: Summary) -> str:
     if not s.probes:
         return ""
-    lines = []
-    for probe in s.probes:
-        fields = ", ".join(f"{k}={v}" for k, v in probe.items() if k not in ("t_s", "step"))
-        lines.append(
-            f"- step {probe.get('step', '?'):,} ({duration(probe.get('t_s'))} in): {fields}"
-        )
+    lines = [
+        f"- step {p.get('step', 0):,} ({duration(p.get('t_s'))} in): {probe_text(p)}"
+        for p in s.probes
+    ]
     return "## Probe results\n\n" + "\n".join(lines) + "\n"
+
+
+def probe_text(probe: dict) -> str:
+    """The sidecar probe's result in a sentence; other results as their plain fields."""
+    if "status" not in probe:
+        return ", ".join(f"{k}={v}" for k, v in probe.items() if k not in ("t_s", "step"))
+    parts = [str(probe["status"])]
+    if probe.get("max_batch_size"):
+        parts.append(f"largest batch that ran {probe['max_batch_size']:,}")
+    if probe.get("predicted_max"):
+        parts.append(f"predicted max ≈ {probe['predicted_max']:,} (a prediction)")
+    recommendation = probe.get("recommendation")
+    if isinstance(recommendation, dict) and recommendation.get("batch_size"):
+        reasons = "; ".join(recommendation.get("reasons") or [])
+        parts.append(
+            f"recommended {recommendation['batch_size']:,}" + (f" ({reasons})" if reasons else "")
+        )
+    if probe.get("points"):
+        parts.append(f"{len(probe['points'])} sizes measured on {probe.get('device', '?')}")
+    if probe.get("error"):
+        parts.append(f"error: {probe['error']}")
+    return " · ".join(parts)
 
 
 def _notes(title: str, notes: list[Note], empty: str) -> str:

@@ -16,7 +16,7 @@ from bsmon.probes.client import JobConnection
 from bsmon.probes.devices import DeviceSample
 from bsmon.probes.protocol import Capability, DeviceReading, Event, HostReading
 from bsmon.probes.record import Recorder
-from bsmon.probes.record_format import Span
+from bsmon.probes.record_format import ProbeResult, Span
 from bsmon.probes.record_reader import open_record
 from bsmon.probes.summary import paths_beside, summarize_record
 from bsmon.probes.summary_schema import Summary
@@ -288,3 +288,20 @@ def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
             job.step(mon)
         assert mon.flush() and mon.stats()["step"] == 20  # the agent thread goes on
         assert mon.stats()["step_time_s"] is not None and mon.stats()["errors"] == 0
+
+
+def test_a_probe_result_goes_into_the_record_and_the_summary(bsmon_dir):
+    from .test_probe import crash, train_a_little
+
+    _, _, mon = train_a_little(probe_step=crash)  # a sidecar that dies at once: a quick result
+    with mon:
+        result = mon.probe(memory_budget=2000 << 20, timeout=120)
+        assert result.status == "crashed"
+    _, items = record_items(mon.recorder.path)
+    (probe,) = [i for i in items if isinstance(i, ProbeResult)]
+    assert probe.step == 5 and probe.result["status"] == "crashed"
+    assert "the sidecar crashed" in probe.result["error"]
+    json_path, md_path = paths_beside(mon.recorder.path)
+    summary = msgspec.json.decode(json_path.read_bytes(), type=Summary)
+    assert summary.probes[0]["status"] == "crashed" and summary.probes[0]["step"] == 5
+    assert "crashed · error: the sidecar crashed" in md_path.read_text()

@@ -11,7 +11,15 @@ import pytest
 
 from bsmon.probes.buckets import compact
 from bsmon.probes.protocol import Capability
-from bsmon.probes.record_format import End, Span, Status, encode_line, header_for, line_decoder
+from bsmon.probes.record_format import (
+    End,
+    ProbeResult,
+    Span,
+    Status,
+    encode_line,
+    header_for,
+    line_decoder,
+)
 from bsmon.probes.summary import export_record, summarize_record
 from bsmon.probes.summary_schema import Summary
 
@@ -203,3 +211,28 @@ def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
         "import bsmon.tui.replay, bsmon.tui.export, bsmon.tui.record_commands"
     )
     assert "torch" not in modules
+
+
+def test_a_sidecar_probe_result_reads_as_a_sentence_and_its_recommendation_is_kept(tmp_path):
+    from bsmon.probes.summary_md import probe_text
+
+    synthetic = two_phase()
+    lines = synthetic.lines()
+    probe = {
+        "status": "ok",
+        "max_batch_size": 512,
+        "predicted_max": 900,
+        "device": "cuda:0",
+        "points": [{"batch_size": 64, "fits": True}, {"batch_size": 512, "fits": True}],
+        "recommendation": {"batch_size": 256, "reasons": ["near B_simple"]},
+    }
+    lines.insert(-1, encode_line(ProbeResult(t=START + 70, step=1400, result=probe)))
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(lines))
+    summary = summarize_record(path)
+    assert probe_text(summary.probes[-1]) == (
+        "ok · largest batch that ran 512 · predicted max ≈ 900 (a prediction) · "
+        "recommended 256 (near B_simple) · 2 sizes measured on cuda:0"
+    )
+    (note,) = [r for r in summary.recommendations if r.kind == "probe_recommendation"]
+    assert note.message == "the probe at step 1,400 recommended batch size 256: near B_simple"
