@@ -60,9 +60,11 @@ class Job:
     def _read(self) -> None:
         for line in self.process.stdout:
             parts = line.split()
-            if parts[:1] == ["step"]:
+            if not line.endswith("\n"):
+                continue  # the last line of a killed job may be cut short
+            if parts[:1] == ["step"] and len(parts) == 3:
                 self.steps.append((float(parts[1]), int(parts[2])))
-            elif parts[:1] == ["record"]:
+            elif parts[:1] == ["record"] and len(parts) == 2:
                 self.record = Path(parts[1])
             else:
                 self.lines.append(line.strip())
