@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 READER = """
-import sys, time
+import os, sys, time
 from bsmon.probes.client import JobConnection
-path, received = sys.argv[1], 0
-while True:
+path, received, parent = sys.argv[1], 0, os.getppid()
+while os.getppid() == parent:  # a benchmark killed by a timeout must not leave this behind
     try:
         with JobConnection(path, timeout=1.0) as conn:
-            while not conn.eof:
+            while not conn.eof and os.getppid() == parent:
                 received += len(conn.pump(0.5))
     except (ConnectionError, OSError):
         time.sleep(0.01)

@@ -52,7 +52,7 @@ async def test_the_probe_screen_shows_points_and_applies_the_recommendation():
         findings = str(screen.query_one("#findings").render())
         assert "largest batch that ran: 230" in findings and "≈263" in findings
         assert "a prediction" in findings and "recommended batch: 192" in findings
-        assert "bf16 autocast: ≈448 (measured)" in findings
+        assert "bf16 autocast: ≈448 (predicted) — peak 31 GiB at 230" in findings
         await pilot.press("a")
         await wait_for(pilot, lambda: source.sent, what="the apply command")
         await pilot.press("escape")

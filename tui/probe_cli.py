@@ -84,9 +84,7 @@ def describe(result: ProbeResult) -> str:
             f"{result.margin:.0%} margin, {plan.extrapolation_note(result.extrapolation)}, "
             f"budget {fmt.bytes_(result.budget_bytes)})"
         )
-    for w in result.what_ifs:
-        size = f"≈{w.max_batch_size:,}" if w.max_batch_size else "—"
-        lines.append(f"  {w.technique}: {size}{' — ' + w.note if w.note else ''}")
+    lines.extend(f"  {plan.describe_what_if(w)}" for w in result.what_ifs)
     if result.recommendation is not None:
         lines.append(
             f"recommended: {result.recommendation.batch_size:,} — "

@@ -62,11 +62,7 @@ def findings_text(result: ProbeResult | None) -> str:
             f"{result.margin:.0%} margin, {plan.extrapolation_note(result.extrapolation)}; "
             f"budget {fmt.bytes_(result.budget_bytes)})"
         )
-    for what_if in result.what_ifs:
-        size = f"≈{what_if.max_batch_size:,}" if what_if.max_batch_size else "—"
-        how = "measured" if what_if.measured else "not measured"
-        note = f" — {escape(what_if.note)}" if what_if.note else ""
-        lines.append(f"  {what_if.technique}: {size} ({how}){note}")
+    lines.extend(f"  {escape(plan.describe_what_if(w))}" for w in result.what_ifs)
     if result.recommendation is not None:
         rec = result.recommendation
         lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")

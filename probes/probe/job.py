@@ -14,7 +14,7 @@ from ..protocol import ProbeResult
 from . import plan
 from . import recipe as recipes
 
-CPU_BUDGET_CAP = 2 << 30  # default CPU budget: 25% of available memory, at most 2 GiB
+CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
 
 
 class ProbeSource:

@@ -259,7 +259,9 @@ class Sidecar:
         """The usual ways to fit a bigger batch, each measured at the largest size that ran
         and scaled along the fitted line."""
         intercept, slope = fit
-        out = [WhatIf("as is", plan.largest_within(intercept, slope, budget), measured=True)]
+        as_is = plan.largest_within(intercept, slope, budget)
+        out = [WhatIf("as is", as_is, measured=False,
+                      note=f"the fitted line, up to {largest.batch_size:,} measured")]
         if not self.cuda:
             note = "measured on a GPU only: resident memory on the CPU never shrinks back"
             out += [

@@ -158,6 +158,13 @@ def extrapolation_note(extrapolation: float | None) -> str:
     return f"extrapolated {extrapolation:.1f}×"
 
 
+def describe_what_if(what_if: WhatIf) -> str:
+    """One line for a person: the technique, the predicted largest batch, and why or how."""
+    size = f"≈{what_if.max_batch_size:,} (predicted)" if what_if.max_batch_size else "—"
+    note = f" — {what_if.note}" if what_if.note else ""
+    return f"{what_if.technique}: {size}{note}"
+
+
 def accumulation_what_if(memory_max: int | None) -> WhatIf:
     note = (
         "any multiple of the micro-batch: k micro-batches per step keep memory at the "
