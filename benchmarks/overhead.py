@@ -71,6 +71,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="steps per block")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--no-record", action="store_true", help="attach with record=False (no session record)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -93,7 +96,13 @@ def main() -> int:
             order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
             for variant in order:
                 if variant == "on":
-                    mon = attach(model, optimizer, batch_size=args.batch, name="bench")
+                    mon = attach(
+                        model,
+                        optimizer,
+                        batch_size=args.batch,
+                        name="bench",
+                        record=not args.no_record,
+                    )
                     time.sleep(0.2)  # let the reader connect
                     times["on"].append(time_block(step, args.steps, mon))
                     mon.close()
@@ -107,7 +116,8 @@ def main() -> int:
     on = statistics.median(times["on"])
     print(
         f"torch {torch.__version__}, {args.threads} threads, batch {args.batch}, "
-        f"{args.rounds} rounds x {args.steps} steps per variant"
+        f"{args.rounds} rounds x {args.steps} steps per variant, "
+        f"session record {'off' if args.no_record else 'on'}"
     )
     print(f"{'variant':<10}{'median step':>14}{'min':>10}{'max':>10}")
     for name, values in times.items():

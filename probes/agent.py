@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import discovery, distributed, protocol
+from . import discovery, distributed, protocol, sigterm
 from .batch_control import BatchController, BatchExtension, Pending
 from .batch_control import register_commands as register_batch_commands
 from .batch_policy import BatchPolicy, StepRule
@@ -38,6 +38,7 @@ from .probe.job import ProbeSource, device_free
 from .probe.runner import ProbeExtension, ProbeRunner
 from .protocol import Capability, Event, ProbeResult, SessionInfo
 from .ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
+from .record import Recorder, claim_record_path, default_record_path
 from .safety import FaultGuard
 from .service import AgentService, Extension, PeriodicSampler
 from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
@@ -120,7 +121,7 @@ class Monitor:
         self.record = record
         self._pid = os.getpid()
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
 
         # training-thread state
         self._step = 0
@@ -152,6 +153,7 @@ class Monitor:
         )
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
+        self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
         self.batch_control = self._make_batch_control(
             batch_size,
@@ -186,10 +188,14 @@ class Monitor:
             fault_count=lambda: self._guard.count,
             noise_capability=lambda: Capability(False, "not enabled"),
             extensions=extensions,
+            recorder=self.recorder,
         )
+        if self.recorder is not None:
+            self.recorder.start()
         self._start_service()
         _live_monitors.add(self)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
+        sigterm.install(live_monitors)
         self._emit_event(
             Event(
                 t=time.time(),
@@ -282,7 +288,7 @@ class Monitor:
             prepare=source.recipe,
             directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
             emit=self._emit_event,
-            on_result=lambda result: source.conclude(result, self.noise_scale),
+            on_result=lambda result: self._probe_concluded(source, result),
             step=lambda: self._step,
             device_free=lambda: device_free(device),
         )
@@ -294,6 +300,13 @@ class Monitor:
             )  # type: ignore[attr-defined]
         return runner
 
+    def _probe_concluded(self, source: ProbeSource, result: ProbeResult) -> None:
+        """The probe's result: concluded (recommendation, batch control), then recorded."""
+        try:
+            source.conclude(result, self.noise_scale)
+        finally:
+            self.record_probe_result(protocol.to_builtins(result))
+
     def _prepare_socket(self, socket_dir: str | os.PathLike[str] | None) -> Path | None:
         try:
             directory = discovery.ensure_private_dir(
@@ -304,6 +317,29 @@ class Monitor:
             self._degrade(str(exc))
             return None
         return path
+
+    def _make_recorder(
+        self, record: bool | str | os.PathLike[str], socket_dir: str | os.PathLike[str] | None
+    ) -> Recorder | None:
+        """The session recorder (``record=True``: in BSMON_DIR/records; a path: there)."""
+        if record is False:
+            return None
+        private_dir = None
+        if record is True:
+            base = (
+                Path(socket_dir).expanduser() if socket_dir is not None else discovery.default_dir()
+            )
+            path = default_record_path(base, self.name, self.session.start_time, self._pid)
+            private_dir = path.parent
+        elif isinstance(record, (str, os.PathLike)) and os.fspath(record):
+            path = Path(record).expanduser().absolute()
+        else:
+            raise TypeError(f"record must be True, False or a path, got {record!r}")
+        path = claim_record_path(path)
+        self.session.record = str(path)
+        return Recorder(
+            path, self.session, self.telemetry, self._emit_event, private_dir=private_dir
+        )
 
     def _start_service(self) -> None:
         try:
@@ -543,6 +579,7 @@ class Monitor:
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
+            "record": self.session.record,
             "serving": self.serving.available,
         }
 
@@ -554,8 +591,17 @@ class Monitor:
         self._inbox.append((FLUSH, done))
         return done.wait(timeout)
 
+    def record_probe_result(self, result: dict[str, Any]) -> None:
+        """Put a probe's result in the session record (any thread; never raises)."""
+        if self.recorder is not None:
+            self.recorder.probe(result, self._step)
+
+    def _close_at_exit(self) -> None:
+        self.close("the job exited")
+
     def close(self, reason: str = "closed") -> None:
-        """Remove every hook, stop every thread, remove the socket. Idempotent."""
+        """Remove every hook, stop every thread, remove the socket, end the record and write
+        its summary beside it. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
@@ -565,13 +611,16 @@ class Monitor:
         self.prober.stop()
         if self._ranks_exchange is not None:
             self._ranks_exchange.close()
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
+        if self.recorder is not None:
+            self.recorder.close(reason, self._step)
+        sigterm.uninstall_if_idle()
 
     @property
     def closed(self) -> bool:

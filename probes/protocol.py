@@ -41,6 +41,7 @@ class SessionInfo(msgspec.Struct):
     cwd: str = ""
     rank: int = 0
     world_size: int = 1
+    record: str | None = None  # the session record the job writes (docs/record.md), if any
 
 
 class Capability(msgspec.Struct):

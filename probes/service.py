@@ -19,6 +19,7 @@ from . import protocol
 from .commands import CommandRouter
 from .devices import DeviceSample, DeviceSampler
 from .protocol import Capability, Hello, HostReading, SessionInfo
+from .record import Recorder
 from .server import AgentServer
 from .telemetry import Telemetry
 
@@ -82,6 +83,7 @@ class AgentService(threading.Thread):
         fault_count: Callable[[], int],
         noise_capability: Callable[[], Capability],
         extensions: Sequence[Extension] = (),
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
@@ -92,6 +94,7 @@ class AgentService(threading.Thread):
         self._fault_count = fault_count
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
+        self.recorder = recorder
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
             if socket_path is not None
@@ -178,13 +181,14 @@ class AgentService(threading.Thread):
             metrics.errors = self._fault_count()
             for extension in self.extensions:
                 extension.on_metrics(metrics)
+        events = telemetry.take_new_events()
         if self.server is not None:  # events first: a change is announced before its metrics
-            for event in telemetry.take_new_events():
+            for event in events:
                 self.server.broadcast(protocol.encode(event), droppable=False)
             if metrics is not None:
                 self.server.broadcast_metrics(metrics)
-        else:
-            telemetry.take_new_events()
+        if self.recorder is not None:
+            self.recorder.tick(now, events, sample, self._noise_capability(), final)
         for done in flushes:
             done.set()
 

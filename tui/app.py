@@ -42,15 +42,18 @@ class BsmonApp(App[None]):
         *,
         directory: Path | None = None,
         readonly: bool = False,
+        dashboard: type[DashboardScreen] = DashboardScreen,
     ) -> None:
         super().__init__()
         self.source = source
         self.directory = directory or discovery.default_dir()
         self.readonly = readonly
+        self.dashboard = dashboard  # the screen class for a source (replay: ReplayScreen)
+        self.export_dir = Path.cwd()  # where `e` writes its exports
 
     def on_mount(self) -> None:
         if self.source is not None:
-            self.push_screen(DashboardScreen(self.source, self.readonly))
+            self.push_screen(self.dashboard(self.source, self.readonly))
         else:
             self.discover()
 

@@ -62,7 +62,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="demo")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+    p = sub.add_parser("export", help="write summary.json and summary.md of a session record")
+    p.add_argument("record", type=Path, help="a record (.jsonl), e.g. from $BSMON_DIR/records")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write them (default: beside the record, as <record>.summary.*)",
+    )
+
+    p = sub.add_parser("replay", help="open the dashboard on a recorded session (read-only)")
+    p.add_argument("record", type=Path, help="a record (.jsonl)")
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=None,
+        help="seconds of the run per second (default: the whole run in about 30 s)",
+    )
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,6 +129,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_probe(
             args.target, as_json=args.json, memory_budget=args.memory_budget, timeout=args.timeout
         )
+    if command in ("export", "replay"):
+        from . import record_commands
+
+        return record_commands.dispatch(args)
     return cmd_dashboard(readonly=args.readonly)
 
 

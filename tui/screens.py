@@ -59,6 +59,7 @@ class DashboardScreen(Screen):
         Binding("minus", "batch('down')", "Batch −", id="batch_down"),
         Binding("p", "probe", "Probe", id="probe"),
         Binding("r", "ranks", "Ranks", id="ranks"),
+        Binding("e", "export", "Export", id="export"),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
     JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
@@ -179,6 +180,11 @@ class DashboardScreen(Screen):
             question = f"{outcome.message}.\n\nApply it anyway?"
             self.app.push_screen(ConfirmScreen("Risky batch size", question), confirmed)
 
+    def action_export(self) -> None:
+        from .export import start_export
+
+        start_export(self)
+
 
 HELP_TEXT = """\
 # bsmon
@@ -204,8 +210,12 @@ HELP_TEXT = """\
 | `-` | step the batch size down |
 | `p` | probe the largest batch size in a sidecar process (asks first) |
 | `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
+| `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
+
+In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
+a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
 
 The monitor never acts on the job unless you press a key that says so. A size the memory model
 predicts above 90% of device memory, above a probe's maximum, or that already ran out of
