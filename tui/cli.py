@@ -15,6 +15,7 @@ from bsmon.probes import __version__, discovery
 from bsmon.probes.client import JobConnection
 
 from . import format as fmt
+from .run import add_parser as add_run_parser
 
 EXIT_USAGE = 2
 
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="demo")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+    add_run_parser(sub)
     return parser
 
 
@@ -88,6 +91,13 @@ def dispatch(args: argparse.Namespace) -> int:
         from .demo import run_demo
 
         return run_demo(args)
+    if command == "run":
+        from .run import RunError, run
+
+        try:
+            return run(args, readonly=args.readonly)
+        except RunError as exc:
+            raise CliError(str(exc), exc.code) from None
     return cmd_dashboard(readonly=args.readonly)
 
 
