@@ -299,6 +299,11 @@ class Monitor:
         """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
         self._emit_event(event)
 
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """Count and show an exception caught in bsmon code outside the Monitor (an
+        integration's hook); the job never sees it."""
+        self._guard.report(where, exc)
+
     # -- public API ---------------------------------------------------------------------------
 
     @property

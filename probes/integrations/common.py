@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -21,8 +22,8 @@ def require(module: str, extra: str, framework: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
-            f"bsmon's {framework} integration needs {framework}, which is not importable here "
-            f"({exc}); install it with: pip install 'bsmon[{extra}]'"
+            f"bsmon.probes.integrations.{extra} needs {framework}, which this Python cannot "
+            f"import ({exc}); install it with: pip install 'bsmon[{extra}]'"
         ) from None
 
 
@@ -46,6 +47,22 @@ def disable_batch_control(monitor: Any, reason: str) -> None:
     """Make the batch commands answer ``ok: false`` with ``reason`` (also in hello)."""
     for kind in BATCH_COMMANDS:
         monitor.router.disable(kind, reason)
+
+
+def guarded(hook: Callable[..., None]) -> Callable[..., None]:
+    """For a callback hook that runs on the training thread: an exception inside it is
+    counted and shown by the callback's monitor (``self.monitor``), never raised into the job."""
+
+    @functools.wraps(hook)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:
+            monitor = getattr(self, "monitor", None)
+            if monitor is not None:
+                monitor.report_error(f"{type(self).__name__}.{hook.__name__}", exc)
+
+    return wrapper
 
 
 def note(monitor: Any, kind: str, message: str, level: str = "info", **data: Any) -> None:
