@@ -9,10 +9,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from .helpers import ROOT, Processes
+from .watch import kill_run_processes
 
 EXAMPLES = ROOT / "examples"
 BSMON_RUN = [sys.executable, "-m", "bsmon.tui.cli", "run", "--headless", "--"]
@@ -41,6 +43,7 @@ def example_runs() -> Iterator[dict[str, subprocess.Popen]]:
             for name, (command, _) in RUNS.items()
         }
     finally:
+        kill_run_processes(Path(directory))
         processes.cleanup()
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -16,10 +16,18 @@ from bsmon.probes.client import JobConnection
 from bsmon.tui.run import exit_status
 
 from .helpers import ROOT, wait_until
-from .watch import events_of, job_socket, metrics_until
+from .watch import events_of, job_socket, kill_run_processes, metrics_until
 
 JOB = str(ROOT / "tests" / "zero_code_job.py")
 BSMON = [sys.executable, "-m", "bsmon.tui.cli"]
+
+
+@pytest.fixture(autouse=True)
+def no_strays(bsmon_dir):
+    """Whatever a test leaves running under `bsmon run` (torchrun's workers run in sessions
+    of their own, out of reach of the process-group cleanup) is killed after it."""
+    yield
+    kill_run_processes(bsmon_dir)
 
 
 def bsmon_run(processes, *args: str, **kwargs) -> subprocess.Popen:

@@ -12,6 +12,7 @@ import psutil
 from .helpers import ROOT, wait_until
 from .test_run import gone
 from .tmux import Tmux
+from .watch import kill_run_processes, run_processes
 
 BSMON = f"{sys.executable} -m bsmon.tui.cli"
 UNMODIFIED = f"{sys.executable} examples/unmodified.py --epochs 1000"
@@ -29,19 +30,10 @@ def live_step(text: str) -> int:
     return int(match.group(1).replace(",", "")) if match and "LIVE" in text else 0
 
 
-def job_pids(name: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "examples/unmodified.py" in cmdline and not gone(proc.pid):
-            environ = {}
-            try:
-                environ = proc.environ()
-            except psutil.Error:
-                continue
-            if environ.get("BSMON_RUN") == name:
-                found.append(proc.pid)
-    return found
+def job_pids(bsmon_dir, name: str) -> list[int]:
+    return [
+        p.pid for p in run_processes(bsmon_dir, name) if "examples/unmodified.py" in p.cmdline()
+    ]
 
 
 def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
@@ -53,20 +45,19 @@ def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
         tmux.send("q")
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
         assert "goes on in the background" in screen and "bsmon attach tq" in screen
-        (pid,) = job_pids("tq")
+        (pid,) = job_pids(bsmon_dir, "tq")
         assert f"kill {pid}" in screen.replace("\n", " ")
         assert list(bsmon_dir.glob(f"{pid}.sock"))  # still serving, for `bsmon attach tq`
     finally:
         tmux.kill()
-        for pid in job_pids("tq"):
-            psutil.Process(pid).kill()
+        kill_run_processes(bsmon_dir)
 
 
 def test_sigterm_to_bsmon_run_stops_the_training_and_returns_its_code(bsmon_dir):
     tmux = start(bsmon_dir, f"{BSMON} run --name tt -- {UNMODIFIED}")
     try:
         tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
-        (job,) = job_pids("tt")
+        (job,) = job_pids(bsmon_dir, "tt")
         runner = psutil.Process(job).parent()
         runner.send_signal(signal.SIGTERM)
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-143" in s, timeout=60, what="exit 143")
@@ -74,8 +65,7 @@ def test_sigterm_to_bsmon_run_stops_the_training_and_returns_its_code(bsmon_dir)
         wait_until(lambda: gone(job), timeout=30, message="the training to stop")
     finally:
         tmux.kill()
-        for pid in job_pids("tt"):
-            psutil.Process(pid).kill()
+        kill_run_processes(bsmon_dir)
 
 
 def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_path):
@@ -88,3 +78,4 @@ def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_pat
         assert "| broken: no data at /nowhere" in screen
     finally:
         tmux.kill()
+        kill_run_processes(bsmon_dir)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from bsmon.probes import discovery, protocol
 from bsmon.probes.client import JobConnection
@@ -38,3 +41,27 @@ def metrics_until(
 
 def events_of(messages: list[protocol.Message]) -> list[protocol.Event]:
     return [m for m in messages if isinstance(m, protocol.Event)]
+
+
+def run_processes(directory: Path, name: str | None = None) -> list[psutil.Process]:
+    """Live processes that `bsmon run` started with sockets in ``directory`` (named ``name``).
+    torchrun starts its workers in sessions of their own, so killing a test's process group
+    does not reach them: tests kill these too."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        ours = env.get("BSMON_DIR") == str(directory) and "BSMON_RUN" in env
+        if ours and (name is None or env["BSMON_RUN"] == name):
+            found.append(proc)
+    return found
+
+
+def kill_run_processes(directory: Path) -> None:
+    for proc in run_processes(directory):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
