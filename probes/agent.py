@@ -33,9 +33,11 @@ from .devices import DeviceSampler
 from .guard import is_out_of_memory, release_memory
 from .hooks import StepHooks
 from .lr_scaling import POLICIES as LR_POLICIES
-from .protocol import Capability, Event, SessionInfo
+from .probe.job import ProbeSource, device_free
+from .probe.runner import ProbeExtension, ProbeRunner
+from .protocol import Capability, Event, ProbeResult, SessionInfo
 from .safety import FaultGuard
-from .service import AgentService, PeriodicSampler
+from .service import AgentService, Extension, PeriodicSampler
 from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
@@ -48,6 +50,13 @@ def _bsmon_version() -> str:
     from . import __version__
 
     return __version__
+
+
+def private_temp_dir() -> Path:
+    """A 0700 directory for the probe's recipe when the job serves no socket directory."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="bsmon-"))
 
 
 def _default_name() -> str:
@@ -85,6 +94,7 @@ class Monitor:
         micro_batch_size: int | None = None,
         lr_scaling: str | None = None,
         lr_scheduler: Any = None,
+        probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
     ) -> None:
         _check_options(
             model,
@@ -149,7 +159,9 @@ class Monitor:
         self.serving = Capability(False, "serve=False")
         if serve:
             self.socket_path = self._prepare_socket(socket_dir)
-        extensions = []
+        self.probe_source = ProbeSource(model, optimizer, loss_fn, probe_step, self.batch_control)
+        self.prober = self._make_prober(rank)
+        extensions: list[Extension] = [ProbeExtension(self.prober)]
         if self.batch_control is not None:
             extensions.append(BatchExtension(self.batch_control, self.telemetry))
         self._service = AgentService(
@@ -217,6 +229,29 @@ class Monitor:
                 self.router.disable(kind, "send batch-size commands to rank 0's monitor")
         return controller
 
+    def _make_prober(self, rank: int) -> ProbeRunner:
+        source = self.probe_source
+        device = next(
+            (p.device for g in self.optimizer.param_groups for p in g["params"]),
+            torch.device("cpu"),
+        )
+        runner = ProbeRunner(
+            check=source.check,
+            prepare=source.recipe,
+            directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
+            emit=self._emit_event,
+            on_result=lambda result: source.conclude(result, self.noise_scale),
+            step=lambda: self._step,
+            device_free=lambda: device_free(device),
+        )
+        if rank != 0:
+            self.router.disable("probe", "send probe commands to rank 0's monitor")
+        else:
+            self.router.register(
+                "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
+            )  # type: ignore[attr-defined]
+        return runner
+
     def _prepare_socket(self, socket_dir: str | os.PathLike[str] | None) -> Path | None:
         try:
             directory = discovery.ensure_private_dir(
@@ -279,8 +314,10 @@ class Monitor:
     def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
             n = batch_length(batch)
-            self._batch_samples += n if n is not None else len(indices)
+            size = n if n is not None else len(indices)
+            self._batch_samples += size
             self._batches_since_step.append((loader, indices))
+            self.probe_source.offer(batch, size)
         except Exception as exc:
             self._guard.report("dataloader batch accounting", exc)
 
@@ -369,9 +406,29 @@ class Monitor:
         )
         return self.router.handle(protocol.encode(command))
 
-    def probe(self, **_options: Any) -> protocol.Reply:
-        """Run the max-batch-size probe (not available yet: answers why)."""
-        return self.router.handle(protocol.encode(protocol.ProbeCommand(id="api")))
+    def probe(self, memory_budget: int | None = None, timeout: float = 600.0) -> ProbeResult:
+        """Run the max-batch-size probe in a sidecar process and wait for its result.
+
+        The job's state is not touched, but this call blocks the calling thread until the
+        probe ends (the dashboard's ``p`` runs it without blocking the job). On the CPU,
+        ``memory_budget`` (bytes) plays the device's memory.
+        """
+        reply = self.router.handle(
+            protocol.encode(
+                protocol.ProbeCommand(id="api", memory_budget=memory_budget, timeout_s=timeout)
+            )
+        )
+        if not reply.ok:
+            return ProbeResult(status="refused", error=reply.error)
+        result = self.prober.wait(timeout + 60)
+        return result or ProbeResult(status="timeout", error="the probe did not finish")
+
+    def set_probe_batch(self, batch: Any) -> None:
+        """Give the probe a batch to grow (for loops that do not use mon.dataloader)."""
+        n = batch_length(batch)
+        if n is None:
+            raise ValueError("set_probe_batch() needs a tensor, or a tuple/list/dict of tensors")
+        self.probe_source.offer(batch, n)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -458,6 +515,8 @@ class Monitor:
                 return
             self._closed = True
         self._hooks.remove()
+        self.probe_source.close()
+        self.prober.stop()
         atexit.unregister(self.close)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:

@@ -130,6 +130,64 @@ class BatchReading(msgspec.Struct, omit_defaults=True):
     changes: list[BatchChange] = msgspec.field(default_factory=list)
 
 
+class ProbePoint(msgspec.Struct, omit_defaults=True):
+    """One batch size the probe ran (or tried): peak memory, step time, and whether it fit."""
+
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None = None
+    static_bytes: int | None = None  # held between steps: weights, optimizer state (+ runtime)
+    reserved_bytes: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    source: str = "sidecar"  # "sidecar", or "job" for the job's own measured sizes
+    note: str | None = None
+
+
+class WhatIf(msgspec.Struct, omit_defaults=True):
+    """A way to fit a bigger batch, and the largest batch it is predicted to allow."""
+
+    technique: str
+    max_batch_size: int | None
+    measured: bool
+    note: str = ""
+
+
+class Recommendation(msgspec.Struct):
+    batch_size: int
+    reasons: list[str]
+
+
+class ProbeResult(msgspec.Struct, omit_defaults=True):
+    """What the sidecar found. ``max_batch_size`` is the largest size that *ran*;
+    ``predicted_max`` is a prediction from the memory fit, with ``margin`` taken off."""
+
+    status: Literal["ok", "failed", "crashed", "timeout", "killed", "refused"]
+    max_batch_size: int = 0
+    points: list[ProbePoint] = msgspec.field(default_factory=list)
+    predicted_max: int | None = None
+    margin: float = 0.05
+    extrapolation: float | None = None
+    budget_bytes: int | None = None
+    device: str = "cpu"
+    fit_intercept_bytes: float | None = None
+    fit_slope_bytes: float | None = None
+    what_ifs: list[WhatIf] = msgspec.field(default_factory=list)
+    recommendation: Recommendation | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+class ProbeReading(msgspec.Struct, omit_defaults=True):
+    """The probe as the monitor sees it: idle, running (with progress), or its last result."""
+
+    status: Literal["idle", "running", "done"] = "idle"
+    message: str = ""
+    started: float | None = None
+    points: list[ProbePoint] = msgspec.field(default_factory=list)
+    result: ProbeResult | None = None
+
+
 # --------------------------------------------------------------------------------------------
 # Server -> client
 # --------------------------------------------------------------------------------------------
@@ -181,6 +239,7 @@ class Metrics(Message, tag="metrics"):
     gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
     host: HostReading = msgspec.field(default_factory=HostReading)
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
+    probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
     errors: int = 0
     dropped: int = 0
 

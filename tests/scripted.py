@@ -169,3 +169,73 @@ def scripted_app(
         "resnet-cifar", script, clock=lambda: NOW, disconnect=disconnect, **kwargs
     )  # type: ignore[arg-type]
     return BsmonApp(source)
+
+
+def probe_result() -> protocol.ProbeResult:
+    gib = 2**30
+    points = [
+        protocol.ProbePoint(
+            batch_size=128,
+            fits=True,
+            peak_bytes=int(30.1 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.043,
+            samples_per_s=2980.0,
+        ),
+        protocol.ProbePoint(
+            batch_size=192,
+            fits=True,
+            peak_bytes=int(42.3 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.061,
+            samples_per_s=3150.0,
+        ),
+        protocol.ProbePoint(
+            batch_size=230,
+            fits=True,
+            peak_bytes=int(49.6 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.072,
+            samples_per_s=3190.0,
+        ),
+    ]
+    return protocol.ProbeResult(
+        status="ok",
+        max_batch_size=230,
+        points=points,
+        predicted_max=263,
+        extrapolation=1.2,
+        budget_bytes=int(78.4 * gib),
+        device="cuda:0",
+        fit_intercept_bytes=5.6 * gib,
+        fit_slope_bytes=0.19 * gib,
+        duration_s=41.0,
+        what_ifs=[
+            protocol.WhatIf("as is", 277, measured=True),
+            protocol.WhatIf(
+                "bf16 autocast", 448, measured=True, note="peak 31 GiB at 230; 1.71× the throughput"
+            ),
+            protocol.WhatIf(
+                "activation checkpointing",
+                None,
+                measured=False,
+                note="measured for nn.Sequential models with a loss_fn",
+            ),
+        ],
+        recommendation=protocol.Recommendation(
+            batch_size=192,
+            reasons=[
+                "memory: up to 263 is predicted to fit",
+                "speed: throughput stops rising at about 192",
+            ],
+        ),
+    )
+
+
+def probed_messages() -> list[protocol.Message]:
+    script = messages()
+    result = probe_result()
+    script[-1].probe = protocol.ProbeReading(
+        status="done", message="done", started=NOW - 41, points=result.points, result=result
+    )
+    return script

@@ -205,7 +205,8 @@ def test_commands_a_job_cannot_do_say_why(job, bsmon_dir):
         reply = mon.request_batch_size(16)
         assert not reply.ok and "declared no batch size" in reply.error
         assert mon.batch_size is None
-        assert "not supported yet" in mon.probe().error
+        result = mon.probe()
+        assert result.status == "refused" and "needs attach(..., batch_size=N)" in result.error
 
 
 def test_a_job_that_exits_without_close_leaves_no_socket(bsmon_dir, processes):

@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Literal
 
-from bsmon.probes.protocol import Command, Reply, SetBatchSize, StepBatchSize
+from bsmon.probes.protocol import Command, ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from .sources import Source
 
@@ -60,4 +60,6 @@ def describe_success(command: Command, result: dict) -> str:
     if isinstance(command, (SetBatchSize, StepBatchSize)):
         when = result.get("applies_at") or f"after step {result.get('applies_after_step')}"
         return f"batch size {result.get('old')} → {result.get('new')} {when}"
+    if isinstance(command, ProbeCommand):
+        return "probe started: it runs in a separate process beside the job"
     return f"{type(command).__struct_config__.tag}: done"

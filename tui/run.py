@@ -33,16 +33,11 @@ from pathlib import Path
 
 from bsmon.probes import discovery, launch
 
-EXIT_USAGE = 2
+from .errors import EXIT_USAGE, CliError
+
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 LOG_TAIL_LINES = 5
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-class RunError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,11 +69,11 @@ def parse_command(args: argparse.Namespace) -> list[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise RunError("run needs a command, e.g. `bsmon run -- python train.py`", EXIT_USAGE)
+        raise CliError("run needs a command, e.g. `bsmon run -- python train.py`", EXIT_USAGE)
     if args.name is not None and not args.name.strip():
-        raise RunError("run: --name must not be empty", EXIT_USAGE)
+        raise CliError("run: --name must not be empty", EXIT_USAGE)
     if shutil.which(command[0]) is None:
-        raise RunError(f"run: command not found: {command[0]}", EXIT_NOT_FOUND)
+        raise CliError(f"run: command not found: {command[0]}", EXIT_NOT_FOUND)
     return command
 
 

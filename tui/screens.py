@@ -14,12 +14,13 @@ from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
 from bsmon.probes.discovery import JobEntry
-from bsmon.probes.protocol import Reply, StepBatchSize
+from bsmon.probes.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from . import format as fmt
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
 from .messages import SnapshotArrived
+from .probe_screen import ProbeScreen
 from .session import Snapshot
 from .sources import Source, Update
 from .widgets.banner import StateBanner
@@ -29,6 +30,14 @@ from .widgets.devices import DevicePanel
 from .widgets.eventlog import EventLog
 from .widgets.header import JobHeader
 from .widgets.noise import NoisePanel
+
+PROBE_QUESTION = (
+    "A separate process will load a copy of the model's structure (not its weights) and train "
+    "it for a few steps at up to three larger batch sizes on the same device, to measure peak "
+    "memory and throughput. The job keeps training, but slows while the probe shares the "
+    "device; an out-of-memory error in the probe never reaches the job, and a watchdog stops "
+    "the probe if the device runs low. It takes from seconds to a few minutes."
+)
 
 PANEL_TITLES = {
     "devices": "Devices",
@@ -47,9 +56,10 @@ class DashboardScreen(Screen):
         Binding("question_mark", "help", "Help", id="help"),
         Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
         Binding("minus", "batch('down')", "Batch −", id="batch_down"),
+        Binding("p", "probe", "Probe", id="probe"),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
-    JOB_ACTIONS = {"batch": "step_batch_size"}
+    JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
 
     def __init__(self, source: Source, readonly: bool = False) -> None:
         super().__init__()
@@ -98,6 +108,8 @@ class DashboardScreen(Screen):
             widget.show(snap)  # type: ignore[attr-defined]
         name = ScalarChart.scalar_name(snap)
         self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
+        if isinstance(self.app.screen, ProbeScreen) and self.app.screen.is_mounted:
+            self.app.screen.show(snap)
         for reply in update.replies:
             self._answer(reply)
         for notice in update.notices:
@@ -118,6 +130,28 @@ class DashboardScreen(Screen):
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
+
+    def action_probe(self) -> None:
+        snap = self.snapshot
+        if snap is not None and snap.latest is not None and snap.latest.probe.status == "running":
+            self.open_probe_screen()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.commands.send(ProbeCommand())
+                self.open_probe_screen()
+
+        self.app.push_screen(
+            ConfirmScreen("Probe the largest batch size?", PROBE_QUESTION), answered
+        )
+
+    def open_probe_screen(self) -> None:
+        can_apply = self.check_action("batch", ()) is True
+        self.app.push_screen(ProbeScreen(self.apply_batch_size, can_apply, self.snapshot))
+
+    def apply_batch_size(self, size: int) -> None:
+        self.commands.send(SetBatchSize(value=size, reason="the probe's recommendation"))
 
     def _answer(self, reply: Reply) -> None:
         outcome = self.commands.answer(reply)
@@ -160,6 +194,7 @@ HELP_TEXT = """\
 | `?` | this help |
 | `+` / `=` | step the batch size up (double by default; applied at the next step) |
 | `-` | step the batch size down |
+| `p` | probe the largest batch size in a sidecar process (asks first) |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
 

@@ -36,6 +36,19 @@ def memory_line(batch: BatchReading, gpu: bool) -> str:
     return f"memory  max ≈ [b]{batch.predicted_max:,}[/b] [$text-muted](predicted)[/]"
 
 
+def probe_line(m: Metrics) -> str | None:
+    reading = m.probe
+    if reading.status == "running":
+        return f"probe   [$warning]running[/] — {reading.message}"
+    result = reading.result
+    if result is None:
+        return None
+    if result.status != "ok":
+        return f"probe   [$error]{result.status}[/] (p for details)"
+    predicted = f" · ≈{result.predicted_max:,} pred." if result.predicted_max else ""
+    return f"probe   {result.max_batch_size:,} ran{predicted}"
+
+
 def change_line(change: BatchChange) -> str:
     before, after = change.samples_per_s_before, change.samples_per_s_after
     if before and after:
@@ -67,6 +80,8 @@ class BatchPanel(Static):
         batch = m.batch
         if batch.control:
             lines.append(memory_line(batch, gpu=bool(m.devices)))
+            if (probe := probe_line(m)) is not None:
+                lines.append(probe)
             lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
         elif (cap := snap.capabilities.get("set_batch_size")) and not cap.available:
             lines.append(f"[$text-muted]+/- off: {escape(cap.reason or 'not available')}[/]")
