@@ -43,6 +43,10 @@ CONTROL_REASON = (
     "bsmon run cannot resize the script's own loaders; "
     "attach(..., batch_size=N) and mon.dataloader() in the script enable it"
 )
+PROBE_REASON = (
+    "bsmon run cannot give the probe a batch size or a loss; "
+    "attach(..., batch_size=N, loss_fn=...) in the script enables it"
+)
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
 
 _installed: list[AutoAttach] = []  # this process's agent, once installed
@@ -204,6 +208,7 @@ class AutoAttach:
         rank, world_size = distributed.world()
         monitor = attach(model, optimizer, name=rank_name(self.name, rank, world_size))
         disable_batch_control(monitor, CONTROL_REASON)
+        monitor.router.disable("probe", PROBE_REASON)
         self.monitor, self.optimizer, self.model = monitor, optimizer, model
         for event in self._early:
             monitor.emit(event)

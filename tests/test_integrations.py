@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import lightning.pytorch as pl
+import pytest
 import torch
 import transformers
 from torch import nn
@@ -15,6 +16,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from bsmon.probes import protocol
 from bsmon.probes.client import JobConnection
 from bsmon.probes.integrations import hf, lightning
+from bsmon.probes.probe.recipe import RecipeError
 
 from .watch import events_of, metrics_until
 
@@ -93,6 +95,8 @@ class LightningDriver(pl.Callback, Watcher):
 
     def at(self, monitor, step: int) -> None:
         if step == 3:
+            with pytest.raises(RecipeError, match="loss_fn"):  # the batch is there; the loss not
+                monitor.probe_source.check()
             self.seen["reply"] = self.conn.request(protocol.SetBatchSize(value=16))
             assert monitor.flush()
             self.seen["pending"] = metrics_until(self.conn, lambda m: m.batch.pending == 16)
@@ -206,6 +210,7 @@ class HfDriver(transformers.TrainerCallback, Watcher):
 
     def at(self, monitor, step: int) -> None:
         if step == 3:
+            monitor.probe_source.check()  # `p` would start: a dict batch, a model with a loss
             self.seen["down"] = self.conn.request(protocol.SetBatchSize(value=4))
             self.seen["up"] = self.conn.request(protocol.SetBatchSize(value=16))
 

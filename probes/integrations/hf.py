@@ -187,6 +187,8 @@ class BsmonCallback(TrainerCallback):
             n = batch_length(args) or batch_length(kwargs)
             if n is not None:
                 self.monitor.count_samples(n, n)
+                if kwargs and not args:  # what the probe grows: the Trainer's model(**inputs)
+                    self.monitor.probe_source.offer(kwargs, n)
 
     @guarded
     def _after_forward(self, module: torch.nn.Module, _args: Any, _kw: Any, output: Any) -> None:

@@ -123,6 +123,7 @@ class _BsmonLightning:
         n = batch_length(batch)
         if n is not None:
             monitor.count_samples(n, n)
+            monitor.probe_source.offer(batch, n)  # the probe needs loss_fn= or probe_step= too
             if self._expect is not None:
                 self._check_reloaded(n)
 
