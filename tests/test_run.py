@@ -135,6 +135,7 @@ def test_torchrun_workers_each_serve_a_socket(bsmon_dir, processes):
         (["--name", " ", "--", "python"], 2, "--name must not be empty"),
         (["--bogus", "--", "python"], 2, "unrecognized arguments: --bogus"),
         (["--", "no-such-command-for-bsmon"], 127, "command not found"),
+        (["--log", "/no/such/dir/x.log", "--", "python"], 2, "cannot write the log"),
     ],
 )
 def test_wrong_run_arguments_are_one_line(bsmon_dir, args, code, message):

@@ -30,12 +30,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from bsmon.probes import discovery, launch
 
 from .errors import EXIT_USAGE, CliError
 
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
+EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
 LOG_TAIL_LINES = 5
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -90,6 +92,13 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     )
 
 
+def start(command: list[str], env: dict[str, str], **options: Any) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, env=env, **options)
+    except OSError as exc:
+        raise CliError(f"run: cannot run {command[0]}: {exc.strerror}", EXIT_CANNOT_RUN) from None
+
+
 # -- headless -------------------------------------------------------------------------------
 
 
@@ -113,7 +122,7 @@ def signals_handled(handler: Callable[[int], None], signums: Sequence[int]) -> I
 
 
 def run_headless(command: list[str], env: dict[str, str]) -> int:
-    process = subprocess.Popen(command, env=env)
+    process = start(command, env)
     from_terminal = terminal_signals_reach(os.getpgrp())
 
     def forward(signum: int) -> None:
@@ -165,10 +174,15 @@ def run_with_dashboard(
     from .app import BsmonApp
     from .sources import SocketSource
 
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
+    try:
+        log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
+    except OSError as exc:
+        message = f"run: cannot write the log {log_path}: {exc.strerror}"
+        raise CliError(message, EXIT_USAGE) from None
+    with log:
+        process = start(
             command,
-            env=env,
+            env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
