@@ -126,6 +126,7 @@ class Monitor:
         # training-thread state
         self._step = 0
         self._batch_samples = 0
+        self._observed_batch: int | None = None  # count_samples(): the step's first batch
         self._micro_batches = 0
         self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
@@ -376,9 +377,10 @@ class Monitor:
     def _on_step_end(self) -> None:
         self._step += 1
         control = self.batch_control
-        size = control.size if control is not None else None
+        size = control.size if control is not None else self._observed_batch
         samples = self._batch_samples or size or 0
         self._batch_samples = 0
+        self._observed_batch = None
         self._micro_batches = 0
         if self._batches_since_step:
             self._batches_since_step = []
@@ -412,6 +414,23 @@ class Monitor:
 
     def _emit_event(self, event: Event) -> None:
         self._inbox.append((EVENT, event))
+
+    def count_samples(self, samples: int, batch_size: int | None = None) -> None:
+        """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
+        make (``bsmon run``, the framework integrations). Without batch control, the first
+        ``batch_size`` of a step (default: ``samples``) is reported as the job's batch size."""
+        self._batch_samples += samples
+        if self._observed_batch is None:
+            self._observed_batch = batch_size or samples or None
+
+    def emit(self, event: Event) -> None:
+        """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
+        self._emit_event(event)
+
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """Count and show an exception caught in bsmon code outside the Monitor (an
+        integration's hook); the job never sees it."""
+        self._guard.report(where, exc)
 
     # -- public API ---------------------------------------------------------------------------
 

@@ -92,6 +92,10 @@ class BatchController:
         self.policy = policy
         self.last_good = initial
         self.pending: Pending | None = None
+        # Where a change is applied when not at the next step boundary (an integration whose
+        # loader is rebuilt only between epochs): it then calls apply_deferred() there.
+        self.apply_at: str | None = None
+        self.held: Pending | None = None  # decided (all ranks agree), waiting for apply_deferred
         self.probe_max: int | None = None
         self.memory = MemoryModel()
         self.memory_budget: int | None = None
@@ -138,19 +142,24 @@ class BatchController:
                 raise CommandRefused("in a distributed job, send batch-size commands to rank 0")
             if (refusal := self.policy.refusal(value)) is not None:
                 raise CommandRefused(refusal)
-            current = self.pending.value if self.pending else self.size
+            current = self._next_size()
             if value == current:
                 raise CommandRefused(f"the batch size is already {value}")
             if not confirm and (why := self.confirmation_reason(value)) is not None:
                 raise NeedsConfirmation(why, value)
             self.pending = Pending(value, reason or "requested", source)
             step = self._step()
-            return {
-                "old": self.size,
-                "new": value,
-                "step": step,
-                "applies_after_step": self._applies_after(step),
-            }
+            result = {"old": self.size, "new": value, "step": step}
+            if self.apply_at is None:
+                result["applies_after_step"] = self._applies_after(step)
+            else:
+                result["applies_at"] = self.apply_at
+            return result
+
+    def _next_size(self) -> int:
+        """The size the job will have once what is pending or held is applied."""
+        upcoming = self.pending or self.held
+        return upcoming.value if upcoming else self.size
 
     def _applies_after(self, step: int) -> int:
         """The boundary at which a change asked for now is applied."""
@@ -161,7 +170,7 @@ class BatchController:
         return proposed_at + every  # ... and the one after applies it everywhere
 
     def request_step(self, direction: str, *, confirm: bool, source: str) -> dict[str, Any]:
-        base = self.pending.value if self.pending else self.size
+        base = self._next_size()
         value = self.policy.next_size(base, direction)
         if value is None:
             limit = "largest" if direction == "up" else "smallest"
@@ -187,9 +196,18 @@ class BatchController:
             self._exchange()
             return
         pending = self.pending
-        if pending is not None:
+        if pending is not None and self.apply_at is None:
             self.pending = None
             self.switch(pending)
+
+    def apply_deferred(self) -> None:
+        """Apply the change held for ``apply_at`` (training thread; all ranks at one point)."""
+        if self._sync is not None:  # only what the ranks agreed on: the same change everywhere
+            change, self.held = self.held, None
+        else:
+            change, self.pending = self.pending, None
+        if change is not None:
+            self.switch(change)
 
     def _exchange(self) -> None:
         if not self._sync.due():  # type: ignore[union-attr]
@@ -202,7 +220,11 @@ class BatchController:
         if decided:
             chosen = self._in_flight or Pending(decided, "decided on rank 0", "rank 0")
             self._in_flight = None
-            self.switch(Pending(decided, chosen.reason, chosen.source))
+            change = Pending(decided, chosen.reason, chosen.source)
+            if self.apply_at is None:
+                self.switch(change)
+            else:
+                self.held = change
 
     def switch(self, change: Pending) -> None:
         old, new = self.size, change.value
@@ -365,7 +387,8 @@ class BatchController:
             max_size=self.policy.max_size,
             next_up=next_up,
             next_down=self.policy.next_size(self.size, "down"),
-            pending=self.pending.value if self.pending else None,
+            pending=upcoming.value if (upcoming := self.pending or self.held) else None,
+            applies_at=self.apply_at,
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,
             lr_scaling=self._lr_scaling,

@@ -25,6 +25,7 @@ class BatchPolicy:
     min_size: int = 1
     max_size: int | None = None
     multiple_of: int = 1
+    min_reason: str = ""  # why there is a minimum, when it is not the user's choice
 
     def __post_init__(self) -> None:
         step = self.step
@@ -52,7 +53,8 @@ class BatchPolicy:
     def refusal(self, value: int) -> str | None:
         """Why ``value`` is refused, or None when it is allowed."""
         if value < self.min_size:
-            return f"{value} is below the minimum batch size {self.min_size}"
+            why = f" ({self.min_reason})" if self.min_reason else ""
+            return f"{value} is below the minimum batch size {self.min_size}{why}"
         if self.max_size is not None and value > self.max_size:
             return (
                 f"{value} is above the maximum batch size {self.max_size} "

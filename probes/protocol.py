@@ -119,6 +119,7 @@ class BatchReading(msgspec.Struct, omit_defaults=True):
     next_up: int | None = None
     next_down: int | None = None
     pending: int | None = None
+    applies_at: str | None = None  # where ``pending`` is applied, when not at the next step
     accumulation_steps: int | None = None
     micro_batch_size: int | None = None
     lr_scaling: str | None = None

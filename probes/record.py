@@ -352,6 +352,8 @@ class RecordWriter(threading.Thread):
     # -- the thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        if self._summary:
+            _import_summary_writer()
         try:
             self._open()
             while self._write_batch():
@@ -452,6 +454,13 @@ class RecordWriter(threading.Thread):
                 RuntimeWarning,
                 stacklevel=1,
             )
+
+
+def _import_summary_writer() -> None:
+    """Import the summary writer (and plotext) now, early in the job: importing plotext
+    during interpreter shutdown turns an exit by Ctrl-C (status 130) into status 1."""
+    with contextlib.suppress(Exception):  # a failure is reported when the summary is written
+        from . import summary, summary_md  # noqa: F401
 
 
 _span_decoder = msgspec.json.Decoder(Span)

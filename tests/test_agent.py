@@ -235,3 +235,18 @@ def test_monitor_is_collectable_after_close(job, bsmon_dir):
     del mon
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_ctrl_c_still_exits_with_130_when_bsmon_is_attached(bsmon_dir, record):
+    script = (
+        "import time, torch\n"
+        "from bsmon.probes import attach\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"mon = attach(m, o, batch_size=4, record={record})\n"
+        "time.sleep(0.5)  # the record's writer is up\n"
+        "raise KeyboardInterrupt\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -2 or result.returncode == 130, result.stderr.decode()[-500:]

@@ -16,6 +16,7 @@ from bsmon.probes.client import JobConnection
 
 from . import format as fmt
 from .errors import EXIT_USAGE, CliError
+from .run import add_parser as add_run_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds of the run per second (default: the whole run in about 30 s)",
     )
+
+    add_run_parser(sub)
     return parser
 
 
@@ -121,6 +124,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from .demo import run_demo
 
         return run_demo(args)
+    if command == "run":
+        from .run import run
+
+        return run(args, readonly=args.readonly)
     if command == "probe":
         if args.readonly:
             raise CliError("--readonly: the probe acts on the job's device", EXIT_USAGE)

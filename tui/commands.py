@@ -58,10 +58,8 @@ class CommandDesk:
 
 def describe_success(command: Command, result: dict) -> str:
     if isinstance(command, (SetBatchSize, StepBatchSize)):
-        return (
-            f"batch size {result.get('old')} → {result.get('new')} "
-            f"after step {result.get('applies_after_step')}"
-        )
+        when = result.get("applies_at") or f"after step {result.get('applies_after_step')}"
+        return f"batch size {result.get('old')} → {result.get('new')} {when}"
     if isinstance(command, ProbeCommand):
         return "probe started: it runs in a separate process beside the job"
     return f"{type(command).__struct_config__.tag}: done"

@@ -3,6 +3,7 @@ history of changes with the throughput each one bought."""
 
 from __future__ import annotations
 
+from textual.markup import escape
 from textual.widgets import Static
 
 from bsmon.probes.protocol import BatchChange, BatchReading, Metrics
@@ -19,7 +20,7 @@ def size_line(m: Metrics) -> str:
     if batch.accumulation_steps:
         text += f" = {batch.accumulation_steps}×{batch.micro_batch_size}"
     if batch.pending is not None:
-        text += f" [$warning]→ {batch.pending:,} at the next step[/]"
+        text += f" [$warning]→ {batch.pending:,} {batch.applies_at or 'at the next step'}[/]"
     return text
 
 
@@ -84,4 +85,6 @@ class BatchPanel(Static):
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
             lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
+        elif (cap := snap.capabilities.get("set_batch_size")) and not cap.available:
+            lines.append(f"[$text-muted]+/- off: {escape(cap.reason or 'not available')}[/]")
         self.update("\n".join(lines))
