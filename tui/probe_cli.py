@@ -78,12 +78,8 @@ def describe(result: ProbeResult) -> str:
             f"{fmt.rate(p.samples_per_s, ''):>10}  {p.note or ''}"
         )
     lines.append(f"largest batch that ran: {result.max_batch_size:,} on {result.device}")
-    if result.predicted_max is not None:
-        lines.append(
-            f"predicted largest: ≈{result.predicted_max:,} (a prediction: line fit, "
-            f"{result.margin:.0%} margin, {plan.extrapolation_note(result.extrapolation)}, "
-            f"budget {fmt.bytes_(result.budget_bytes)})"
-        )
+    if (prediction := plan.describe_prediction(result)) is not None:
+        lines.append(prediction)
     lines.extend(f"  {plan.describe_what_if(w)}" for w in result.what_ifs)
     if result.recommendation is not None:
         lines.append(

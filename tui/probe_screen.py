@@ -56,12 +56,8 @@ def findings_text(result: ProbeResult | None) -> str:
     if result is None or result.status != "ok":
         return ""
     lines = [f"largest batch that ran: [b]{result.max_batch_size:,}[/b]"]
-    if result.predicted_max is not None:
-        lines.append(
-            f"predicted largest: [b]≈{result.predicted_max:,}[/b] (a prediction: line fit, "
-            f"{result.margin:.0%} margin, {plan.extrapolation_note(result.extrapolation)}; "
-            f"budget {fmt.bytes_(result.budget_bytes)})"
-        )
+    if (prediction := plan.describe_prediction(result)) is not None:
+        lines.append(escape(prediction))
     lines.extend(f"  {escape(plan.describe_what_if(w))}" for w in result.what_ifs)
     if result.recommendation is not None:
         rec = result.recommendation

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..protocol import ProbePoint, Recommendation, WhatIf
+from ..protocol import ProbePoint, ProbeResult, Recommendation, WhatIf
 
 MAX_SIZES = 3
 FAR_EXTRAPOLATION = 3.0  # beyond this many times the largest run, a prediction is a guess
@@ -156,6 +156,17 @@ def extrapolation_note(extrapolation: float | None) -> str:
     if extrapolation > FAR_EXTRAPOLATION:
         return f"extrapolated {extrapolation:.1f}× beyond the largest run: low confidence"
     return f"extrapolated {extrapolation:.1f}×"
+
+
+def describe_prediction(result: ProbeResult) -> str | None:
+    """The predicted largest batch in words, said to be a prediction, or None."""
+    if result.predicted_max is None:
+        return None
+    budget = f"; budget {result.budget_bytes / 2**30:.1f} GiB" if result.budget_bytes else ""
+    return (
+        f"predicted largest: ≈{result.predicted_max:,} (a prediction: line fit, "
+        f"{result.margin:.0%} margin, {extrapolation_note(result.extrapolation)}{budget})"
+    )
 
 
 def describe_what_if(what_if: WhatIf) -> str:
