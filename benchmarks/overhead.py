@@ -245,6 +245,9 @@ def main() -> int:
     parser.add_argument("--agent-steps", type=int, default=100, help="steps per agent block")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps per block")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--no-record", action="store_true", help="attach with record=False (no session record)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -8,6 +8,8 @@ the agent's daemon threads (``service.AgentService``).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import os
 import socket
 import sys
@@ -16,28 +18,39 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import discovery, protocol
+from . import discovery, distributed, protocol, sigterm
+from .batch_control import BatchController, BatchExtension, Pending
+from .batch_control import register_commands as register_batch_commands
+from .batch_policy import BatchPolicy, StepRule
 from .commands import CommandRouter
 from .data import MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
+from .guard import is_out_of_memory, release_memory
 from .hooks import StepHooks
+from .lr_scaling import POLICIES as LR_POLICIES
 from .noise import MODES as NOISE_SCALE_MODES
-from .noise import NoiseScale
-from .protocol import Capability, Event, SessionInfo
+from .noise import NoiseExtension, NoiseScale
+from .probe.job import ProbeSource, device_free
+from .probe.runner import ProbeExtension, ProbeRunner
+from .protocol import Capability, Event, ProbeResult, SessionInfo
+from .ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
+from .record import Recorder, claim_record_path, default_record_path
 from .safety import FaultGuard
-from .service import AgentService, PeriodicSampler
-from .telemetry import EVENT, FLUSH, LOG, STEP, Telemetry
+from .service import AgentService, Extension, PeriodicSampler
+from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
 INBOX_CAPACITY = 1 << 16
+SMALL_DEVICE_BATCH = 8  # a per-device batch below this mostly leaves the device waiting
 NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_ranks_serials = itertools.count()  # every rank attaches in the same order: same namespaces
 
 
 def _bsmon_version() -> str:
@@ -46,11 +59,11 @@ def _bsmon_version() -> str:
     return __version__
 
 
-def _distributed_rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def private_temp_dir() -> Path:
+    """A 0700 directory for the probe's recipe when the job serves no socket directory."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="bsmon-"))
 
 
 def _default_name() -> str:
@@ -85,40 +98,48 @@ class Monitor:
         record: bool | str | os.PathLike[str] = True,
         sample_interval_s: float = 1.0,
         serve: bool = True,
+        max_batch_size: int | None = None,
+        min_batch_size: int = 1,
+        batch_step: StepRule = "double",
+        micro_batch_size: int | None = None,
+        lr_scaling: str | None = None,
+        lr_scheduler: Any = None,
+        probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+        ranks_view: bool = True,
     ) -> None:
-        _check_positive_int("batch_size", batch_size)
-        _check_positive_int("noise_window", noise_window, allow_none=False)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
-                "an optimizer must subclass torch.optim.Optimizer and call its __init__"
-            )
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
-            choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
-            raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ValueError(f"name must be a non-empty string, got {name!r}")
-        if not sample_interval_s > 0:
-            raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
-
+        _check_options(
+            model,
+            optimizer,
+            batch_size=batch_size,
+            name=name,
+            noise_scale=noise_scale,
+            noise_window=noise_window,
+            sample_interval_s=sample_interval_s,
+            micro_batch_size=micro_batch_size,
+            lr_scaling=lr_scaling,
+        )
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.name = name or _default_name()
         self.noise_window = noise_window
         self.record = record
-        self._batch_size = batch_size
         self._pid = os.getpid()
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
 
         # training-thread state
         self._step = 0
         self._batch_samples = 0
+        self._observed_batch: int | None = None  # count_samples(): the step's first batch
+        self._micro_batches = 0
+        self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
         self._guard = FaultGuard(self._emit_event, lambda: self._step)
+        self._warned: set[str] = set()
+        self._has_batchnorm = model is not None and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
+        )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
         self._noise = NoiseScale(
@@ -132,11 +153,11 @@ class Monitor:
             grad_scaler=grad_scaler,
             preconditioned=noise_preconditioned,
             budget=noise_budget,
-            examples_hint=lambda: self._batch_samples or self._batch_size,
+            examples_hint=lambda: self._batch_samples or self._observed_batch or self.batch_size,
             step_time=lambda: self.telemetry.step_time_s,
         )
 
-        rank, world_size = _distributed_rank()
+        rank, world_size = distributed.world()
         self.session = SessionInfo(
             name=self.name,
             pid=self._pid,
@@ -153,12 +174,34 @@ class Monitor:
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
         self.telemetry.noise = self._noise.reading
+        self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
+        self.batch_control = self._make_batch_control(
+            batch_size,
+            BatchPolicy(batch_step, min_batch_size, max_batch_size, micro_batch_size or 1),
+            micro_batch_size=micro_batch_size,
+            lr_scaling=lr_scaling,
+            lr_scheduler=lr_scheduler,
+            rank=rank,
+            world_size=world_size,
+        )
         self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
         self.socket_path: Path | None = None
         self.serving = Capability(False, "serve=False")
         if serve:
             self.socket_path = self._prepare_socket(socket_dir)
+        self.probe_source = ProbeSource(model, optimizer, loss_fn, probe_step, self.batch_control)
+        self.prober = self._make_prober(rank)
+        extensions: list[Extension] = [
+            NoiseExtension(self._noise, self.telemetry),
+            ProbeExtension(self.prober),
+        ]
+        self._ddp_timing: DdpTiming | None = None
+        self._ranks_exchange: RankExchange | None = None
+        if world_size > 1 and ranks_view and (ranks := self._make_ranks(rank, world_size)):
+            extensions.append(ranks)
+        if self.batch_control is not None:
+            extensions.append(BatchExtension(self.batch_control, self.telemetry))
         self._service = AgentService(
             inbox=self._inbox,
             telemetry=self.telemetry,
@@ -168,11 +211,15 @@ class Monitor:
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
             noise_capability=lambda: self._noise.capability,
-            on_tick=lambda: self._noise.agent_tick(self.telemetry),
+            extensions=extensions,
+            recorder=self.recorder,
         )
+        if self.recorder is not None:
+            self.recorder.start()
         self._start_service()
         _live_monitors.add(self)
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
+        sigterm.install(live_monitors)
         self._emit_event(
             Event(
                 t=time.time(),
@@ -184,6 +231,106 @@ class Monitor:
 
     # -- setup --------------------------------------------------------------------------------
 
+    def _make_batch_control(
+        self,
+        batch_size: int | None,
+        policy: BatchPolicy,
+        *,
+        micro_batch_size: int | None,
+        lr_scaling: str | None,
+        lr_scheduler: Any,
+        rank: int,
+        world_size: int,
+    ) -> BatchController | None:
+        if batch_size is None:
+            reason = "the job declared no batch size (attach(..., batch_size=N) enables it)"
+            for kind in ("set_batch_size", "step_batch_size"):
+                self.router.disable(kind, reason)
+            return None
+        if (refusal := policy.refusal(batch_size)) is not None:
+            raise ValueError(f"batch_size: {refusal}")
+        group = distributed.control_group() if world_size > 1 else None
+        controller = BatchController(
+            initial=batch_size,
+            policy=policy,
+            micro_batch_size=micro_batch_size,
+            optimizer=self.optimizer,
+            lr_scaling=lr_scaling,
+            scheduler=lr_scheduler,
+            emit=self._emit_event,
+            record=lambda change: self._inbox.append((BATCH, change)),
+            guard=self._guard,
+            step=lambda: self._step,
+            noise_scale=lambda: self.noise_scale,
+            sync=distributed.StepSync(group, rank) if group is not None else None,
+            rank=rank,
+        )
+        register_batch_commands(self.router, controller)
+        if rank != 0:
+            for kind in ("set_batch_size", "step_batch_size"):
+                self.router.disable(kind, "send batch-size commands to rank 0's monitor")
+        return controller
+
+    def _make_ranks(self, rank: int, world_size: int) -> RanksExtension | None:
+        """Rank 0's view of every rank, through the job's rendezvous store (no collective)."""
+        try:
+            store = store_for(next(_ranks_serials))
+        except Exception as exc:
+            self._warn(
+                "ranks_view_unavailable",
+                f"no ranks view: the job's store is not reachable ({type(exc).__name__}: {exc})",
+            )
+            return None
+        self._ranks_exchange = RankExchange(store, rank, world_size)
+        self._ddp_timing = DdpTiming(self.model)
+        if self.batch_control is not None and self.batch_control.size < SMALL_DEVICE_BATCH:
+            self._warn(
+                "small_device_batch",
+                f"the per-device batch is {self.batch_control.size}: below "
+                f"{SMALL_DEVICE_BATCH} samples a device mostly waits; consider gradient "
+                "accumulation (micro_batch_size) or fewer ranks",
+            )
+        placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
+        return RanksExtension(self._ranks_exchange, placement, rank_summary, self._ddp_timing)
+
+    def _warn(self, kind: str, message: str) -> None:
+        """A warning from the literature, once per kind."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self._emit_event(
+                Event(t=time.time(), step=self._step, kind=kind, level="warning", message=message)
+            )
+
+    def _make_prober(self, rank: int) -> ProbeRunner:
+        source = self.probe_source
+        device = next(
+            (p.device for g in self.optimizer.param_groups for p in g["params"]),
+            torch.device("cpu"),
+        )
+        runner = ProbeRunner(
+            check=source.check,
+            prepare=source.recipe,
+            directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
+            emit=self._emit_event,
+            on_result=lambda result: self._probe_concluded(source, result),
+            step=lambda: self._step,
+            device_free=lambda: device_free(device),
+        )
+        if rank != 0:
+            self.router.disable("probe", "send probe commands to rank 0's monitor")
+        else:
+            self.router.register(
+                "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
+            )  # type: ignore[attr-defined]
+        return runner
+
+    def _probe_concluded(self, source: ProbeSource, result: ProbeResult) -> None:
+        """The probe's result: concluded (recommendation, batch control), then recorded."""
+        try:
+            source.conclude(result, self.noise_scale)
+        finally:
+            self.record_probe_result(protocol.to_builtins(result))
+
     def _prepare_socket(self, socket_dir: str | os.PathLike[str] | None) -> Path | None:
         try:
             directory = discovery.ensure_private_dir(
@@ -194,6 +341,29 @@ class Monitor:
             self._degrade(str(exc))
             return None
         return path
+
+    def _make_recorder(
+        self, record: bool | str | os.PathLike[str], socket_dir: str | os.PathLike[str] | None
+    ) -> Recorder | None:
+        """The session recorder (``record=True``: in BSMON_DIR/records; a path: there)."""
+        if record is False:
+            return None
+        private_dir = None
+        if record is True:
+            base = (
+                Path(socket_dir).expanduser() if socket_dir is not None else discovery.default_dir()
+            )
+            path = default_record_path(base, self.name, self.session.start_time, self._pid)
+            private_dir = path.parent
+        elif isinstance(record, (str, os.PathLike)) and os.fspath(record):
+            path = Path(record).expanduser().absolute()
+        else:
+            raise TypeError(f"record must be True, False or a path, got {record!r}")
+        path = claim_record_path(path)
+        self.session.record = str(path)
+        return Recorder(
+            path, self.session, self.telemetry, self._emit_event, private_dir=private_dir
+        )
 
     def _start_service(self) -> None:
         try:
@@ -229,34 +399,78 @@ class Monitor:
 
     def _on_step_end(self) -> None:
         self._step += 1
-        samples = self._batch_samples or self._batch_size or 0
+        control = self.batch_control
+        size = control.size if control is not None else self._observed_batch
+        samples = self._batch_samples or size or 0
         self._batch_samples = 0
+        self._observed_batch = None
+        self._micro_batches = 0
+        if self._batches_since_step:
+            self._batches_since_step = []
         self._inbox.append(
-            (
-                STEP,
-                self._step,
-                time.time(),
-                self._clock.mark(time.perf_counter()),
-                samples,
-                self._batch_size,
-            )
+            (STEP, self._step, time.time(), self._clock.mark(time.perf_counter()), samples, size)
         )
+        if control is not None:
+            control.at_step_boundary()
+        if self._ddp_timing is not None:
+            self._ddp_timing.at_step(self._step)
 
-    def _on_batch(self, batch: Any) -> None:
+    def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
             n = batch_length(batch)
-            self._batch_samples += n if n is not None else (self._batch_size or 0)
+            size = n if n is not None else len(indices)
+            self._batch_samples += size
+            self._batches_since_step.append((loader, indices))
+            self.probe_source.offer(batch, size)
+            if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
+                self._warn_uneven_batch(size)
         except Exception as exc:
             self._guard.report("dataloader batch accounting", exc)
 
+    def _warn_uneven_batch(self, size: int) -> None:
+        self._warn(
+            "uneven_batchnorm_batch",
+            f"a batch of {size} samples (the end of an epoch) meets BatchNorm in training "
+            "mode: its statistics from so few samples are noisy, and NaN or an error "
+            "with 1; pass drop_last=True to mon.dataloader",
+        )
+
     def _emit_event(self, event: Event) -> None:
         self._inbox.append((EVENT, event))
+
+    def count_samples(self, samples: int, batch_size: int | None = None) -> None:
+        """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
+        make (``bsmon run``, the framework integrations). Without batch control, the first
+        ``batch_size`` of a step (default: ``samples``) is reported as the job's batch size."""
+        self._batch_samples += samples
+        if self._observed_batch is None:
+            self._observed_batch = batch_size or samples or None
+
+    def emit(self, event: Event) -> None:
+        """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
+        self._emit_event(event)
+
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """Count and show an exception caught in bsmon code outside the Monitor (an
+        integration's hook); the job never sees it."""
+        self._guard.report(where, exc)
 
     # -- public API ---------------------------------------------------------------------------
 
     @property
     def batch_size(self) -> int | None:
-        return self._batch_size
+        """The current batch size (in accumulation mode: the effective batch per step)."""
+        return self.batch_control.size if self.batch_control is not None else None
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        control = self.batch_control
+        return control.loader_size if control is not None else None
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (1 unless attach(micro_batch_size=...))."""
+        return self.batch_control.accumulation_steps if self.batch_control is not None else 1
 
     @property
     def step(self) -> int:
@@ -265,6 +479,12 @@ class Monitor:
     @property
     def noise_scale(self) -> float | None:
         return self.telemetry.noise.b_simple
+
+    def should_step(self) -> bool:
+        """Accumulation mode: call once per micro-batch, after backward; True when the loop
+        should call ``optimizer.step()`` (every ``accumulation_steps`` micro-batches)."""
+        self._micro_batches += 1
+        return self._micro_batches >= self.accumulation_steps
 
     def log(self, **scalars: Any) -> None:
         """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU."""
@@ -282,16 +502,110 @@ class Monitor:
 
     def dataloader(self, dataset: Any, **kwargs: Any) -> MonitoredDataLoader:
         """A DataLoader whose batch size follows ``mon.batch_size`` for every batch."""
-        if self._batch_size is None:
+        control = self.batch_control
+        if control is None:
             raise ValueError("mon.dataloader() needs attach(..., batch_size=N)")
-        return make_dataloader(dataset, lambda: self._batch_size or 1, self._on_batch, **kwargs)
+        sampler = kwargs.get("sampler")
+        if isinstance(sampler, torch.utils.data.DistributedSampler) and hasattr(dataset, "__len__"):
+            samples, world = len(dataset), sampler.num_replicas
+            if samples % world:
+                how = "drops" if sampler.drop_last else "pads with repeated"
+                self._warn(
+                    "uneven_world_split",
+                    f"{samples} samples do not split evenly over {world} ranks: "
+                    f"DistributedSampler {how} samples every epoch",
+                )
+        return make_dataloader(dataset, lambda: control.loader_size, self._on_batch, **kwargs)
 
-    def request_batch_size(self, value: int) -> protocol.Reply:
+    def on_batch_size_change(self, callback: Callable[[int, int], None]) -> None:
+        """Call ``callback(old, new)`` on the training thread whenever the batch size changes."""
+        if self.batch_control is None:
+            raise ValueError("on_batch_size_change() needs attach(..., batch_size=N)")
+        self.batch_control.add_callback(callback)
+
+    def request_batch_size(self, value: int, confirm: bool = False) -> protocol.Reply:
         """Ask for a new batch size through the same path and checks as the monitor's command."""
-        return self.router.handle(protocol.encode(protocol.SetBatchSize(id="api", value=value)))
+        command = protocol.SetBatchSize(
+            id="api", value=value, confirm=confirm, reason="requested by the job"
+        )
+        return self.router.handle(protocol.encode(command))
 
-    def probe(self, **_kwargs: Any) -> protocol.Reply:
-        return self.router.handle(protocol.encode(protocol.ProbeCommand(id="api")))
+    def probe(self, memory_budget: int | None = None, timeout: float = 600.0) -> ProbeResult:
+        """Run the max-batch-size probe in a sidecar process and wait for its result.
+
+        The job's state is not touched, but this call blocks the calling thread until the
+        probe ends (the dashboard's ``p`` runs it without blocking the job). On the CPU,
+        ``memory_budget`` (bytes) plays the device's memory.
+        """
+        reply = self.router.handle(
+            protocol.encode(
+                protocol.ProbeCommand(id="api", memory_budget=memory_budget, timeout_s=timeout)
+            )
+        )
+        if not reply.ok:
+            return ProbeResult(status="refused", error=reply.error)
+        result = self.prober.wait(timeout + 60)
+        return result or ProbeResult(status="timeout", error="the probe did not finish")
+
+    def set_probe_batch(self, batch: Any) -> None:
+        """Give the probe a batch to grow (for loops that do not use mon.dataloader)."""
+        n = batch_length(batch)
+        if n is None:
+            raise ValueError("set_probe_batch() needs a tensor, or a tuple/list/dict of tensors")
+        self.probe_source.offer(batch, n)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Wrap forward and backward: an out-of-memory error is caught, memory freed, the
+        batch size returned to the last size that ran, and the samples of the step re-queued
+        in ``mon.dataloader`` so none is lost. Other errors pass through."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_out_of_memory(exc) or not self._recover_from_oom(exc):
+                raise
+
+    def _recover_from_oom(self, exc: BaseException) -> bool:
+        control = self.batch_control
+        if control is None or self.session.world_size > 1:
+            return False  # nothing to shrink to, or other ranks would hang in the all-reduce
+        failed = control.size
+        fallback = control.shrink_after_oom(self._step)
+        if fallback is None:
+            return False
+        exc.__traceback__ = None  # its frames hold the failed step's activations
+        self.optimizer.zero_grad(set_to_none=True)
+        release_memory()
+        requeued = 0
+        for loader, indices in self._batches_since_step:
+            loader.requeue(indices)
+            requeued += len(indices)
+        self._batches_since_step = []
+        self._batch_samples = 0
+        self._micro_batches = 0
+        if fallback != control.size:
+            control.switch(Pending(fallback, f"out of memory at {failed}", "oom guard"))
+        again = (
+            f"{requeued} samples will run again in batches of {control.loader_size}"
+            if requeued
+            else "its samples are skipped (mon.dataloader re-runs them)"
+        )
+        now = (
+            f"now {control.accumulation_steps} micro-batches of {control.loader_size}"
+            if control.micro is not None
+            else f"now {control.size}"
+        )
+        self._emit_event(
+            Event(
+                t=time.time(),
+                step=self._step,
+                kind="oom",
+                level="warning",
+                message=f"out of memory at batch {failed}; {now}; {again}",
+                data={"failed": failed, "now": control.size, "requeued": requeued},
+            )
+        )
+        return True
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of what the monitor shows (aggregates lag the training thread by ≤0.1 s)."""
@@ -299,7 +613,7 @@ class Monitor:
         return {
             "name": self.name,
             "step": self._step,
-            "batch_size": self._batch_size,
+            "batch_size": self.batch_size,
             "samples": t.samples,
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
@@ -308,6 +622,7 @@ class Monitor:
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
+            "record": self.session.record,
             "serving": self.serving.available,
         }
 
@@ -319,21 +634,37 @@ class Monitor:
         self._inbox.append((FLUSH, done))
         return done.wait(timeout)
 
+    def record_probe_result(self, result: dict[str, Any]) -> None:
+        """Put a probe's result in the session record (any thread; never raises)."""
+        if self.recorder is not None:
+            self.recorder.probe(result, self._step)
+
+    def _close_at_exit(self) -> None:
+        self.close("the job exited")
+
     def close(self, reason: str = "closed") -> None:
-        """Remove every hook, stop every thread, remove the socket. Idempotent."""
+        """Remove every hook, stop every thread, remove the socket, end the record and write
+        its summary beside it. Idempotent."""
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         self._hooks.remove()
         self._noise.close()
-        atexit.unregister(self.close)
+        self.probe_source.close()
+        self.prober.stop()
+        if self._ranks_exchange is not None:
+            self._ranks_exchange.close()
+        atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
+        if self.recorder is not None:
+            self.recorder.close(reason, self._step)
+        sigterm.uninstall_if_idle()
 
     @property
     def closed(self) -> bool:
@@ -349,6 +680,50 @@ class Monitor:
         state = "closed" if getattr(self, "_closed", True) else f"step {self._step}"
         name, path = getattr(self, "name", "?"), getattr(self, "socket_path", None)
         return f"<bsmon.Monitor {name!r} {state} socket={path}>"
+
+
+def _check_options(
+    model: object,
+    optimizer: object,
+    *,
+    batch_size: object,
+    name: object,
+    noise_scale: object,
+    noise_window: object,
+    sample_interval_s: float,
+    micro_batch_size: object,
+    lr_scaling: object,
+) -> None:
+    """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("noise_window", noise_window, allow_none=False)
+    _check_positive_int("micro_batch_size", micro_batch_size)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
+            "an optimizer must subclass torch.optim.Optimizer and call its __init__"
+        )
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
+        choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
+        raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if not sample_interval_s > 0:
+        raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
+    if lr_scaling is not None and lr_scaling not in LR_POLICIES:
+        raise ValueError(
+            f"lr_scaling must be one of {', '.join(map(repr, LR_POLICIES))} or None, "
+            f"got {lr_scaling!r}"
+        )
+    if micro_batch_size is not None:
+        if batch_size is None:
+            raise ValueError("micro_batch_size needs batch_size (the effective batch per step)")
+        if batch_size % micro_batch_size:  # type: ignore[operator]
+            raise ValueError(
+                f"batch_size {batch_size} must be a multiple of micro_batch_size {micro_batch_size}"
+            )
 
 
 def attach(

@@ -19,7 +19,10 @@ NOT_YET = "not supported yet"
 
 
 class CommandRefused(Exception):
-    """A command that is well formed but cannot be done; the message goes to the client."""
+    """A command that is well formed but cannot be done; the message goes to the client,
+    with ``result`` (if any) as the reply's result."""
+
+    result: dict[str, Any] | None = None
 
 
 class CommandRouter:
@@ -65,7 +68,7 @@ class CommandRouter:
             result = self._handlers[kind](command)
         except CommandRefused as exc:
             self.rejected += 1
-            return Reply(id=command.id, ok=False, error=f"{kind}: {exc}")
+            return Reply(id=command.id, ok=False, error=f"{kind}: {exc}", result=exc.result)
         except Exception as exc:
             self.rejected += 1
             return Reply(

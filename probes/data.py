@@ -3,11 +3,15 @@
 ``DynamicBatchSampler`` draws indices from one iterator over the base sampler and asks for
 the current batch size before cutting each batch, so a change mid-epoch neither drops nor
 repeats a sample. Batches already prefetched by workers keep the size they were cut with.
+
+Indices can be handed back (``requeue``): the OOM guard does this so that the samples of a
+batch that ran out of memory are cut again, at the smaller size, before any new ones.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
@@ -27,24 +31,42 @@ class DynamicBatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self._batch_size = batch_size
         self.drop_last = drop_last
+        self.requeued: deque[int] = deque()
+        self.cut: deque[list[int]] = deque()  # batches handed out and not yet yielded
 
-    def __iter__(self) -> Iterator[list[int]]:
-        indices = iter(self.sampler)
-        while True:
-            size = max(1, int(self._batch_size()))
-            batch: list[int] = []
-            for index in indices:
+    def requeue(self, indices: list[int]) -> None:
+        """Serve ``indices`` again, first, in batches of the size current when they are cut."""
+        self.requeued.extendleft(reversed(indices))
+
+    def current_size(self) -> int:
+        return max(1, int(self._batch_size()))
+
+    def take(self, source: Iterator[int], size: int) -> list[int]:
+        batch: list[int] = []
+        while self.requeued and len(batch) < size:
+            batch.append(self.requeued.popleft())
+        if len(batch) < size:  # never pull an index from ``source`` that will not be used
+            for index in source:
                 batch.append(index)
                 if len(batch) == size:
                     break
+        return batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.cut.clear()
+        indices = iter(self.sampler)
+        while True:
+            size = self.current_size()
+            batch = self.take(indices, size)
             if not batch or (self.drop_last and len(batch) < size):
                 return
+            self.cut.append(batch)
             yield batch
 
     def __len__(self) -> int:
         """Batches in an epoch at the current size (the size may change during the epoch)."""
-        size = max(1, int(self._batch_size()))
-        total = len(self.sampler)  # type: ignore[arg-type]
+        size = self.current_size()
+        total = len(self.sampler) + len(self.requeued)  # type: ignore[arg-type]
         return total // size if self.drop_last else math.ceil(total / size)
 
 
@@ -64,23 +86,42 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
-class MonitoredDataLoader(DataLoader):
-    """A DataLoader that reports every batch it yields to the monitor."""
+OnBatch = Callable[["MonitoredDataLoader", Any, list[int]], None]
 
-    def __init__(self, *args: Any, on_batch: Callable[[Any], None], **kwargs: Any) -> None:
+
+class MonitoredDataLoader(DataLoader):
+    """A DataLoader that reports every batch it yields (and its indices) to the monitor."""
+
+    def __init__(self, *args: Any, on_batch: OnBatch, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_batch = on_batch
 
+    @property
+    def dynamic_sampler(self) -> DynamicBatchSampler:
+        return self.batch_sampler  # type: ignore[return-value]
+
+    def requeue(self, indices: list[int]) -> None:
+        self.dynamic_sampler.requeue(indices)
+
     def __iter__(self) -> Iterator[Any]:
+        sampler = self.dynamic_sampler
         for batch in super().__iter__():
-            self._on_batch(batch)
+            indices = sampler.cut.popleft() if sampler.cut else []
+            self._on_batch(self, batch, indices)
+            yield batch
+        # Indices requeued after the sampler had already finished cutting (a worker
+        # prefetched the epoch's end): fetch them here so no sample is lost this epoch.
+        while sampler.requeued:
+            indices = sampler.take(iter(()), sampler.current_size())
+            batch = self.collate_fn([self.dataset[i] for i in indices])  # type: ignore[index]
+            self._on_batch(self, batch, indices)
             yield batch
 
 
 def make_dataloader(
     dataset: Dataset,
     current_batch_size: Callable[[], int],
-    on_batch: Callable[[Any], None],
+    on_batch: OnBatch,
     **kwargs: Any,
 ) -> MonitoredDataLoader:
     """Build the loader behind ``Monitor.dataloader``; DataLoader keywords pass through."""

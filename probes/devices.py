@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -97,6 +98,7 @@ class DeviceSample:
     devices: list[DeviceReading]
     gpu: Capability
     host: HostReading
+    t: float = field(default_factory=time.time)
 
 
 class DeviceSampler:

@@ -41,6 +41,7 @@ class SessionInfo(msgspec.Struct):
     cwd: str = ""
     rank: int = 0
     world_size: int = 1
+    record: str | None = None  # the session record the job writes (docs/record.md), if any
 
 
 class Capability(msgspec.Struct):
@@ -95,6 +96,138 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     note: str | None = None  # why the last step was skipped, or why there is no estimate
 
 
+class BatchChange(msgspec.Struct, omit_defaults=True):
+    """One applied batch-size change and what it bought (``after`` fills in later)."""
+
+    step: int
+    t: float
+    old: int
+    new: int
+    reason: str
+    source: str
+    samples_per_s_before: float | None = None
+    samples_per_s_after: float | None = None
+    lr_factor: float | None = None
+
+
+class MemoryPoint(msgspec.Struct):
+    """The job's measured peak allocated memory at one batch size (all devices' maximum)."""
+
+    batch_size: int
+    peak_bytes: int
+    steps: int
+
+
+class BatchReading(msgspec.Struct, omit_defaults=True):
+    """Batch-size control state: limits, pending change, memory model, history."""
+
+    control: bool = False
+    min_size: int = 1
+    max_size: int | None = None
+    next_up: int | None = None
+    next_down: int | None = None
+    pending: int | None = None
+    applies_at: str | None = None  # where ``pending`` is applied, when not at the next step
+    accumulation_steps: int | None = None
+    micro_batch_size: int | None = None
+    lr_scaling: str | None = None
+    memory: list[MemoryPoint] = msgspec.field(default_factory=list)
+    memory_budget_bytes: int | None = None
+    predicted_max: int | None = None
+    predicted_peak_next_up: int | None = None
+    probe_max: int | None = None
+    changes: list[BatchChange] = msgspec.field(default_factory=list)
+
+
+class ProbePoint(msgspec.Struct, omit_defaults=True):
+    """One batch size the probe ran (or tried): peak memory, step time, and whether it fit."""
+
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None = None
+    static_bytes: int | None = None  # held between steps: weights, optimizer state (+ runtime)
+    reserved_bytes: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    source: str = "sidecar"  # "sidecar", or "job" for the job's own measured sizes
+    note: str | None = None
+
+
+class WhatIf(msgspec.Struct, omit_defaults=True):
+    """A way to fit a bigger batch, and the largest batch it is predicted to allow."""
+
+    technique: str
+    max_batch_size: int | None
+    measured: bool
+    note: str = ""
+
+
+class Recommendation(msgspec.Struct):
+    batch_size: int
+    reasons: list[str]
+
+
+class ProbeResult(msgspec.Struct, omit_defaults=True):
+    """What the sidecar found. ``max_batch_size`` is the largest size that *ran*;
+    ``predicted_max`` is a prediction from the memory fit, with ``margin`` taken off."""
+
+    status: Literal["ok", "failed", "crashed", "timeout", "killed", "refused"]
+    max_batch_size: int = 0
+    points: list[ProbePoint] = msgspec.field(default_factory=list)
+    predicted_max: int | None = None
+    margin: float = 0.05
+    extrapolation: float | None = None
+    budget_bytes: int | None = None
+    device: str = "cpu"
+    fit_intercept_bytes: float | None = None
+    fit_slope_bytes: float | None = None
+    what_ifs: list[WhatIf] = msgspec.field(default_factory=list)
+    recommendation: Recommendation | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+
+class ProbeReading(msgspec.Struct, omit_defaults=True):
+    """The probe as the monitor sees it: idle, running (with progress), or its last result."""
+
+    status: Literal["idle", "running", "done"] = "idle"
+    message: str = ""
+    started: float | None = None
+    points: list[ProbePoint] = msgspec.field(default_factory=list)
+    result: ProbeResult | None = None
+
+
+class RankReading(msgspec.Struct, omit_defaults=True):
+    """One rank of a distributed job as rank 0 last heard of it."""
+
+    rank: int
+    host: str = ""
+    local_rank: int = 0
+    step: int | None = None
+    step_time_s: float | None = None
+    samples_per_s: float | None = None
+    batch_size: int | None = None
+    util_percent: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    comm_wait_s: float | None = None  # all-reduce time not overlapped with backward compute
+    age_s: float | None = None  # since rank 0 last heard from it
+    late: bool = False
+
+
+class RanksReading(msgspec.Struct, omit_defaults=True):
+    """Every rank on one screen: gathered by rank 0 over a private gloo group."""
+
+    world_size: int
+    ranks: list[RankReading] = msgspec.field(default_factory=list)
+    straggler: int | None = None  # the rank with the most compute per step
+    straggler_ratio: float | None = None  # its compute over the median rank's
+    timing: str = ""  # how compute was measured, or why it was not
+    global_batch_size: int | None = None
+
+
 # --------------------------------------------------------------------------------------------
 # Server -> client
 # --------------------------------------------------------------------------------------------
@@ -109,6 +242,7 @@ class Hello(Message, tag="hello"):
     gpu: Capability
     noise_scale: Capability
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
+    batch: BatchReading = msgspec.field(default_factory=BatchReading)
 
 
 class MetricsPoint(msgspec.Struct, omit_defaults=True):
@@ -144,6 +278,9 @@ class Metrics(Message, tag="metrics"):
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
     gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
     host: HostReading = msgspec.field(default_factory=HostReading)
+    batch: BatchReading = msgspec.field(default_factory=BatchReading)
+    probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
+    ranks: RanksReading | None = None
     errors: int = 0
     dropped: int = 0
 

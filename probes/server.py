@@ -64,6 +64,14 @@ class ClientConnection:
                 self.writer.close()
 
 
+async def close_with_notice(writer: asyncio.StreamWriter, message: str) -> None:
+    """Tell the peer why, give it a second to read it, and close."""
+    writer.write(protocol.encode(protocol.Notice(message=message, closing=True)))
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.drain(), timeout=1.0)
+    writer.close()
+
+
 LineHandler = Callable[[bytes], bytes]
 Greeting = Callable[[], list[bytes]]
 
@@ -170,17 +178,9 @@ class AgentServer:
         uid = peer_uid(sock) if sock is not None else None
         if uid is not None and uid != self._allowed_uid:
             self.refused_peers += 1
-            writer.write(
-                protocol.encode(
-                    protocol.Notice(
-                        message=f"refused: peer uid {uid} is not the job's uid {self._allowed_uid}",
-                        closing=True,
-                    )
-                )
+            await close_with_notice(
+                writer, f"refused: peer uid {uid} is not the job's uid {self._allowed_uid}"
             )
-            with contextlib.suppress(Exception):
-                await writer.drain()
-            writer.close()
             return
         client = ClientConnection(writer)
         try:
@@ -211,16 +211,10 @@ class AgentServer:
             except asyncio.IncompleteReadError:
                 return  # EOF; a half line without a newline is not a command
             except asyncio.LimitOverrunError:
-                client.send(
-                    protocol.encode(
-                        protocol.Notice(
-                            message=f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes",
-                            closing=True,
-                        )
-                    )
+                client.closed = True  # the notice below is the last line it gets
+                await close_with_notice(
+                    client.writer, f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes"
                 )
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.writer.drain(), timeout=1.0)
                 return
             except (ConnectionError, OSError):
                 return

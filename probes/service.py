@@ -12,13 +12,14 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import protocol
 from .commands import CommandRouter
 from .devices import DeviceSample, DeviceSampler
 from .protocol import Capability, Hello, HostReading, SessionInfo
+from .record import Recorder
 from .server import AgentServer
 from .telemetry import Telemetry
 
@@ -55,6 +56,20 @@ class PeriodicSampler(threading.Thread):
         self._stop_event.set()
 
 
+class Extension:
+    """A part of the agent that works on the agent thread beside the telemetry: it sees each
+    device sample, can add to each metrics message and to the hello."""
+
+    def on_tick(self, sample: DeviceSample) -> None:
+        """Called every tick with the latest device sample."""
+
+    def on_metrics(self, metrics: protocol.Metrics) -> None:
+        """Called for each metrics message before it is sent."""
+
+    def on_hello(self, hello: Hello) -> None:
+        """Called for each hello before it is sent."""
+
+
 class AgentService(threading.Thread):
     def __init__(
         self,
@@ -67,7 +82,8 @@ class AgentService(threading.Thread):
         socket_path: Path | None,
         fault_count: Callable[[], int],
         noise_capability: Callable[[], Capability],
-        on_tick: Callable[[], None] | None = None,
+        extensions: Sequence[Extension] = (),
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
@@ -77,7 +93,8 @@ class AgentService(threading.Thread):
         self.session = session
         self._fault_count = fault_count
         self._noise_capability = noise_capability
-        self._on_tick = on_tick
+        self.extensions = list(extensions)
+        self.recorder = recorder
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
             if socket_path is not None
@@ -150,28 +167,30 @@ class AgentService(threading.Thread):
             records.append(inbox.popleft())
         telemetry.ingest(records)
         telemetry.poll()
-        if self._on_tick is not None:
-            self._on_tick()
-        for event in telemetry.take_new_events():
-            if self.server is not None:
-                self.server.broadcast(protocol.encode(event), droppable=False)
+        sample = self.sampler.latest
+        for extension in self.extensions:
+            extension.on_tick(sample)
         now = time.time()
         flushes, telemetry.flushes = telemetry.flushes, []
         metrics = telemetry.take_metrics(now, force=final or bool(flushes))
         if metrics is not None:
-            self._broadcast_metrics(metrics, now)
+            metrics.t = now
+            metrics.devices = sample.devices
+            metrics.gpu = sample.gpu
+            metrics.host = sample.host
+            metrics.errors = self._fault_count()
+            for extension in self.extensions:
+                extension.on_metrics(metrics)
+        events = telemetry.take_new_events()
+        if self.server is not None:  # events first: a change is announced before its metrics
+            for event in events:
+                self.server.broadcast(protocol.encode(event), droppable=False)
+            if metrics is not None:
+                self.server.broadcast_metrics(metrics)
+        if self.recorder is not None:
+            self.recorder.tick(now, events, sample, self._noise_capability(), final)
         for done in flushes:
             done.set()
-
-    def _broadcast_metrics(self, metrics: protocol.Metrics, now: float) -> None:
-        sample = self.sampler.latest
-        metrics.t = now
-        metrics.devices = sample.devices
-        metrics.gpu = sample.gpu
-        metrics.host = sample.host
-        metrics.errors = self._fault_count()
-        if self.server is not None:
-            self.server.broadcast_metrics(metrics)
 
     def _greeting(self) -> list[bytes]:
         telemetry = self.telemetry
@@ -186,6 +205,8 @@ class AgentService(threading.Thread):
             noise_scale=self._noise_capability(),
             devices=sample.devices,
         )
+        for extension in self.extensions:
+            extension.on_hello(hello)
         lines = [protocol.encode(hello)]
         points = telemetry.history.snapshot()
         starts = range(0, max(len(points), 1), HISTORY_CHUNK)

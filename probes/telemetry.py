@@ -9,17 +9,25 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from .history import DecimatingHistory, metrics_history
 from .protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .timing import Captured, DurationResolver, Mark, read_scalar
 
-STEP, LOG, EVENT, FLUSH = 0, 1, 2, 3
+STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
+
+
+class StepTap(Protocol):
+    def on_step(
+        self, step: int, duration: float | None, samples: int, batch_size: int | None
+    ) -> None: ...
+    def on_scalar(self, name: str, value: float) -> None: ...
 
 
 @dataclass
@@ -69,7 +77,7 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self._resolver = DurationResolver()
-        self._step_meta: deque[tuple[int, int]] = deque()  # (step, samples) per pending mark
+        self._step_meta: deque[tuple[int, int, int | None]] = deque()  # (step, samples, batch)
         self._pending_scalars: deque[tuple[str, Captured]] = deque()
         self._window = _Window()
         self._second = _Window()
@@ -78,6 +86,10 @@ class Telemetry:
         self._nonfinite_reported: set[str] = set()
         self.new_events: list[Event] = []
         self.flushes: list = []  # threading.Events to set once this tick's output is sent
+        self.handlers: dict[int, Callable[[Any], None]] = {}  # other inbox record kinds
+        # Sees every resolved step and scalar (agent thread): on_step(step, duration_s or None,
+        # samples, batch_size) and on_scalar(name, value). The session recorder uses it.
+        self.tap: StepTap | None = None
 
     # -- ingest (agent thread) ----------------------------------------------------------------
 
@@ -94,6 +106,8 @@ class Telemetry:
                 self.add_event(record[1])
             elif kind == FLUSH:
                 self.flushes.append(record[1])
+            elif (handler := self.handlers.get(kind)) is not None:
+                handler(record[1])
 
     def _add_step(
         self, step: int, wall: float, mark: Mark, samples: int, batch_size: int | None
@@ -103,7 +117,7 @@ class Telemetry:
         self.batch_size = batch_size
         self.last_step_time = wall
         self._resolver.add(mark)
-        self._step_meta.append((step, samples))
+        self._step_meta.append((step, samples, batch_size))
 
     def add_event(self, event: Event) -> None:
         self.events.append(event)
@@ -115,10 +129,13 @@ class Telemetry:
 
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
+        tap = self.tap
         for duration in self._resolver.resolve():
-            _, samples = self._step_meta.popleft()
+            step, samples, batch_size = self._step_meta.popleft()
             self._window.add_step(duration, samples)
             self._second.add_step(duration, samples)
+            if tap is not None:
+                tap.on_step(step, duration, samples, batch_size)
         while self._pending_scalars:
             name, captured = self._pending_scalars[0]
             value = read_scalar(captured)
@@ -131,6 +148,8 @@ class Telemetry:
             self.scalars[name] = value
             self._window.add_scalar(name, value)
             self._second.add_scalar(name, value)
+            if tap is not None:
+                tap.on_scalar(name, value)
 
     def _report_nonfinite(self, name: str, value: float) -> None:
         if name in self._nonfinite_reported:

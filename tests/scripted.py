@@ -6,9 +6,12 @@ import math
 
 from bsmon.probes import protocol
 from bsmon.probes.protocol import (
+    BatchChange,
+    BatchReading,
     Capability,
     DeviceReading,
     HostReading,
+    MemoryPoint,
     MetricsPoint,
     NoiseScaleReading,
 )
@@ -76,6 +79,34 @@ def noise_reading(step: int) -> NoiseScaleReading | None:
     )
 
 
+def batch_reading(gpu: bool) -> BatchReading:
+    memory = [
+        MemoryPoint(batch_size=64, peak_bytes=int(31.0 * 2**30), steps=900),
+        MemoryPoint(batch_size=128, peak_bytes=int(55.1 * 2**30), steps=2100),
+    ]
+    return BatchReading(
+        control=True,
+        min_size=1,
+        next_up=256,
+        next_down=64,
+        memory=memory if gpu else [],
+        memory_budget_bytes=int(78.4 * 2**30) if gpu else None,
+        predicted_max=164 if gpu else None,
+        changes=[
+            BatchChange(
+                step=900,
+                t=START + 225,
+                old=64,
+                new=128,
+                reason="step up",
+                source="monitor",
+                samples_per_s_before=2210.0,
+                samples_per_s_after=2990.0,
+            )
+        ],
+    )
+
+
 def points(steps: int = 3000, every: int = 25, noise: bool = True) -> list[MetricsPoint]:
     out = []
     for step in range(every, steps + 1, every):
@@ -112,8 +143,8 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
         batch_size=128,
         capabilities={
             "ping": Capability(True),
-            "set_batch_size": NOT_YET,
-            "step_batch_size": NOT_YET,
+            "set_batch_size": Capability(True),
+            "step_batch_size": Capability(True),
             "probe": NOT_YET,
         },
         gpu=gpu_cap,
@@ -150,6 +181,7 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
         devices=devices,
         gpu=gpu_cap,
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
+        batch=batch_reading(gpu),
     )
     return [hello, protocol.History(points=pts), *events, metrics]
 
@@ -168,3 +200,114 @@ def scripted_app(
         "resnet-cifar", script, clock=lambda: NOW, disconnect=disconnect, **kwargs
     )  # type: ignore[arg-type]
     return BsmonApp(source)
+
+
+def probe_result() -> protocol.ProbeResult:
+    gib = 2**30
+    points = [
+        protocol.ProbePoint(
+            batch_size=128,
+            fits=True,
+            peak_bytes=int(30.1 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.043,
+            samples_per_s=2980.0,
+        ),
+        protocol.ProbePoint(
+            batch_size=192,
+            fits=True,
+            peak_bytes=int(42.3 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.061,
+            samples_per_s=3150.0,
+        ),
+        protocol.ProbePoint(
+            batch_size=230,
+            fits=True,
+            peak_bytes=int(49.6 * gib),
+            static_bytes=int(6.0 * gib),
+            step_time_s=0.072,
+            samples_per_s=3190.0,
+        ),
+    ]
+    return protocol.ProbeResult(
+        status="ok",
+        max_batch_size=230,
+        points=points,
+        predicted_max=263,
+        extrapolation=1.2,
+        budget_bytes=int(78.4 * gib),
+        device="cuda:0",
+        fit_intercept_bytes=5.6 * gib,
+        fit_slope_bytes=0.19 * gib,
+        duration_s=41.0,
+        what_ifs=[
+            protocol.WhatIf("as is", 277, measured=True),
+            protocol.WhatIf(
+                "bf16 autocast", 448, measured=True, note="peak 31 GiB at 230; 1.71× the throughput"
+            ),
+            protocol.WhatIf(
+                "activation checkpointing",
+                None,
+                measured=False,
+                note="measured for nn.Sequential models with a loss_fn",
+            ),
+        ],
+        recommendation=protocol.Recommendation(
+            batch_size=192,
+            reasons=[
+                "memory: up to 263 is predicted to fit",
+                "speed: throughput stops rising at about 192",
+            ],
+        ),
+    )
+
+
+def probed_messages() -> list[protocol.Message]:
+    script = messages()
+    result = probe_result()
+    script[-1].probe = protocol.ProbeReading(
+        status="done", message="done", started=NOW - 41, points=result.points, result=result
+    )
+    return script
+
+
+def ranks_reading(world: int = 64, per_node: int = 8) -> protocol.RanksReading:
+    readings = []
+    for rank in range(world):
+        slow = rank == 37
+        late = rank == 12
+        readings.append(
+            protocol.RankReading(
+                rank=rank,
+                host=f"gpu-node-{rank // per_node}",
+                local_rank=rank % per_node,
+                step=3000 if not late else 2991,
+                step_time_s=0.0429,
+                samples_per_s=2980.0,
+                batch_size=128,
+                util_percent=71.0 if slow else 97.0 - (rank % 5),
+                memory_used_bytes=int((61.2 + (rank % 3)) * 2**30),
+                memory_total_bytes=int(79.6 * 2**30),
+                forward_s=0.021 if slow else 0.0122 + 0.0002 * (rank % 4),
+                backward_s=0.0205,
+                comm_wait_s=0.0021 if slow else 0.0095,
+                age_s=14.0 if late else 0.8,
+                late=late,
+            )
+        )
+    return protocol.RanksReading(
+        world_size=world,
+        ranks=readings,
+        straggler=37,
+        straggler_ratio=1.27,
+        timing="compute = forward + backward (DDP runtime statistics)",
+        global_batch_size=128 * world,
+    )
+
+
+def distributed_messages() -> list[protocol.Message]:
+    script = messages()
+    script[0].session.rank, script[0].session.world_size = 0, 64
+    script[-1].ranks = ranks_reading()
+    return script

@@ -200,12 +200,13 @@ def test_dataloader_follows_the_batch_size_and_counts_samples(bsmon_dir):
         mon.dataloader(dataset, batch_size=4)
 
 
-def test_unsupported_commands_answer_not_supported_yet(job, bsmon_dir):
-    with attach(job.model, job.optimizer, batch_size=8) as mon:
+def test_commands_a_job_cannot_do_say_why(job, bsmon_dir):
+    with attach(job.model, job.optimizer) as mon:  # no batch size declared
         reply = mon.request_batch_size(16)
-        assert not reply.ok and "not supported yet" in reply.error
-        assert mon.batch_size == 8
-        assert "`value` must be at least 1" in mon.request_batch_size(0).error
+        assert not reply.ok and "declared no batch size" in reply.error
+        assert mon.batch_size is None
+        result = mon.probe()
+        assert result.status == "refused" and "needs attach(..., batch_size=N)" in result.error
 
 
 def test_a_job_that_exits_without_close_leaves_no_socket(bsmon_dir, processes):
@@ -222,7 +223,7 @@ def test_a_job_that_exits_without_close_leaves_no_socket(bsmon_dir, processes):
     )
     socket_path = result.stdout.strip()
     assert socket_path.endswith(".sock")
-    assert list(bsmon_dir.iterdir()) == []
+    assert [p.name for p in bsmon_dir.iterdir()] == ["records"]  # only the session record stays
 
 
 def test_monitor_is_collectable_after_close(job, bsmon_dir):
@@ -234,3 +235,18 @@ def test_monitor_is_collectable_after_close(job, bsmon_dir):
     del mon
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_ctrl_c_still_exits_with_130_when_bsmon_is_attached(bsmon_dir, record):
+    script = (
+        "import time, torch\n"
+        "from bsmon.probes import attach\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"mon = attach(m, o, batch_size=4, record={record})\n"
+        "time.sleep(0.5)  # the record's writer is up\n"
+        "raise KeyboardInterrupt\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -2 or result.returncode == 130, result.stderr.decode()[-500:]

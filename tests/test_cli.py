@@ -20,6 +20,7 @@ o = torch.optim.SGD(m.parameters(), lr=0.1)
 mon = attach(m, o, batch_size=4, name=sys.argv[1])
 for _ in range(7):
     m(torch.randn(4, 2)).sum().backward(); o.step(); o.zero_grad()
+mon.flush()
 print("ready", flush=True)
 time.sleep(120)
 """
@@ -153,3 +154,49 @@ def pid_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+PROBE_JOB = """
+import sys, time, torch
+from torch import nn
+from bsmon.probes import attach
+m = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
+mon = attach(m, o, batch_size=16, max_batch_size=1024, loss_fn=nn.CrossEntropyLoss(),
+             name="cli-probe")
+for x, y in mon.dataloader(data):
+    nn.functional.cross_entropy(m(x), y).backward(); o.step(); o.zero_grad()
+mon.flush()
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_probe_command_prints_a_result_and_json(bsmon_dir, processes):
+    job = processes.python("-c", PROBE_JOB, text=True)
+    assert job.stdout.readline().strip() == "ready"
+    result = run_cli("probe", "cli-probe", "--memory-budget", "600M", "--json", timeout=240)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "ok" and data["max_batch_size"] >= 16
+    assert data["points"][0]["batch_size"] == 16 and data["recommendation"]["batch_size"] >= 1
+    text = run_cli("probe", "cli-probe", "--memory-budget", "600M", timeout=240)
+    assert text.returncode == 0, text.stderr
+    assert "largest batch that ran" in text.stdout and "recommended:" in text.stdout
+    assert "probe: running batch" in text.stderr and "probe: probe" not in text.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["probe", "nobody"], "no running job named 'nobody'"),
+        (["probe", "x", "--memory-budget", "lots"], "not a byte count: 'lots'"),
+        (["probe", "x", "--memory-budget", "0"], "must be positive"),
+        (["--readonly", "probe", "x"], "--readonly"),
+    ],
+)
+def test_probe_command_errors_are_one_line(bsmon_dir, args, message):
+    result = run_cli(*args)
+    assert result.returncode in (1, 2) and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

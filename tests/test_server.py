@@ -90,17 +90,11 @@ def test_blank_lines_are_ignored(served):
         assert conn.request(protocol.Ping()).ok
 
 
-def test_unsupported_commands_say_so_and_never_fake_success(served):
-    _, mon = served
+def test_a_probe_the_job_cannot_run_says_why_and_never_fakes_success(served):
+    _, mon = served  # no loss_fn and no batch seen yet
     with JobConnection(mon.socket_path) as conn:
-        for command in (
-            protocol.SetBatchSize(value=16),
-            protocol.StepBatchSize(direction="up"),
-            protocol.ProbeCommand(),
-        ):
-            reply = conn.request(command)
-            assert reply.ok is False and "not supported yet" in reply.error
-        assert mon.batch_size == 8
+        reply = conn.request(protocol.ProbeCommand())
+        assert reply.ok is False and "needs a batch the job has used" in reply.error
 
 
 def test_an_oversized_line_closes_only_its_own_connection(served):

@@ -46,6 +46,18 @@ def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
             lambda s: (step_on_screen(s) or 0) > step1, timeout=30, what="the step count to grow"
         )
         assert "samples/s" in later
+        tmux.send("+")
+        tmux.wait_for(
+            lambda s: "64→128" in s and re.search(r"batch\s+128", s),
+            timeout=30,
+            what="the batch size to go 64 → 128 after +",
+        )
+        tmux.send("-")
+        tmux.wait_for(
+            lambda s: "128→64" in s and re.search(r"batch\s+64\b", s),
+            timeout=30,
+            what="the batch size to go back to 64 after -",
+        )
         tmux.send("q")
         tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
         deadline = time.monotonic() + 15

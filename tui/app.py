@@ -42,15 +42,18 @@ class BsmonApp(App[None]):
         *,
         directory: Path | None = None,
         readonly: bool = False,
+        dashboard: type[DashboardScreen] = DashboardScreen,
     ) -> None:
         super().__init__()
         self.source = source
         self.directory = directory or discovery.default_dir()
         self.readonly = readonly
+        self.dashboard = dashboard  # the screen class for a source (replay: ReplayScreen)
+        self.export_dir = Path.cwd()  # where `e` writes its exports
 
     def on_mount(self) -> None:
         if self.source is not None:
-            self.push_screen(DashboardScreen(self.source))
+            self.push_screen(self.dashboard(self.source, self.readonly))
         else:
             self.discover()
 
@@ -93,12 +96,23 @@ class BsmonApp(App[None]):
 
     def open_job(self, job: discovery.JobEntry) -> None:
         self.source = follow_job(job.socket, job.name, self.directory)
-        self.push_screen(DashboardScreen(self.source))
+        self.push_screen(DashboardScreen(self.source, self.readonly))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if isinstance(screen, DashboardScreen):
             yield SystemCommand("Help", "Keys and what each panel shows", screen.action_help)
+            if screen.check_action("batch", ()):
+                yield SystemCommand(
+                    "Batch size up",
+                    "Double the batch size (or the next step)",
+                    lambda: screen.action_batch("up"),
+                )
+                yield SystemCommand(
+                    "Batch size down",
+                    "Halve the batch size (or the previous step)",
+                    lambda: screen.action_batch("down"),
+                )
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -15,16 +15,8 @@ from bsmon.probes import __version__, discovery
 from bsmon.probes.client import JobConnection
 
 from . import format as fmt
-
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """An error for the user: printed as one line, exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+from .errors import EXIT_USAGE, CliError
+from .run import add_parser as add_run_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,13 +45,57 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("attach", help="open the dashboard on one job")
     p.add_argument("target", help="job name, pid, or socket path")
 
+    p = sub.add_parser("probe", help="probe a job's largest batch size in a sidecar process")
+    p.add_argument("target", help="job name, pid, or socket path")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--memory-budget",
+        type=_bytes_argument,
+        default=None,
+        metavar="BYTES",
+        help="on the CPU: the memory the sidecar may use (e.g. 2G, 512M, 1000000)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+
     p = sub.add_parser("demo", help="start a demo training job and open the dashboard on it")
     p.add_argument("--headless", action="store_true", help="run only the job, no dashboard")
     p.add_argument("--steps", type=int, default=0, help="stop the job after N steps")
     p.add_argument("--name", default="demo")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+
+    p = sub.add_parser("export", help="write summary.json and summary.md of a session record")
+    p.add_argument("record", type=Path, help="a record (.jsonl), e.g. from $BSMON_DIR/records")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write them (default: beside the record, as <record>.summary.*)",
+    )
+
+    p = sub.add_parser("replay", help="open the dashboard on a recorded session (read-only)")
+    p.add_argument("record", type=Path, help="a record (.jsonl)")
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=None,
+        help="seconds of the run per second (default: the whole run in about 30 s)",
+    )
+
+    add_run_parser(sub)
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,7 +124,39 @@ def dispatch(args: argparse.Namespace) -> int:
         from .demo import run_demo
 
         return run_demo(args)
+    if command == "run":
+        from .run import run
+
+        return run(args, readonly=args.readonly)
+    if command == "probe":
+        if args.readonly:
+            raise CliError("--readonly: the probe acts on the job's device", EXIT_USAGE)
+        from .probe_cli import run_probe
+
+        return run_probe(
+            args.target, as_json=args.json, memory_budget=args.memory_budget, timeout=args.timeout
+        )
+    if command in ("export", "replay"):
+        from . import record_commands
+
+        return record_commands.dispatch(args)
     return cmd_dashboard(readonly=args.readonly)
+
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _bytes_argument(text: str) -> int:
+    """A byte count: 1000000, 512M, 2G, 1.5GiB."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = cleaned[-1:] if cleaned[-1:] in _SUFFIXES else ""
+    try:
+        value = float(cleaned.removesuffix(suffix)) * _SUFFIXES[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (try 2G or 512M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the memory budget must be positive, got {text!r}")
+    return int(value)
 
 
 def job_rows(timeout: float = 1.0) -> list[dict[str, object]]:

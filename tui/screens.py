@@ -14,9 +14,14 @@ from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
 from bsmon.probes.discovery import JobEntry
+from bsmon.probes.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from . import format as fmt
+from .commands import CommandDesk
+from .confirm import ConfirmScreen
 from .messages import SnapshotArrived
+from .probe_screen import ProbeScreen
+from .ranks_screen import RanksScreen
 from .session import Snapshot
 from .sources import Source, Update
 from .widgets.banner import StateBanner
@@ -26,6 +31,14 @@ from .widgets.devices import DevicePanel
 from .widgets.eventlog import EventLog
 from .widgets.header import JobHeader
 from .widgets.noise import NoisePanel
+
+PROBE_QUESTION = (
+    "A separate process will load a copy of the model's structure (not its weights) and train "
+    "it for a few steps at up to three larger batch sizes on the same device, to measure peak "
+    "memory and throughput. The job keeps training, but slows while the probe shares the "
+    "device; an out-of-memory error in the probe never reaches the job, and a watchdog stops "
+    "the probe if the device runs low. It takes from seconds to a few minutes."
+)
 
 PANEL_TITLES = {
     "devices": "Devices",
@@ -42,12 +55,20 @@ class DashboardScreen(Screen):
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="help"),
+        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
+        Binding("minus", "batch('down')", "Batch −", id="batch_down"),
+        Binding("p", "probe", "Probe", id="probe"),
+        Binding("r", "ranks", "Ranks", id="ranks"),
+        Binding("e", "export", "Export", id="export"),
     ]
+    # actions that act on the job: removed by --readonly, disabled when the job cannot do them
+    JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, readonly: bool = False) -> None:
         super().__init__()
         self.source = source
         self.snapshot: Snapshot | None = None
+        self.commands = CommandDesk(source, readonly)
 
     def compose(self) -> ComposeResult:
         yield JobHeader()
@@ -90,15 +111,79 @@ class DashboardScreen(Screen):
             widget.show(snap)  # type: ignore[attr-defined]
         name = ScalarChart.scalar_name(snap)
         self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
+        if isinstance(self.app.screen, (ProbeScreen, RanksScreen)) and self.app.screen.is_mounted:
+            self.app.screen.show(snap)
         for reply in update.replies:
-            if not reply.ok:
-                self.notify(reply.error or "refused", severity="error", timeout=6)
+            self._answer(reply)
         for notice in update.notices:
             self.notify(notice.message, severity="warning", timeout=6)
         self.refresh_bindings()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "ranks":  # only a distributed job has ranks to show
+            snap = self.snapshot
+            return snap is not None and snap.session is not None and snap.session.world_size > 1
+        capability = self.JOB_ACTIONS.get(action)
+        if capability is None:
+            return True
+        if self.commands.readonly:
+            return False  # hidden: the monitor was started with --readonly
+        snap = self.snapshot
+        return True if snap is not None and snap.can(capability) else None  # None: greyed
+
+    def action_batch(self, direction: str) -> None:
+        self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
+
+    def action_probe(self) -> None:
+        snap = self.snapshot
+        if snap is not None and snap.latest is not None and snap.latest.probe.status == "running":
+            self.open_probe_screen()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.commands.send(ProbeCommand())
+                self.open_probe_screen()
+
+        self.app.push_screen(
+            ConfirmScreen("Probe the largest batch size?", PROBE_QUESTION), answered
+        )
+
+    def open_probe_screen(self) -> None:
+        can_apply = self.check_action("batch", ()) is True
+        self.app.push_screen(ProbeScreen(self.apply_batch_size, can_apply, self.snapshot))
+
+    def action_ranks(self) -> None:
+        self.app.push_screen(RanksScreen(self.snapshot))
+
+    def apply_batch_size(self, size: int) -> None:
+        self.commands.send(SetBatchSize(value=size, reason="the probe's recommendation"))
+
+    def _answer(self, reply: Reply) -> None:
+        outcome = self.commands.answer(reply)
+        if outcome is None:
+            return
+        if outcome.kind == "done":
+            self.notify(outcome.message, timeout=4)
+        elif outcome.kind == "refused":
+            self.notify(outcome.message, severity="error", timeout=6)
+        else:
+            retry = outcome.retry
+
+            def confirmed(yes: bool | None) -> None:
+                if yes and retry is not None:
+                    self.commands.send(retry)
+
+            question = f"{outcome.message}.\n\nApply it anyway?"
+            self.app.push_screen(ConfirmScreen("Risky batch size", question), confirmed)
+
+    def action_export(self) -> None:
+        from .export import start_export
+
+        start_export(self)
 
 
 HELP_TEXT = """\
@@ -108,7 +193,9 @@ HELP_TEXT = """\
 
 - **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
   job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
-- **Batch**: the current batch size, the mean full-iteration step time, and throughput.
+- **Batch**: the current batch size, the mean full-iteration step time, throughput, the memory
+  model's *predicted* largest batch (a straight line through the peak memory measured at each
+  size the job ran), and the last changes with the throughput each one bought.
 - **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
   estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
   of a noiseless step: raising the batch toward B_simple cuts the steps needed at little
@@ -126,10 +213,20 @@ HELP_TEXT = """\
 | key | action |
 |---|---|
 | `?` | this help |
+| `+` / `=` | step the batch size up (double by default; applied at the next step) |
+| `-` | step the batch size down |
+| `p` | probe the largest batch size in a sidecar process (asks first) |
+| `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
+| `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
 | `ctrl+p` | command palette |
 | `q` | quit (the job keeps running) |
 
-The monitor never acts on the job unless you press a key that says so.
+In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
+a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
+
+The monitor never acts on the job unless you press a key that says so. A size the memory model
+predicts above 90% of device memory, above a probe's maximum, or that already ran out of
+memory asks for confirmation first. `bsmon --readonly` removes every key that acts on the job.
 """
 
 

@@ -40,6 +40,18 @@ class ConnState(enum.Enum):
 
 
 @dataclass(frozen=True)
+class ReplayState:
+    """Where a replay is in the recorded run (``Snapshot.replay``; None when live)."""
+
+    path: str
+    position_s: float  # seconds into the run
+    duration_s: float
+    playing: bool
+    speed: float
+    ended: str | None = None  # at the end of the record: how the run ended
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one frame of the dashboard shows."""
 
@@ -53,6 +65,7 @@ class Snapshot:
     points: tuple[MetricsPoint, ...] = ()
     events: tuple[Event, ...] = ()
     now: float = 0.0
+    replay: ReplayState | None = None
 
     @property
     def uptime_s(self) -> float | None:
@@ -61,8 +74,9 @@ class Snapshot:
         return max(0.0, self.now - self.session.start_time)
 
     def can(self, command: str) -> bool:
+        """Whether the job, as connected now, accepts ``command``."""
         cap = self.capabilities.get(command)
-        return bool(cap and cap.available)
+        return self.state is ConnState.LIVE and bool(cap and cap.available)
 
 
 class SessionModel:

@@ -60,11 +60,14 @@ class Source:
     def send(self, command: Command) -> None:
         self._outbox.put(command)
 
+    def snapshot(self) -> Snapshot:
+        return self.model.snapshot()
+
     def _emit_update(self, emit: Emit) -> None:
         model = self.model
         replies, model.replies = tuple(model.replies), []
         notices, model.notices = tuple(model.notices), []
-        emit(Update(model.snapshot(), replies, notices))
+        emit(Update(self.snapshot(), replies, notices))
 
 
 class SocketSource(Source):

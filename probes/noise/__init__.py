@@ -19,6 +19,6 @@ Never imports textual or rich.
 
 from __future__ import annotations
 
-from .controller import MODES, NoiseScale
+from .controller import MODES, NoiseExtension, NoiseScale
 
-__all__ = ["MODES", "NoiseScale"]
+__all__ = ["MODES", "NoiseExtension", "NoiseScale"]

@@ -33,8 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..devices import DeviceSample
 from ..protocol import Capability, Event, NoiseScaleReading
 from ..safety import FaultGuard
+from ..service import Extension
 from ..telemetry import Telemetry
 from .autograd import ExampleCounter
 from .ddp import CommHookTaken, DDPSource
@@ -413,3 +415,14 @@ class NoiseScale:
             self.source.close()
         if self._counter is not None:
             self._counter.remove()
+
+
+class NoiseExtension(Extension):
+    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message."""
+
+    def __init__(self, noise: NoiseScale, telemetry: Telemetry) -> None:
+        self._noise = noise
+        self._telemetry = telemetry
+
+    def on_tick(self, sample: DeviceSample) -> None:
+        self._noise.agent_tick(self._telemetry)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from textual.markup import escape
 from textual.widgets import Static
 
-from ..session import ConnState, Snapshot
+from .. import format as fmt
+from ..session import ConnState, ReplayState, Snapshot
 
 
 class StateBanner(Static):
@@ -14,9 +17,14 @@ class StateBanner(Static):
     StateBanner.connecting { display: block; background: $warning-muted; }
     StateBanner.disconnected { display: block; background: $error-muted; }
     StateBanner.finished { display: block; background: $accent-muted; }
+    StateBanner.replay { display: block; background: $primary-muted; }
     """
 
     def show(self, snap: Snapshot) -> None:
+        if snap.replay is not None:
+            self.set_classes("replay")
+            self.update(replay_text(snap.replay))
+            return
         self.set_classes(snap.state.value)
         if snap.state is ConnState.DISCONNECTED:
             text = (
@@ -30,3 +38,13 @@ class StateBanner(Static):
         else:
             text = ""
         self.update(text)
+
+
+def replay_text(replay: ReplayState) -> str:
+    mark = "▶" if replay.playing else "‖"
+    where = f"{fmt.clock(replay.position_s)} / {fmt.clock(replay.duration_s)}"
+    name = escape(PurePath(replay.path).name)
+    text = f"{mark} replay of {name} · {where} · ×{replay.speed:.3g}"
+    if replay.ended:
+        text += f" — {escape(replay.ended)}"
+    return text

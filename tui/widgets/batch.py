@@ -1,11 +1,64 @@
-"""Batch size and what it buys: step time, throughput, samples seen."""
+"""Batch size and what it buys: step time, throughput, the memory model's prediction, and the
+history of changes with the throughput each one bought."""
 
 from __future__ import annotations
 
+from textual.markup import escape
 from textual.widgets import Static
 
+from bsmon.probes.protocol import BatchChange, BatchReading, Metrics
+
 from .. import format as fmt
-from ..session import Snapshot
+from ..session import ConnState, Snapshot
+
+HISTORY_LINES = 3
+
+
+def size_line(m: Metrics) -> str:
+    batch = m.batch
+    text = f"[b]{m.batch_size:,}[/b]" if m.batch_size is not None else "n/a"
+    if batch.accumulation_steps:
+        text += f" = {batch.accumulation_steps}×{batch.micro_batch_size}"
+    if batch.pending is not None:
+        text += f" [$warning]→ {batch.pending:,} {batch.applies_at or 'at the next step'}[/]"
+    return text
+
+
+def memory_line(batch: BatchReading, gpu: bool) -> str:
+    if batch.accumulation_steps:
+        return "memory  constant (accumulation mode)"
+    if not gpu:
+        return "memory  [$text-muted]n/a (no GPU to model)[/]"
+    measured = len(batch.memory)
+    if batch.predicted_max is None:
+        need = "two sizes" if measured < 2 else "a budget"
+        return f"memory  [$text-muted]model needs {need} ({measured} measured)[/]"
+    return f"memory  max ≈ [b]{batch.predicted_max:,}[/b] [$text-muted](predicted)[/]"
+
+
+def probe_line(m: Metrics) -> str | None:
+    reading = m.probe
+    if reading.status == "running":
+        return f"probe   [$warning]running[/] — {reading.message}"
+    result = reading.result
+    if result is None:
+        return None
+    if result.status != "ok":
+        return f"probe   [$error]{result.status}[/] (p for details)"
+    predicted = f" · ≈{result.predicted_max:,} pred." if result.predicted_max else ""
+    return f"probe   {result.max_batch_size:,} ran{predicted}"
+
+
+def change_line(change: BatchChange) -> str:
+    before, after = change.samples_per_s_before, change.samples_per_s_after
+    if before and after:
+        bought = f"{after / before - 1:+.0%} samples/s"
+    elif after:
+        bought = f"{fmt.rate(after)}"
+    else:
+        bought = "[$text-muted]measuring…[/]"
+    marker = "[$warning]![/]" if change.source == "oom guard" else " "
+    return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
 
 class BatchPanel(Static):
@@ -16,13 +69,22 @@ class BatchPanel(Static):
         if m is None:
             self.update("[$text-muted]no steps yet[/]")
             return
-        batch = f"[b]{m.batch_size:,}[/b]" if m.batch_size is not None else "n/a"
-        idle = ""
-        if m.idle_s is not None and m.idle_s >= 5 and snap.state.value == "live":
-            idle = f"\n[$warning]no step for {fmt.duration(m.idle_s)}[/]"
-        self.update(
-            f"batch   {batch}\n"
-            f"step    {fmt.duration(m.step_time_s)}\n"
-            f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}\n"
-            f"seen    {fmt.count(m.samples)} samples{idle}"
-        )
+        lines = [
+            f"batch   {size_line(m)}",
+            f"step    {fmt.duration(m.step_time_s)}",
+            f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}",
+            f"seen    {fmt.count(m.samples)} samples",
+        ]
+        if m.ranks is not None and m.ranks.global_batch_size is not None:
+            lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
+        if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:
+            lines.append(f"[$warning]no step for {fmt.duration(m.idle_s)}[/]")
+        batch = m.batch
+        if batch.control:
+            lines.append(memory_line(batch, gpu=bool(m.devices)))
+            if (probe := probe_line(m)) is not None:
+                lines.append(probe)
+            lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
+        elif (cap := snap.capabilities.get("set_batch_size")) and not cap.available:
+            lines.append(f"[$text-muted]+/- off: {escape(cap.reason or 'not available')}[/]")
+        self.update("\n".join(lines))

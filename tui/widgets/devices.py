@@ -32,17 +32,28 @@ def meter_neutral(fraction: float | None, width: int) -> str:
     return f"[$accent]{fmt.bar(fraction, width)}[/]"
 
 
-def torch_lines(device: DeviceReading, width: int) -> list[str]:
-    """The job's allocator: allocated and reserved now, peak allocated (one line if it fits)."""
-    gib = lambda v: fmt.bytes_(v).removesuffix(" GiB")  # noqa: E731
-    main = (
-        f"torch alloc {gib(device.torch_allocated_bytes)} · "
-        f"rsvd {fmt.bytes_(device.torch_reserved_bytes)}"
+def torch_line(device: DeviceReading, width: int) -> str:
+    """The job's allocator: allocated, reserved and peak allocated (terser when narrow)."""
+    alloc, rsvd, peak = (
+        fmt.bytes_(v)
+        for v in (
+            device.torch_allocated_bytes,
+            device.torch_reserved_bytes,
+            device.torch_peak_bytes,
+        )
     )
-    peak = f"peak {fmt.bytes_(device.torch_peak_bytes)}"
-    if len(main) + len(peak) + 3 <= width:
-        return [f"{main} · {peak}"]
-    return [main, f"      {peak}"]
+    wide = f"torch alloc {alloc} · rsvd {rsvd} · peak {peak}"
+    if len(wide) <= width:
+        return wide
+    unit = " GiB"
+    if all(v.endswith(unit) for v in (alloc, rsvd, peak)):
+        alloc, rsvd, peak = (v.removesuffix(unit) for v in (alloc, rsvd, peak))
+        return f"torch {alloc}/{rsvd}{unit} peak {peak}"
+    return f"torch {alloc}/{rsvd} pk {peak}"
+
+
+def truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
 
 
 def _ratio(used: float | None, total: float | None) -> float | None:
@@ -62,11 +73,13 @@ def device_lines(device: DeviceReading, width: int) -> list[str]:
         if x
     )
     used = fmt.bytes_(device.memory_used_bytes).removesuffix(" GiB")
+    label = f"GPU{device.index}"
+    name = truncate(device.name or "unknown", width - len(label) - len(extras) - 2)
     lines = [
-        f"[b]GPU{device.index}[/b] {escape(device.name) or 'unknown'}  {extras}",
+        f"[b]{label}[/b] {escape(name)} {extras}",
         f"util {meter_neutral(util, bar_width)} {fmt.percent(device.util_percent):>4}",
         f"mem  {meter(memory, bar_width)} {used}/{fmt.bytes_(device.memory_total_bytes)}",
-        *torch_lines(device, width),
+        torch_line(device, width),
     ]
     if device.error:
         lines.append(f"[$text-muted]n/a — {escape(device.error)}[/]")

@@ -30,6 +30,7 @@ class JobHeader(Horizontal):
     JobHeader #state.connecting { color: $warning; }
     JobHeader #state.finished { color: $accent; }
     JobHeader #state.disconnected { color: $error; }
+    JobHeader #state.replay { color: $accent; }
     """
 
     def compose(self) -> ComposeResult:
@@ -40,6 +41,10 @@ class JobHeader(Horizontal):
     def show(self, snap: Snapshot) -> None:
         self.query_one("#job", Static).update(job_line(snap))
         state = self.query_one("#state", Static)
+        if snap.replay is not None:
+            state.update("▶ REPLAY" if snap.replay.playing else "‖ REPLAY")
+            state.set_classes("replay")
+            return
         state.update(STATE_LABELS[snap.state])
         state.set_classes(snap.state.value)
 

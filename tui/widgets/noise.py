@@ -71,7 +71,7 @@ def uncertainty(x: float) -> str:
 
 
 def estimator_text(reading: NoiseScaleReading) -> str:
-    name = ESTIMATOR_NAMES.get(reading.estimator or "", reading.estimator or "?")
+    name = ESTIMATOR_NAMES.get(reading.estimator or "", reading.estimator or "not reported")
     parts = [f"estimate: {name}"]
     if reading.coverage is not None and reading.coverage < 0.995:
         parts.append(f"{reading.coverage:.0%} of params")

@@ -1,0 +1,69 @@
+"""torch.distributed plumbing for the agent: a private gloo group and the step-boundary
+exchange that makes every rank switch batch size at the same step.
+
+The group is created once, at attach (``new_group`` is collective, so every rank must attach),
+on gloo, so that it never competes with the job's NCCL streams.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def control_group() -> dist.ProcessGroup | None:
+    """A new gloo group over all ranks, or None outside a multi-rank job."""
+    if world()[1] <= 1:
+        return None
+    return new_gloo_group()
+
+
+def new_gloo_group() -> dist.ProcessGroup:
+    """A private gloo group over all ranks (collective: every rank must call it, in order)."""
+    return dist.new_group(backend="gloo")
+
+
+SYNC_EVERY = 8  # steps between exchanges: all ranks count the same steps, so they agree
+
+
+class StepSync:
+    """Every ``every`` step boundaries, rank 0's proposal is broadcast; every rank applies
+    what the previous exchange carried, so all switch at the same step.
+
+    Each exchange waits for the previous broadcast (started ``every`` steps earlier, so it
+    has normally finished) and starts the next one asynchronously: the job does not wait on
+    the network in the common case. A change lands within 2 × ``every`` steps.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, rank: int, every: int = SYNC_EVERY) -> None:
+        self._group = group
+        self._rank = rank
+        self._every = every
+        self._boundaries = 0
+        self._buffer = torch.zeros(1, dtype=torch.int64)
+        self._work: dist.Work | None = None
+
+    @property
+    def every(self) -> int:
+        return self._every
+
+    def due(self) -> bool:
+        """Count a boundary; True when this one exchanges."""
+        self._boundaries += 1
+        return self._boundaries % self._every == 0
+
+    def exchange(self, proposal: int) -> int:
+        """Wait for the previous broadcast, return its value, start the next (collective)."""
+        decided = 0
+        if self._work is not None:
+            self._work.wait()
+            decided = int(self._buffer[0])
+        self._buffer[0] = proposal if self._rank == 0 else 0
+        self._work = dist.broadcast(self._buffer, src=0, group=self._group, async_op=True)
+        return decided

@@ -1,0 +1,72 @@
+"""What ``bsmon run`` and the framework integrations share."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import time
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ..protocol import Event
+
+BATCH_COMMANDS = ("set_batch_size", "step_batch_size")
+
+
+def require(module: str, extra: str, framework: str) -> ModuleType:
+    """Import ``module`` or raise an ImportError that says which extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"bsmon.probes.integrations.{extra} needs {framework}, which this Python cannot "
+            f"import ({exc}); install it with: pip install 'bsmon[{extra}]'"
+        ) from None
+
+
+def rank_name(base: str, rank: int, world_size: int) -> str:
+    """Rank 0 keeps the job's name (``bsmon attach NAME`` finds it); the others get a suffix."""
+    return base if world_size <= 1 or rank == 0 else f"{base}-rank{rank}"
+
+
+def loss_of(output: Any) -> Any:
+    """The loss in what a training step returned: a scalar tensor, ``output["loss"]``, or
+    ``output.loss`` (a Hugging Face ``ModelOutput``); None when there is none."""
+    if isinstance(output, torch.Tensor):
+        return output if output.numel() == 1 else None
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    return None
+
+
+def disable_batch_control(monitor: Any, reason: str) -> None:
+    """Make the batch commands answer ``ok: false`` with ``reason`` (also in hello)."""
+    for kind in BATCH_COMMANDS:
+        monitor.router.disable(kind, reason)
+
+
+def guarded(hook: Callable[..., None]) -> Callable[..., None]:
+    """For a callback hook that runs on the training thread: an exception inside it is
+    counted and shown by the callback's monitor (``self.monitor``), never raised into the job."""
+
+    @functools.wraps(hook)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:
+            monitor = getattr(self, "monitor", None)
+            if monitor is not None:
+                monitor.report_error(f"{type(self).__name__}.{hook.__name__}", exc)
+
+    return wrapper
+
+
+def note(monitor: Any, kind: str, message: str, level: str = "info", **data: Any) -> None:
+    """An event in the job's log, stamped with the monitor's current step."""
+    monitor.emit(
+        Event(t=time.time(), step=monitor.step, kind=kind, message=message, level=level, data=data)
+    )

@@ -1,0 +1,196 @@
+"""The pieces behind `bsmon run` and the integrations, in-process: finding the model, counting
+samples per step, changes held for an integration's boundary, a script that attaches itself."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+from bsmon.probes import attach, protocol
+from bsmon.probes.autoattach import AutoAttach, find_model
+from bsmon.probes.batch_control import BatchController
+from bsmon.probes.batch_policy import BatchPolicy
+from bsmon.probes.safety import FaultGuard
+
+from .helpers import ROOT
+
+
+class Wrapper(nn.Module):
+    """Stands in for DDP / torch.compile: holds the model as a child."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
+def test_the_outermost_module_holding_the_optimizer_parameters_is_found():
+    net = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+    wrapped = Wrapper(net)
+    ema = copy.deepcopy(net)  # an EMA copy: other parameters, same shape
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    assert find_model(optimizer) is wrapped
+    assert find_model(torch.optim.SGD(ema.parameters(), lr=0.1)) is ema
+    head = nn.Linear(4, 2)
+    teacher_and_student = Wrapper(nn.ModuleList([nn.Linear(100, 100), head]))
+    assert find_model(torch.optim.SGD(head.parameters(), lr=0.1)) is teacher_and_student
+    loose = nn.Parameter(torch.zeros(3))
+    assert find_model(torch.optim.SGD([loose], lr=0.1)) is None
+    del wrapped, teacher_and_student
+
+
+def test_samples_of_a_step_come_from_the_loader_that_yielded_last():
+    agent = AutoAttach("t")
+    counted = []
+
+    class Probe:
+        step = 0
+
+        def count_samples(self, samples, batch_size):
+            counted.append((samples, batch_size))
+
+    agent.monitor = Probe()
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    agent.optimizer = optimizer
+    train, validation = 1, 2
+    agent._on_batch(train, torch.zeros(8, 3))
+    agent._on_batch(train, (torch.zeros(8, 3), torch.zeros(8)))
+    agent._pre_step(optimizer, (), {})  # a step after two micro-batches
+    agent._on_batch(validation, {"x": torch.zeros(32, 3)})
+    agent._on_batch(train, [torch.zeros(5, 3)])
+    agent._pre_step(optimizer, (), {})  # validation, then a (last, short) training batch
+    agent._pre_step(optimizer, (), {})  # nothing drawn: nothing counted
+    assert counted == [(16, 8), (5, 5)]
+
+
+def test_the_samples_of_a_step_set_the_batch_size_of_a_job_without_control(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, optimizer, name="counted") as mon:
+        for first, total in [(8, 16), (8, 8), (3, 3)]:
+            mon.count_samples(total, first)
+            model(torch.randn(2, 2)).sum().backward()
+            optimizer.step()
+        optimizer.step()  # a step with nothing counted
+        assert mon.flush()
+        assert mon.telemetry.samples == 16 + 8 + 3
+        assert mon.telemetry.batch_size is None  # the last step drew nothing
+        assert mon.batch_size is None  # no control: the observed size is telemetry only
+
+
+def controller(sync=None, rank: int = 0) -> tuple[BatchController, list]:
+    switched: list[protocol.BatchChange] = []
+    step = [0]
+    ctl = BatchController(
+        initial=8,
+        policy=BatchPolicy(),
+        micro_batch_size=None,
+        optimizer=torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1),
+        lr_scaling=None,
+        scheduler=None,
+        emit=lambda _event: None,
+        record=switched.append,
+        guard=FaultGuard(lambda _event: None, lambda: 0),
+        step=lambda: step[0],
+        noise_scale=lambda: None,
+        sync=sync,
+        rank=rank,
+    )
+    ctl.apply_at = "at the end of the epoch"
+    return ctl, switched
+
+
+def test_a_held_change_waits_for_apply_deferred_and_says_where():
+    ctl, switched = controller()
+    result = ctl.request(16, confirm=False, reason="r", source="monitor")
+    assert result == {"old": 8, "new": 16, "step": 0, "applies_at": "at the end of the epoch"}
+    for _ in range(5):
+        ctl.at_step_boundary()
+    assert ctl.size == 8 and not switched
+    reading = ctl.reading()
+    assert reading.pending == 16 and reading.applies_at == "at the end of the epoch"
+    assert ctl.request_step("up", confirm=False, source="monitor")["new"] == 32  # from 16
+    ctl.apply_deferred()
+    assert ctl.size == 32 and [(c.old, c.new) for c in switched] == [(8, 32)]
+    assert ctl.reading().pending is None
+    ctl.apply_deferred()  # nothing held: nothing happens
+    assert len(switched) == 1
+
+
+class FakeSync:
+    """Rank 0's broadcast without a process group: what rank 0 sends at exchange k, every
+    rank receives at exchange k + 1 (as distributed.StepSync does)."""
+
+    every = 2
+
+    def __init__(self, channel: list[int], rank: int) -> None:
+        self.channel = channel  # rank 0's proposal at each exchange
+        self.rank = rank
+        self.boundaries = 0
+        self.exchanges = 0
+
+    def due(self) -> bool:
+        self.boundaries += 1
+        return self.boundaries % self.every == 0
+
+    def exchange(self, proposal: int) -> int:
+        k = self.exchanges
+        self.exchanges += 1
+        if self.rank == 0:
+            self.channel.append(proposal)
+        return self.channel[k - 1] if k else 0
+
+
+def test_in_a_multi_rank_job_only_the_agreed_change_is_applied_at_the_boundary():
+    channel: list[int] = []
+    rank0, switched0 = controller(FakeSync(channel, 0), rank=0)
+    rank1, switched1 = controller(FakeSync(channel, 1), rank=1)
+    rank0.request(16, confirm=False, reason="r", source="monitor")
+    rank0.apply_deferred()  # not agreed yet: rank 1 could not apply it, so rank 0 does not
+    assert rank0.size == 8
+    for _ in range(2):  # the first exchange sends it ...
+        for ctl in (rank0, rank1):
+            ctl.at_step_boundary()
+    assert rank1.reading().pending is None
+    for _ in range(2):  # ... the second delivers it to every rank
+        for ctl in (rank0, rank1):
+            ctl.at_step_boundary()
+    assert rank0.size == rank1.size == 8  # agreed, held for the epoch end
+    assert rank0.reading().pending == rank1.reading().pending == 16
+    for ctl in (rank0, rank1):
+        ctl.apply_deferred()
+    assert rank0.size == rank1.size == 16
+    assert len(switched0) == len(switched1) == 1
+
+
+def test_a_policy_minimum_can_say_why():
+    policy = BatchPolicy(min_size=8, min_reason="the Trainer fixed it")
+    assert policy.refusal(4) == "4 is below the minimum batch size 8 (the Trainer fixed it)"
+
+
+def test_bsmon_run_leaves_a_script_that_attaches_itself_to_do_so(bsmon_dir):
+    script = (
+        "import torch\n"
+        "from bsmon.probes import attach, autoattach\n"
+        "from bsmon.probes.agent import live_monitors\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with attach(m, o, batch_size=4, name='own'):\n"
+        "    for _ in range(3):\n"
+        "        m(torch.randn(4, 2)).sum().backward(); o.step()\n"
+        "    print(len(list(live_monitors())), autoattach.installed().stood_down)\n"
+    )
+    command = [sys.executable, "-m", "bsmon.tui.cli", "run", "--headless", "--"]
+    result = subprocess.run(
+        [*command, sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.strip() == "1 the script attaches bsmon itself; bsmon run leaves it to that"
+    )

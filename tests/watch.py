@@ -1,0 +1,67 @@
+"""Helpers for tests that watch a real job through its socket."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from bsmon.probes import discovery, protocol
+from bsmon.probes.client import JobConnection
+
+from .helpers import wait_until
+
+
+def job_socket(name: str, directory: Path, timeout: float = 90.0) -> Path:
+    """The socket of the running job called ``name``, once it serves."""
+
+    def find() -> Path | None:
+        return next((j.socket for j in discovery.iter_jobs(directory) if j.name == name), None)
+
+    return wait_until(find, timeout=timeout, interval=0.1, message=f"job {name!r} to serve")  # type: ignore[return-value]
+
+
+def metrics_until(
+    conn: JobConnection, condition: Callable[[protocol.Metrics], bool], timeout: float = 60.0
+) -> protocol.Metrics:
+    """The first metrics message that satisfies ``condition`` (others are dropped)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        for message in conn.pump(0.2):
+            if isinstance(message, protocol.Metrics):
+                last = message
+                if condition(message):
+                    return message
+    raise AssertionError(f"no metrics as wanted within {timeout:.0f}s; the last: {last}")
+
+
+def events_of(messages: list[protocol.Message]) -> list[protocol.Event]:
+    return [m for m in messages if isinstance(m, protocol.Event)]
+
+
+def run_processes(directory: Path, name: str | None = None) -> list[psutil.Process]:
+    """Live processes that `bsmon run` started with sockets in ``directory`` (named ``name``).
+    torchrun starts its workers in sessions of their own, so killing a test's process group
+    does not reach them: tests kill these too."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        ours = env.get("BSMON_DIR") == str(directory) and "BSMON_RUN" in env
+        if ours and (name is None or env["BSMON_RUN"] == name):
+            found.append(proc)
+    return found
+
+
+def kill_run_processes(directory: Path) -> None:
+    for proc in run_processes(directory):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()

@@ -1,0 +1,65 @@
+"""Commands the dashboard sends to the job, and what to tell the user about each reply.
+
+Ids are assigned here (``ui-1``, ``ui-2``, ...) so a reply can be matched to its command on
+the UI thread. Nothing here imports textual: the screen turns an ``Outcome`` into a
+notification or a confirmation dialog.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal
+
+from bsmon.probes.protocol import Command, ProbeCommand, Reply, SetBatchSize, StepBatchSize
+
+from .sources import Source
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Literal["done", "refused", "confirm"]
+    message: str
+    retry: Command | None = None  # for "confirm": the command to send if the user agrees
+
+
+class CommandDesk:
+    def __init__(self, source: Source, readonly: bool) -> None:
+        self._source = source
+        self.readonly = readonly
+        self._ids = itertools.count(1)
+        self._sent: dict[str, Command] = {}
+
+    def send(self, command: Command) -> str:
+        if self.readonly:
+            raise PermissionError("the monitor is read-only (--readonly)")
+        command.id = f"ui-{next(self._ids)}"
+        self._sent[command.id] = command
+        self._source.send(command)
+        return command.id
+
+    def answer(self, reply: Reply) -> Outcome | None:
+        """What a reply means for the user; None for replies to commands not sent from here."""
+        command = self._sent.pop(str(reply.id), None) if reply.id is not None else None
+        if command is None:
+            return None if reply.ok else Outcome("refused", reply.error or "refused")
+        result = reply.result or {}
+        if reply.ok:
+            return Outcome("done", describe_success(command, result))
+        if result.get("needs_confirmation"):
+            retry = SetBatchSize(
+                value=int(result["value"]),
+                confirm=True,
+                reason=getattr(command, "reason", "") or "confirmed",
+            )
+            return Outcome("confirm", str(result.get("why") or reply.error), retry)
+        return Outcome("refused", reply.error or "refused")
+
+
+def describe_success(command: Command, result: dict) -> str:
+    if isinstance(command, (SetBatchSize, StepBatchSize)):
+        when = result.get("applies_at") or f"after step {result.get('applies_after_step')}"
+        return f"batch size {result.get('old')} → {result.get('new')} {when}"
+    if isinstance(command, ProbeCommand):
+        return "probe started: it runs in a separate process beside the job"
+    return f"{type(command).__struct_config__.tag}: done"

@@ -1,0 +1,89 @@
+"""``bsmon probe TARGET``: ask a job to probe its largest batch size and print the result."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import msgspec
+
+from bsmon.probes import discovery
+from bsmon.probes.client import ConnectionLost, JobConnection
+from bsmon.probes.probe import plan
+from bsmon.probes.protocol import Metrics, ProbeCommand, ProbeResult
+
+from . import format as fmt
+from .errors import CliError
+
+
+def run_probe(target: str, *, as_json: bool, memory_budget: int | None, timeout: float) -> int:
+    try:
+        path = discovery.resolve_target(target)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        with JobConnection(path) as conn:
+            conn.hello()
+            reply = conn.request(ProbeCommand(memory_budget=memory_budget, timeout_s=timeout))
+            if not reply.ok:
+                raise CliError(reply.error or "the job refused the probe")
+            result = follow(conn, time.time(), timeout + 60, quiet=as_json)
+    except (ConnectionError, TimeoutError) as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        print(json.dumps(msgspec.to_builtins(result), indent=2))
+    else:
+        print(describe(result))
+    return 0 if result.status == "ok" else 1
+
+
+def follow(conn: JobConnection, started: float, timeout: float, quiet: bool) -> ProbeResult:
+    """Print the probe's progress to stderr until its result arrives."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    while time.monotonic() < deadline:
+        try:
+            messages = conn.messages(0.2)
+        except ConnectionLost:
+            raise CliError("the job went away before the probe finished") from None
+        if conn.eof:
+            raise CliError("the job went away before the probe finished")
+        for message in messages:
+            if not isinstance(message, Metrics):
+                continue
+            reading = message.probe
+            if reading.message and reading.message != said and not quiet:
+                print(
+                    reading.message
+                    if reading.message.startswith("probe")
+                    else f"probe: {reading.message}",
+                    file=sys.stderr,
+                )
+                said = reading.message
+            fresh = reading.started is not None and reading.started >= started - 1
+            if reading.status == "done" and reading.result is not None and fresh:
+                return reading.result
+    raise CliError(f"no probe result within {timeout:.0f} s")
+
+
+def describe(result: ProbeResult) -> str:
+    if result.status != "ok":
+        return f"probe {result.status}: {result.error}"
+    lines = [f"{'batch':>8}  {'fits':<4}  {'peak':>10}  {'step':>9}  {'samples/s':>10}  note"]
+    for p in result.points:
+        lines.append(
+            f"{p.batch_size:>8,}  {'yes' if p.fits else 'no':<4}  "
+            f"{fmt.bytes_(p.peak_bytes):>10}  {fmt.duration(p.step_time_s):>9}  "
+            f"{fmt.rate(p.samples_per_s, ''):>10}  {p.note or ''}"
+        )
+    lines.append(f"largest batch that ran: {result.max_batch_size:,} on {result.device}")
+    if (prediction := plan.describe_prediction(result)) is not None:
+        lines.append(prediction)
+    lines.extend(f"  {plan.describe_what_if(w)}" for w in result.what_ifs)
+    if result.recommendation is not None:
+        lines.append(
+            f"recommended: {result.recommendation.batch_size:,} — "
+            + "; ".join(result.recommendation.reasons)
+        )
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The probe screen: live progress, the measured points, memory and throughput against batch
+size, the prediction, the what-ifs, and one recommendation that a key applies."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.markup import escape
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+from textual_plotext import PlotextPlot
+
+from bsmon.probes.probe import plan
+from bsmon.probes.protocol import ProbePoint, ProbeReading, ProbeResult
+
+from . import format as fmt
+from .session import Snapshot
+from .widgets.header import JobHeader
+
+COLUMNS = ("batch", "fits", "peak", "step", "samples/s", "note")
+GIB = 2**30
+
+
+def set_int_xticks(plt: object, xs: list[int]) -> None:
+    """Whole-number batch sizes on the x axis (plotext would print 131.5)."""
+    if xs:
+        ticks = sorted(set(xs))
+        plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
+
+
+def point_row(point: ProbePoint) -> tuple[str, ...]:
+    return (
+        f"{point.batch_size:,}",
+        "yes" if point.fits else "[b]no[/b]",
+        fmt.bytes_(point.peak_bytes),
+        fmt.duration(point.step_time_s),
+        fmt.rate(point.samples_per_s, ""),
+        point.note or "",
+    )
+
+
+def status_text(reading: ProbeReading, now: float) -> str:
+    if reading.status == "running":
+        elapsed = fmt.clock(now - reading.started) if reading.started else ""
+        return f"[$warning]◌ running[/] {elapsed} — {escape(reading.message)}"
+    if reading.result is None:
+        return "[$text-muted]no probe has run yet: press p on the dashboard to start one[/]"
+    result = reading.result
+    if result.status != "ok":
+        return f"[$error]✖ probe {result.status}:[/] {escape(result.error or '')}"
+    return f"[$success]✔ done[/] in {fmt.duration(result.duration_s)} on {result.device}"
+
+
+def findings_text(result: ProbeResult | None) -> str:
+    if result is None or result.status != "ok":
+        return ""
+    lines = [f"largest batch that ran: [b]{result.max_batch_size:,}[/b]"]
+    if (prediction := plan.describe_prediction(result)) is not None:
+        lines.append(escape(prediction))
+    lines.extend(f"  {escape(plan.describe_what_if(w))}" for w in result.what_ifs)
+    if result.recommendation is not None:
+        rec = result.recommendation
+        lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")
+        lines.extend(f"  · {escape(reason)}" for reason in rec.reasons)
+    return "\n".join(lines)
+
+
+class ProbeScreen(Screen[None]):
+    DEFAULT_CSS = """
+    ProbeScreen #probe-status { height: auto; padding: 0 1; }
+    ProbeScreen #probe-body { height: 1fr; }
+    ProbeScreen #probe-left { width: 1fr; }
+    ProbeScreen #probe-charts { width: 1fr; }
+    ProbeScreen DataTable { height: auto; max-height: 8; }
+    ProbeScreen #findings { height: auto; padding: 0 1; }
+    ProbeScreen PlotextPlot { height: 1fr; min-height: 6; }
+    """
+    BINDINGS = [
+        Binding("a", "apply", "Apply recommendation", id="probe_apply"),
+        Binding("escape,q", "close", "Back", id="probe_back"),
+    ]
+
+    def __init__(self, apply: object, can_apply: bool, snapshot: Snapshot | None = None) -> None:
+        super().__init__()
+        self._apply = apply
+        self._can_apply = can_apply
+        self._first = snapshot
+        self._reading: ProbeReading | None = None
+        self._drawn: object = None
+
+    def compose(self) -> ComposeResult:
+        yield JobHeader()
+        yield Static("", id="probe-status")
+        with Horizontal(id="probe-body"):
+            with Vertical(id="probe-left", classes="panel"):
+                yield DataTable(id="points", cursor_type="none", zebra_stripes=True)
+                yield Static("", id="findings")
+            with Vertical(id="probe-charts"):
+                yield PlotextPlot(id="memory-chart", classes="panel")
+                yield PlotextPlot(id="speed-chart", classes="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#points", DataTable).add_columns(*COLUMNS)
+        self.query_one("#probe-left").border_title = "Probe: max batch size (sidecar process)"
+        self.query_one("#memory-chart").border_title = "Peak memory (GiB) vs batch size"
+        self.query_one("#speed-chart").border_title = "Throughput (samples/s) vs batch size"
+        if self._first is not None:
+            self.show(self._first)
+
+    def show(self, snap: Snapshot) -> None:
+        self.query_one(JobHeader).show(snap)
+        reading = snap.latest.probe if snap.latest is not None else ProbeReading()
+        self._reading = reading
+        self.query_one("#probe-status", Static).update(status_text(reading, snap.now))
+        self.query_one("#findings", Static).update(findings_text(reading.result))
+        key = (reading.status, len(reading.points), reading.result is not None)
+        if key != self._drawn:
+            self._drawn = key
+            self._draw(reading)
+        self.refresh_bindings()
+
+    def _draw(self, reading: ProbeReading) -> None:
+        table = self.query_one("#points", DataTable)
+        table.clear()
+        for point in reading.points:
+            table.add_row(*point_row(point))
+        self._draw_memory(reading)
+        self._draw_speed(reading)
+        for chart in self.query(PlotextPlot):
+            chart.refresh()
+
+    def _draw_memory(self, reading: ProbeReading) -> None:
+        """Measured peaks (●), sizes that did not fit (✗, at the budget), the fitted line, and
+        the budget as a horizontal line."""
+        plt = self.query_one("#memory-chart", PlotextPlot).plt
+        plt.clear_figure()
+        result = reading.result
+        budget = result.budget_bytes / GIB if result and result.budget_bytes else None
+        fitting = [p for p in reading.points if p.fits and p.peak_bytes]
+        failed = [p.batch_size for p in reading.points if not p.fits]
+        xs = [p.batch_size for p in fitting]
+        if result is not None and result.fit_slope_bytes and xs:
+            top = max(*xs, *failed, result.predicted_max or 0)
+            line = [xs[0] // 2, top]
+            plt.plot(
+                line,
+                [(result.fit_intercept_bytes + result.fit_slope_bytes * x) / GIB for x in line],
+                marker="braille",
+                label="fit",
+            )
+        if xs:
+            plt.scatter(xs, [p.peak_bytes / GIB for p in fitting], marker="●", label="measured")
+        if failed and budget:
+            plt.scatter(failed, [budget] * len(failed), marker="✗", label="did not fit")
+        if budget:
+            plt.hline(budget)
+            plt.ylim(0, budget * 1.1)
+            plt.title(f"budget {budget:.1f} GiB")
+        set_int_xticks(plt, xs + failed)
+
+    def _draw_speed(self, reading: ProbeReading) -> None:
+        plt = self.query_one("#speed-chart", PlotextPlot).plt
+        plt.clear_figure()
+        rated = [p for p in reading.points if p.samples_per_s]
+        if rated:
+            xs = [p.batch_size for p in rated]
+            plt.plot(xs, [p.samples_per_s for p in rated], marker="braille")
+            plt.scatter(xs, [p.samples_per_s for p in rated], marker="●")
+            set_int_xticks(plt, xs)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action != "apply":
+            return True
+        if not self._can_apply:
+            return False
+        result = self._reading.result if self._reading else None
+        return True if result is not None and result.recommendation is not None else None
+
+    def action_apply(self) -> None:
+        result = self._reading.result if self._reading else None
+        if result is not None and result.recommendation is not None:
+            self._apply(result.recommendation.batch_size)  # type: ignore[operator]
+
+    def action_close(self) -> None:
+        self.dismiss(None)

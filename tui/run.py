@@ -1,0 +1,237 @@
+"""``bsmon run [--name N] [--headless] [--log FILE] -- CMD ...``: run a training command that
+nobody changed, with bsmon attached, and show it.
+
+The command gets ``bsmon.probes.launch.child_environment``: every Python process it starts
+loads bsmon's agent at start-up, which attaches at the first ``optimizer.step()``
+(docs/zero-code.md). Then:
+
+- ``--headless``: a transparent wrapper. The command shares the terminal (its output, Ctrl-C)
+  and the process group; SIGTERM, and SIGINT/SIGHUP that the terminal did not already deliver
+  to it, are passed on. ``bsmon run`` returns the command's exit code (128+N for signal N).
+- otherwise the dashboard takes the terminal; the command runs in its own session with its
+  output in a log file. Quitting the dashboard (``q``) leaves the command running, detached:
+  quitting a monitor must not end an hour-long run. ``bsmon attach NAME`` shows it again. If
+  the command has finished, its exit code is returned. SIGTERM or SIGINT sent to ``bsmon run``
+  is passed on to the command's process group, and ``bsmon run`` waits for it and returns its
+  code; a hang-up (the terminal went away) leaves it running. If the command ends before it
+  ever served a socket (it crashed at import, or never stepped an optimizer), the dashboard
+  closes by itself and the end of its output is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bsmon.probes import discovery, launch
+
+from .errors import EXIT_USAGE, CliError
+
+EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
+EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
+LOG_TAIL_LINES = 5
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a training command with bsmon attached (no change to the script)",
+        description="Run CMD with bsmon's agent loaded at start-up in every Python process it "
+        "starts (torchrun's workers too), and open the dashboard on it.",
+    )
+    p.add_argument("--name", help="the job's name (default: the script's name)")
+    p.add_argument("--headless", action="store_true", help="no dashboard: only run the command")
+    p.add_argument(
+        "--log",
+        type=Path,
+        default=None,
+        help="where the command's output goes while the dashboard shows (default: a file in "
+        "the bsmon directory, printed at the end)",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a child's status: 128+N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def parse_command(args: argparse.Namespace) -> list[str]:
+    command = list(args.argv)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("run needs a command, e.g. `bsmon run -- python train.py`", EXIT_USAGE)
+    if args.name is not None and not args.name.strip():
+        raise CliError("run: --name must not be empty", EXIT_USAGE)
+    if shutil.which(command[0]) is None:
+        raise CliError(f"run: command not found: {command[0]}", EXIT_NOT_FOUND)
+    return command
+
+
+def run(args: argparse.Namespace, readonly: bool) -> int:
+    command = parse_command(args)
+    name = args.name or launch.job_name(command)
+    directory = discovery.ensure_private_dir(discovery.default_dir())
+    env = launch.child_environment(os.environ, name, directory)
+    if args.headless:
+        return run_headless(command, env)
+    log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
+    return run_with_dashboard(
+        command, env, name=name, directory=directory, log_path=log_path, readonly=readonly
+    )
+
+
+def start(command: list[str], env: dict[str, str], **options: Any) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, env=env, **options)
+    except OSError as exc:
+        raise CliError(f"run: cannot run {command[0]}: {exc.strerror}", EXIT_CANNOT_RUN) from None
+
+
+# -- headless -------------------------------------------------------------------------------
+
+
+def terminal_signals_reach(pid_group: int) -> bool:
+    """Whether Ctrl-C and hang-ups from our terminal reach ``pid_group`` by themselves (it is
+    the terminal's foreground process group)."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return os.tcgetpgrp(stream.fileno()) == pid_group
+    return False
+
+
+@contextlib.contextmanager
+def signals_handled(handler: Callable[[int], None], signums: Sequence[int]) -> Iterator[None]:
+    previous = {signum: signal.signal(signum, lambda s, _f: handler(s)) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def run_headless(command: list[str], env: dict[str, str]) -> int:
+    process = start(command, env)
+    from_terminal = terminal_signals_reach(os.getpgrp())
+
+    def forward(signum: int) -> None:
+        if signum in TERMINAL_SIGNALS and from_terminal:
+            return  # the terminal sent it to the command too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+
+    with signals_handled(forward, (signal.SIGTERM, *TERMINAL_SIGNALS)):
+        return exit_status(process.wait())
+
+
+# -- with the dashboard ---------------------------------------------------------------------
+
+
+def find_job(pid: int, name: str, directory: Path) -> Path | None:
+    """The socket of the job ``pid`` started: its own or a descendant's (torchrun's workers),
+    rank 0's (the one named ``name``) first."""
+    import psutil
+
+    family = {pid}
+    with contextlib.suppress(psutil.Error):
+        family |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    jobs = [job for job in discovery.iter_jobs(directory) if job.pid in family]
+    jobs.sort(key=lambda job: (job.name != name, job.pid))
+    return jobs[0].socket if jobs else None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def run_with_dashboard(
+    command: list[str],
+    env: dict[str, str],
+    *,
+    name: str,
+    directory: Path,
+    log_path: Path,
+    readonly: bool,
+) -> int:
+    from .app import BsmonApp
+    from .sources import SocketSource
+
+    try:
+        log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
+    except OSError as exc:
+        message = f"run: cannot write the log {log_path}: {exc.strerror}"
+        raise CliError(message, EXIT_USAGE) from None
+    with log:
+        process = start(
+            command,
+            env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    served = threading.Event()
+    stopping: list[int] = []
+
+    def resolve() -> Path:
+        socket = find_job(process.pid, name, directory)
+        if socket is not None:
+            served.set()
+            return socket
+        code = process.poll()
+        if code is not None:
+            if not served.is_set():  # nothing to show: say why, on the terminal
+                app.call_from_thread(app.exit)
+            raise LookupError(f"{name} exited with code {exit_status(code)}")
+        raise LookupError(
+            f"{name} (pid {process.pid}) is running; bsmon attaches at its first optimizer.step()"
+        )
+
+    app = BsmonApp(SocketSource(name, resolve), directory=directory, readonly=readonly)
+
+    def on_signal(signum: int) -> None:
+        if signum != signal.SIGHUP:  # a hang-up ends the monitor, not the training run
+            stopping.append(signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signum)
+        threading.Thread(target=app.call_from_thread, args=(app.exit,), daemon=True).start()
+
+    with signals_handled(on_signal, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+        app.run()
+        code = process.wait() if stopping else process.poll()
+    return report_end(name, process.pid, code, log_path)
+
+
+def report_end(name: str, pid: int, code: int | None, log_path: Path) -> int:
+    """What ``bsmon run`` prints when the dashboard closes; returns its exit code."""
+    if code is None:
+        print(
+            f"bsmon: {name} (pid {pid}) goes on in the background; `bsmon attach {name}` "
+            f"shows it again, `kill {pid}` stops it; its output: {log_path}",
+            file=sys.stderr,
+        )
+        return 0
+    status = exit_status(code)
+    print(f"bsmon: {name} exited with code {status}; its output: {log_path}", file=sys.stderr)
+    if status != 0:
+        for line in log_tail(log_path):
+            print(f"  | {line}", file=sys.stderr)
+    return status
