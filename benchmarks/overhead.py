@@ -233,7 +233,7 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     times, share = bench_noise(name, args)
     print(f"  part 2, the noise scale ({args.rounds} rounds x {args.block} steps, vs agent):")
     print("\n".join(table(times, "agent")))
-    print(f"  the default budget measured {share:.0%} of steps")
+    print(f"  the default budget measured {share:.1%} of steps (a moving average)")
 
 
 def main() -> int:
