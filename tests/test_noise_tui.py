@@ -84,7 +84,8 @@ def test_lines_are_kept_by_priority_and_wrapped():
 
 def test_log_ticks():
     assert log_ticks(128, 1500) == [200.0, 500.0, 1000.0]
-    assert log_ticks(30, 40) == []
+    assert log_ticks(64, 180) == [70.0, 100.0, 150.0]  # narrow: the finer series
+    assert log_ticks(31, 34) == []
     assert len(log_ticks(1, 10**7)) <= 5
 
 

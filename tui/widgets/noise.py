@@ -195,15 +195,19 @@ def noise_points(points: Sequence[MetricsPoint]) -> list[MetricsPoint]:
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
-    """1-2-5 ticks spanning [lo, hi] (at most five)."""
-    ticks = []
-    exponent = math.floor(math.log10(lo))
-    while 10**exponent <= hi * 10:
-        for mantissa in (1, 2, 5):
-            tick = mantissa * 10**exponent
-            if lo <= tick <= hi:
-                ticks.append(float(tick))
-        exponent += 1
+    """1-2-5 ticks spanning [lo, hi] (at most five); over a narrow range, where fewer than two
+    of those fall inside, the finer 1-1.5-2-3-5-7 series."""
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7)):
+        ticks = []
+        exponent = math.floor(math.log10(lo))
+        while 10**exponent <= hi * 10:
+            for mantissa in mantissas:
+                tick = mantissa * 10**exponent
+                if lo <= tick <= hi:
+                    ticks.append(float(tick))
+            exponent += 1
+        if len(ticks) >= 2:
+            break
     while len(ticks) > 5:
         ticks = ticks[::2]
     return ticks
