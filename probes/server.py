@@ -64,12 +64,24 @@ class ClientConnection:
                 self.writer.close()
 
 
-async def close_with_notice(writer: asyncio.StreamWriter, message: str) -> None:
-    """Tell the peer why, give it a second to read it, and close."""
+async def close_with_notice(
+    writer: asyncio.StreamWriter, message: str, unread: asyncio.StreamReader | None = None
+) -> None:
+    """Tell the peer why, give it a second to read it, and close. With ``unread``, the rest of
+    what the peer is still sending is read and dropped first: a Unix socket closed with unread
+    input resets the peer, which then loses the notice."""
     writer.write(protocol.encode(protocol.Notice(message=message, closing=True)))
     with contextlib.suppress(Exception):
         await asyncio.wait_for(writer.drain(), timeout=1.0)
+        if unread is not None:
+            writer.write_eof()
+            await asyncio.wait_for(_discard(unread), timeout=1.0)
     writer.close()
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(1 << 16):
+        pass
 
 
 LineHandler = Callable[[bytes], bytes]
@@ -213,7 +225,9 @@ class AgentServer:
             except asyncio.LimitOverrunError:
                 client.closed = True  # the notice below is the last line it gets
                 await close_with_notice(
-                    client.writer, f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes"
+                    client.writer,
+                    f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes",
+                    unread=reader,
                 )
                 return
             except (ConnectionError, OSError):
