@@ -119,9 +119,15 @@ class AgentServer:
         except BaseException:
             sock.close()
             raise
+        if self._server is not None:  # rebinding: the old listener's file is gone
+            self._server.close()
         self._server = await asyncio.start_unix_server(
             self._serve_client, sock=sock, limit=protocol.MAX_LINE_BYTES + 1
         )
+
+    def socket_missing(self) -> bool:
+        """Whether the socket file was deleted under the running job (nobody can connect)."""
+        return not os.path.lexists(self.path)
 
     async def stop(self, farewell: bytes | None = None) -> None:
         if self._server is not None:
