@@ -16,6 +16,7 @@ import msgspec
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # a longer line from a client closes that connection
+MAX_BATCH_SIZE = 1 << 31  # far above any real batch; a bigger value is a typo or an attack
 
 CommandId = int | str | None
 
@@ -331,7 +332,7 @@ class Ping(Command, tag="ping"):
 
 
 class SetBatchSize(Command, tag="set_batch_size", kw_only=True):
-    value: Annotated[int, msgspec.Meta(ge=1)]
+    value: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
     confirm: bool = False
     reason: str = ""
 

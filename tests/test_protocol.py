@@ -98,6 +98,11 @@ def test_unknown_server_message_type_is_ignored_by_clients():
         (b'{"type": "set_batch_size", "id": 3, "value": 0}', "`value` must be at least 1", 3),
         (b'{"type": "set_batch_size", "id": 4, "value": -5}', "`value` must be at least 1", 4),
         (
+            b'{"type": "set_batch_size", "id": 4, "value": 1180591620717411303424}',
+            "`value` must be at most 2147483648",
+            4,
+        ),
+        (
             b'{"type": "set_batch_size", "id": 5, "value": 2.5}',
             "must be an integer, got a number",
             5,
