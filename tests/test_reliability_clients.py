@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from bsmon.probes import attach, protocol
+from bsmon.probes import attach, pacing, protocol
 from bsmon.probes.client import JobConnection
 
 from .helpers import wait_until
@@ -107,3 +107,44 @@ def test_a_client_stuck_mid_line_holds_nothing_up(served):
         stuck.send_raw(b'"late"}\n')
         reply = stuck.wait_for(protocol.Reply)
         assert reply.ok and reply.id == "late"  # it was kept, waiting, all along
+
+
+def test_the_work_budget_waits_only_past_its_share(monkeypatch):
+    wall, cpu = [100.0], [7.0]
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: wall[0])
+    monkeypatch.setattr(pacing.time, "thread_time", lambda: cpu[0])
+    budget = pacing.WorkBudget(share=0.2, burst_s=0.05)
+    assert budget.wait_s() == 0  # the first call only starts the clocks
+    cpu[0] += 0.04
+    assert budget.wait_s() == 0  # within the burst
+    cpu[0] += 0.06  # 0.1 s of work at once: 0.05 over the burst, paid back at 0.2 s a second
+    assert budget.wait_s() == pytest.approx(0.25)
+    wall[0] += 0.25
+    assert budget.wait_s() == pytest.approx(0)
+
+
+class CountingBudget(pacing.WorkBudget):
+    """The real budget, counting how often the server asked it to pace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paces = 0
+
+    async def pace(self) -> None:
+        self.paces += 1
+        await super().pace()
+
+
+def test_a_flood_of_bad_lines_is_paced_and_every_line_still_answered(served):
+    job, mon = served
+    budget = mon._service.server.budget = CountingBudget()
+    with JobConnection(mon.socket_path, timeout=30) as conn:
+        conn.hello()
+        conn.send_raw(b"[1]\n" * 20_000)
+        marker = conn.send(protocol.Ping())
+        answered = 0
+        while (reply := conn.wait_for(protocol.Reply, timeout=60)).id != marker:
+            answered += not reply.ok
+    assert answered == 20_000
+    assert budget.paces >= 20_001  # before every line, the ping included
+    steps_and_pings(job, mon)
