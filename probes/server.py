@@ -138,21 +138,21 @@ class AgentServer:
             self._listener.close()
 
     async def _accept(self, listener: socket.socket) -> None:
-        """Accept connections one at a time, paced: while the budget is spent, a flood of
+        """Accept connections a burst at a time, paced: while the budget is spent, a flood of
         connects waits in the kernel's backlog instead of in the job's time."""
         loop = asyncio.get_running_loop()
         while True:
             await self.budget.pace()
             try:
                 waiting = [await loop.sock_accept(listener)]
-                with contextlib.suppress(BlockingIOError):
-                    while len(waiting) < ACCEPT_BATCH:  # the rest of a burst, at once
-                        waiting.append(listener.accept())
             except OSError:
                 if listener.fileno() < 0:
                     return  # closed: stop, or a rebind
                 await asyncio.sleep(0.1)  # out of descriptors or memory: try again shortly
                 continue
+            with contextlib.suppress(OSError):  # the burst is over (or out of descriptors)
+                while len(waiting) < ACCEPT_BATCH:
+                    waiting.append(listener.accept())
             for conn, _ in waiting:
                 task = loop.create_task(self._serve_socket(conn))
                 self._tasks.add(task)
