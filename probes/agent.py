@@ -213,6 +213,7 @@ class Monitor:
             noise_capability=lambda: self._noise.capability,
             extensions=extensions,
             recorder=self.recorder,
+            on_rebound=self._socket_rebound,
         )
         if self.recorder is not None:
             self.recorder.start()
@@ -374,15 +375,29 @@ class Monitor:
             return
         if self.socket_path is not None:
             self.serving = Capability(True)
-            discovery.write_metadata(
-                self.socket_path,
-                {
-                    "name": self.name,
-                    "pid": self._pid,
-                    "host": self.session.host,
-                    "start_time": self.session.start_time,
-                },
-            )
+            self._write_metadata()
+
+    def _write_metadata(self) -> None:
+        assert self.socket_path is not None
+        discovery.write_metadata(
+            self.socket_path,
+            {
+                "name": self.name,
+                "pid": self._pid,
+                "host": self.session.host,
+                "start_time": self.session.start_time,
+            },
+        )
+
+    def _socket_rebound(self) -> None:
+        """The agent thread made the socket again after someone deleted it."""
+        with contextlib.suppress(OSError):
+            self._write_metadata()
+        message = f"the socket {self.socket_path} was deleted; bsmon made it again"
+        kind = "socket_rebound"
+        self._emit_event(
+            Event(t=time.time(), step=self._step, kind=kind, level="warning", message=message)
+        )
 
     def _degrade(self, reason: str) -> None:
         self.serving = Capability(False, reason)

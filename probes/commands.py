@@ -60,6 +60,13 @@ class CommandRouter:
         except protocol.ProtocolError as exc:
             self.rejected += 1
             return Reply(id=exc.command_id, ok=False, error=str(exc))
+        except Exception as exc:  # a decoding bug: still one reply, never a raise
+            self.rejected += 1
+            return Reply(
+                id=None,
+                ok=False,
+                error=f"internal error in bsmon reading the line ({type(exc).__name__}: {exc})",
+            )
         kind = type(command).__struct_config__.tag
         if kind in self._unavailable:
             self.rejected += 1

@@ -16,6 +16,7 @@ import msgspec
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # a longer line from a client closes that connection
+MAX_BATCH_SIZE = 1 << 31  # far above any real batch; a bigger value is a typo or an attack
 
 CommandId = int | str | None
 
@@ -339,7 +340,7 @@ class Ping(Command, tag="ping"):
 
 
 class SetBatchSize(Command, tag="set_batch_size", kw_only=True):
-    value: Annotated[int, msgspec.Meta(ge=1)]
+    value: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
     confirm: bool = False
     reason: str = ""
 
@@ -388,11 +389,21 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message) + b"\n"
 
 
-def _decode_object(line: bytes | str) -> dict[str, Any]:
+def decode_json(line: bytes | str) -> Any:
+    """Any JSON value, or ProtocolError. msgspec raises more than DecodeError on hostile input:
+    UnicodeDecodeError for a string that is not UTF-8, RecursionError for deep nesting."""
     try:
-        obj = msgspec.json.decode(line)
+        return msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"not valid JSON: {_describe_decode_error(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"not valid JSON: not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise ProtocolError("not valid JSON: nested too deeply") from None
+
+
+def _decode_object(line: bytes | str) -> dict[str, Any]:
+    obj = decode_json(line)
     if not isinstance(obj, dict):
         raise ProtocolError(f"a message must be a JSON object, got {_json_kind(obj)}")
     return obj
@@ -408,10 +419,13 @@ def decode_command(line: bytes | str) -> Command:
     kind = obj.get("type")
     if kind is None:
         raise ProtocolError("missing field `type`", command_id)
-    cls = CLIENT_COMMANDS.get(kind) if isinstance(kind, str) else None
+    if not isinstance(kind, str):
+        raise ProtocolError(f"`type` must be a string, got {_json_kind(kind)}", command_id)
+    cls = CLIENT_COMMANDS.get(kind)
     if cls is None:
         known = ", ".join(sorted(CLIENT_COMMANDS))
-        raise ProtocolError(f"unknown command type {kind!r}; known: {known}", command_id)
+        shown = kind if len(kind) <= 40 else kind[:40] + "…"  # a reply never echoes a megabyte
+        raise ProtocolError(f"unknown command type {shown!r}; known: {known}", command_id)
     try:
         return msgspec.convert(obj, type=cls)
     except msgspec.ValidationError as exc:
@@ -421,7 +435,8 @@ def decode_command(line: bytes | str) -> Command:
 def decode_server_message(line: bytes | str) -> Message | None:
     """Parse one server line; ``None`` for a message type this client does not know."""
     obj = _decode_object(line)
-    cls = SERVER_MESSAGES.get(obj.get("type"))  # type: ignore[arg-type]
+    kind = obj.get("type")
+    cls = SERVER_MESSAGES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return None
     try:

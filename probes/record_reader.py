@@ -26,6 +26,9 @@ from .record_format import (
 )
 
 MAX_LINE_BYTES = 64 << 20
+# msgspec raises more than DecodeError on a corrupt line: UnicodeDecodeError for a string that is
+# not UTF-8, RecursionError for deep nesting.
+_UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 class RecordError(Exception):
@@ -61,7 +64,7 @@ class RecordReader:
                 continue
             try:
                 item = line_decoder.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except (*_UNREADABLE, msgspec.ValidationError) as exc:
                 if not complete and not self._file.read(1):
                     self.torn = True  # the last line, cut short: everything before it counts
                     return
@@ -80,7 +83,7 @@ class RecordReader:
     def _unknown_type(raw: bytes) -> bool:
         try:
             obj = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
+        except _UNREADABLE:
             return False
         return (
             isinstance(obj, dict)
@@ -125,7 +128,7 @@ def _read_header(path: Path, file: IO[bytes]) -> Header:
         raise RecordError(f"{path} is empty: nothing was recorded")
     try:
         obj = msgspec.json.decode(first)
-    except msgspec.DecodeError:
+    except _UNREADABLE:
         if not first.endswith(b"\n") and first.startswith(b'{"type":"record"'):
             raise RecordError(f"{path} ends inside its header: nothing was recorded") from None
         raise RecordError(f"{path} is not a bsmon record (it does not start with one)") from None
@@ -151,7 +154,7 @@ def _read_header(path: Path, file: IO[bytes]) -> Header:
 
 def _reason(exc: Exception) -> str:
     text = str(exc)
-    if isinstance(exc, msgspec.DecodeError):
+    if isinstance(exc, _UNREADABLE):
         return "not valid JSON"
     return text
 

@@ -5,7 +5,8 @@ recent events) and then every broadcast. A client that reads slowly loses ``metr
 while its unsent output is above ``SLOW_CLIENT_BYTES`` (the next metrics it gets count them in
 ``dropped``); one that loses ``MAX_CONSECUTIVE_DROPS`` in a row, or whose unsent output passes
 ``STALLED_CLIENT_BYTES``, is disconnected. Replies, events and the greeting are never dropped.
-A line over 1 MiB closes only its own connection.
+A line over 1 MiB closes only its own connection. Serving is paced (``pacing.WorkBudget``): a
+client flooding the socket is held back rather than served at the job's expense.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from pathlib import Path
 import msgspec
 
 from . import protocol
+from .pacing import WorkBudget
 
 SLOW_CLIENT_BYTES = 1 << 20
 STALLED_CLIENT_BYTES = 16 << 20
 MAX_CONSECUTIVE_DROPS = 600  # about a minute of metrics at 10 Hz
+BACKLOG = 256  # connections the kernel holds while serving is paced
+ACCEPT_BATCH = 64
 _PEERCRED = struct.Struct("3i")
 
 
@@ -64,12 +68,24 @@ class ClientConnection:
                 self.writer.close()
 
 
-async def close_with_notice(writer: asyncio.StreamWriter, message: str) -> None:
-    """Tell the peer why, give it a second to read it, and close."""
+async def close_with_notice(
+    writer: asyncio.StreamWriter, message: str, unread: asyncio.StreamReader | None = None
+) -> None:
+    """Tell the peer why, give it a second to read it, and close. With ``unread``, the rest of
+    what the peer is still sending is read and dropped first: a Unix socket closed with unread
+    input resets the peer, which then loses the notice."""
     writer.write(protocol.encode(protocol.Notice(message=message, closing=True)))
     with contextlib.suppress(Exception):
         await asyncio.wait_for(writer.drain(), timeout=1.0)
+        if unread is not None:
+            writer.write_eof()
+            await asyncio.wait_for(_discard(unread), timeout=1.0)
     writer.close()
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(1 << 16):
+        pass
 
 
 LineHandler = Callable[[bytes], bytes]
@@ -91,29 +107,73 @@ class AgentServer:
         self._handle_line = handle_line
         self._greeting = greeting
         self._allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
+        self.budget = WorkBudget()
         self.clients: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task] = set()
         self.refused_peers = 0
 
     async def start(self) -> None:
+        """Listen on ``path``; again after the file was deleted (the old listener is closed)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             sock.bind(os.fspath(self.path))
             os.chmod(self.path, 0o600)
-            sock.listen(64)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
-        self._server = await asyncio.start_unix_server(
-            self._serve_client, sock=sock, limit=protocol.MAX_LINE_BYTES + 1
-        )
+        self._stop_listening()
+        self._listener = sock
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(sock))
+
+    def _stop_listening(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+        if self._listener is not None:
+            self._listener.close()
+
+    async def _accept(self, listener: socket.socket) -> None:
+        """Accept connections a burst at a time, paced: while the budget is spent, a flood of
+        connects waits in the kernel's backlog instead of in the job's time."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.budget.pace()
+            try:
+                waiting = [await loop.sock_accept(listener)]
+            except OSError:
+                if listener.fileno() < 0:
+                    return  # closed: stop, or a rebind
+                await asyncio.sleep(0.1)  # out of descriptors or memory: try again shortly
+                continue
+            with contextlib.suppress(OSError):  # the burst is over (or out of descriptors)
+                while len(waiting) < ACCEPT_BATCH:
+                    waiting.append(listener.accept())
+            for conn, _ in waiting:
+                task = loop.create_task(self._serve_socket(conn))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _serve_socket(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(
+                sock=conn, limit=protocol.MAX_LINE_BYTES + 1
+            )
+        except OSError:
+            conn.close()
+            return
+        await self._serve_client(reader, writer)
+
+    def socket_missing(self) -> bool:
+        """Whether the socket file was deleted under the running job (nobody can connect)."""
+        return not os.path.lexists(self.path)
 
     async def stop(self, farewell: bytes | None = None) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._stop_listening()
         for client in list(self.clients):
             if farewell:
                 client.send(farewell)
@@ -170,10 +230,6 @@ class AgentServer:
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         sock = writer.get_extra_info("socket")
         uid = peer_uid(sock) if sock is not None else None
         if uid is not None and uid != self._allowed_uid:
@@ -213,10 +269,13 @@ class AgentServer:
             except asyncio.LimitOverrunError:
                 client.closed = True  # the notice below is the last line it gets
                 await close_with_notice(
-                    client.writer, f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes"
+                    client.writer,
+                    f"closing: a line longer than {protocol.MAX_LINE_BYTES} bytes",
+                    unread=reader,
                 )
                 return
             except (ConnectionError, OSError):
                 return
             if line.strip():
                 client.send(self._handle_line(line))
+            await self.budget.pace()

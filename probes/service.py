@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import protocol
+from . import discovery, protocol
 from .commands import CommandRouter
 from .devices import DeviceSample, DeviceSampler
 from .protocol import Capability, Hello, HostReading, SessionInfo
@@ -24,6 +24,7 @@ from .server import AgentServer
 from .telemetry import Telemetry
 
 TICK_S = 0.1
+SOCKET_CHECK_S = 1.0
 HISTORY_CHUNK = 512
 
 
@@ -84,6 +85,7 @@ class AgentService(threading.Thread):
         noise_capability: Callable[[], Capability],
         extensions: Sequence[Extension] = (),
         recorder: Recorder | None = None,
+        on_rebound: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
@@ -95,6 +97,7 @@ class AgentService(threading.Thread):
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
         self.recorder = recorder
+        self._on_rebound = on_rebound
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
             if socket_path is not None
@@ -149,14 +152,30 @@ class AgentService(threading.Thread):
             self.ready.set()
             return
         self.ready.set()
+        next_check = time.monotonic() + SOCKET_CHECK_S
         while not self._stopping.is_set():
             self.tick()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + SOCKET_CHECK_S
+                await self._rebind_if_deleted()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), TICK_S)
         self.tick(final=True)
         if self.server is not None:
             bye = protocol.encode(protocol.Bye(reason=self._bye_reason, t=time.time()))
             await self.server.stop(farewell=bye)
+
+    async def _rebind_if_deleted(self) -> None:
+        """A socket file deleted under the job (a tmp cleaner, a stray ``rm``) is made again,
+        so a monitor can still attach; connected monitors never notice."""
+        if self.server is None or not self.server.socket_missing():
+            return
+        try:
+            discovery.ensure_private_dir(self.server.path.parent)  # it may have gone too
+            await self.server.start()
+        except (OSError, discovery.BsmonDirError):
+            return  # tried again at the next check
+        self._on_rebound()
 
     def tick(self, final: bool = False) -> None:
         """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""

@@ -180,6 +180,7 @@ class SummaryBuilder:
             self.series["step_time_ms"].add(
                 span.step, 1e3 * span.timed_s / span.timed_steps, span.timed_steps
             )
+        if span.timed_steps and span.timed_s:  # 0 s: a corrupt span, or a clock too coarse
             self.series["samples_per_s"].add(
                 span.step, span.timed_samples / span.timed_s, span.timed_steps
             )

@@ -87,7 +87,8 @@ def test_unknown_server_message_type_is_ignored_by_clients():
             "unknown command type 'explode'; known: ping, probe",
             "x",
         ),
-        (b'{"type": 5, "id": 1}', "unknown command type 5", 1),
+        (b'{"type": 5, "id": 1}', "`type` must be a string, got an integer", 1),
+        (b'{"type": ["ping"], "id": 1}', "`type` must be a string, got an array", 1),
         (b'{"type": "set_batch_size", "id": 1}', "set_batch_size: missing field `value`", 1),
         (
             b'{"type": "set_batch_size", "id": 2, "value": "64"}',
@@ -96,6 +97,11 @@ def test_unknown_server_message_type_is_ignored_by_clients():
         ),
         (b'{"type": "set_batch_size", "id": 3, "value": 0}', "`value` must be at least 1", 3),
         (b'{"type": "set_batch_size", "id": 4, "value": -5}', "`value` must be at least 1", 4),
+        (
+            b'{"type": "set_batch_size", "id": 4, "value": 1180591620717411303424}',
+            "`value` must be at most 2147483648",
+            4,
+        ),
         (
             b'{"type": "set_batch_size", "id": 5, "value": 2.5}',
             "must be an integer, got a number",
@@ -115,6 +121,8 @@ def test_unknown_server_message_type_is_ignored_by_clients():
         (b'{"type": "ping", "id": [1]}', "`id` must be an integer or a string", None),
         (b'{"type": "ping", "id": false}', "`id` must be an integer or a string", None),
         (b"\xff\xfe\x00", "not valid JSON", None),
+        (b'{"type": "ping", "id": "\xff"}', "not valid JSON: not UTF-8", None),
+        (b"[" * 100_000, "not valid JSON: nested too deeply", None),
     ],
 )
 def test_bad_commands_get_a_readable_reason(line, expected, command_id):
@@ -122,6 +130,16 @@ def test_bad_commands_get_a_readable_reason(line, expected, command_id):
         protocol.decode_command(line)
     assert expected in str(info.value)
     assert info.value.command_id == command_id
+
+
+def test_an_unknown_type_is_echoed_short_not_whole():
+    with pytest.raises(ProtocolError) as info:
+        protocol.decode_command(b'{"type": "%s"}' % (b"x" * 100_000))
+    assert len(str(info.value)) < 200 and "xxx…'" in str(info.value)
+
+
+def test_a_server_line_with_a_type_that_is_not_a_string_is_not_a_message():
+    assert protocol.decode_server_message(b'{"type": ["hello"]}') is None
 
 
 def test_good_commands_decode_to_their_types():

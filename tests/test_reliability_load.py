@@ -1,0 +1,46 @@
+"""Load: a job making thousands of steps a second. The agent keeps up (every sample counted,
+none dropped from its inbox) in memory that does not grow with the steps. The speed itself is
+a figure in benchmarks/reliability.py, never a pass/fail here."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import torch
+
+from bsmon.probes import attach, protocol
+from bsmon.probes.client import JobConnection
+
+BATCH = 4
+
+
+def fast_steps(optimizer: torch.optim.Optimizer, mon, count: int) -> None:
+    """The cheapest real step there is: the optimizer's, with gradients already in place."""
+    for _ in range(count):
+        mon.count_samples(BATCH)  # as a loader bsmon did not make would, before the step
+        optimizer.step()
+
+
+def test_a_job_of_thousands_of_steps_a_second_loses_no_sample_in_bounded_memory(bsmon_dir):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    model(torch.ones(1, 2)).sum().backward()
+    mon = attach(model, optimizer, name="fast", record=True, sample_interval_s=0.05)
+    with mon, JobConnection(mon.socket_path) as conn:
+        conn.hello()
+        fast_steps(optimizer, mon, 5_000)  # warm: history, buckets and events reach size
+        assert mon.flush(30)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            fast_steps(optimizer, mon, 20_000)
+            assert mon.flush(30)
+            grown = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+        stats = mon.stats()
+        assert stats["step"] == 25_000 and stats["samples"] == 25_000 * BATCH
+        assert stats["errors"] == 0
+        assert grown < 512 << 10, f"{grown} bytes more after 20,000 steps"  # < 27 bytes a step
+        metrics = [m for m in conn.messages(0.5) if isinstance(m, protocol.Metrics)]
+        assert metrics and metrics[-1].step == 25_000
