@@ -34,6 +34,7 @@ from .devices import DeviceSampler
 from .guard import is_out_of_memory, release_memory
 from .hooks import StepHooks
 from .lr_scaling import POLICIES as LR_POLICIES
+from .noise import DEFAULT_BUDGET as NOISE_BUDGET
 from .noise import MODES as NOISE_SCALE_MODES
 from .noise import NoiseExtension, NoiseScale
 from .probe.job import ProbeSource, device_free
@@ -92,7 +93,7 @@ class Monitor:
         noise_scale: str | None = "auto",
         noise_window: int = 1000,
         noise_preconditioned: bool = False,
-        noise_budget: float | None = 0.02,
+        noise_budget: float | None = NOISE_BUDGET,
         grad_scaler: Any = None,
         socket_dir: str | os.PathLike[str] | None = None,
         record: bool | str | os.PathLike[str] = True,

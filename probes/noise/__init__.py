@@ -19,6 +19,6 @@ Never imports textual or rich.
 
 from __future__ import annotations
 
-from .controller import MODES, NoiseExtension, NoiseScale
+from .controller import DEFAULT_BUDGET, MODES, NoiseExtension, NoiseScale
 
-__all__ = ["MODES", "NoiseExtension", "NoiseScale"]
+__all__ = ["DEFAULT_BUDGET", "MODES", "NoiseExtension", "NoiseScale"]
