@@ -22,7 +22,6 @@ import random
 import resource
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -40,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bsmon.probes import discovery, protocol  # noqa: E402
 from bsmon.probes.client import JobConnection  # noqa: E402
 from bsmon.probes.summary import summarize_record  # noqa: E402
-from tests.reliability_kit import JobProcess, kill_attached_monitors  # noqa: E402
+from tests.reliability_kit import JobProcess, kill_attached_monitors, raw_client  # noqa: E402
 
 REDRAW_GAP_S = 0.005
 Disturb = Callable[["Bench", JobProcess, float], "Tally"]
@@ -162,14 +161,8 @@ def hostile_lines(bench: Bench, job: JobProcess, deadline: float) -> Tally:
     return tally
 
 
-def connect(path: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(os.fspath(path))
-    return sock
-
-
 def idle_clients(bench: Bench, job: JobProcess, deadline: float) -> Tally:
-    clients = [connect(job.socket) for _ in range(100)]  # type: ignore[arg-type]
+    clients = [raw_client(job.socket, timeout=None) for _ in range(100)]  # type: ignore[arg-type]
     undisturbed(bench, job, deadline)
     for sock in clients:
         sock.close()
@@ -177,7 +170,7 @@ def idle_clients(bench: Bench, job: JobProcess, deadline: float) -> Tally:
 
 
 def never_reading(bench: Bench, job: JobProcess, deadline: float) -> Tally:
-    with connect(job.socket):  # type: ignore[arg-type]
+    with raw_client(job.socket, timeout=None):  # type: ignore[arg-type]
         undisturbed(bench, job, deadline)
     return Tally(inputs=1, note="a client that never reads while metrics flow")
 
@@ -185,7 +178,7 @@ def never_reading(bench: Bench, job: JobProcess, deadline: float) -> Tally:
 def rapid_connects(bench: Bench, job: JobProcess, deadline: float) -> Tally:
     tally = Tally(note="connect and close at once, as fast as possible")
     while until(deadline):
-        connect(job.socket).close()  # type: ignore[arg-type]
+        raw_client(job.socket, timeout=None).close()  # type: ignore[arg-type]
         tally.inputs += 1
     return tally
 

@@ -3,6 +3,8 @@ reliability tests and benchmarks/reliability.py."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -112,3 +114,18 @@ def kill_attached_monitors(start: Start, socket: Path, count: int, batch: int = 
             monitor.wait(10)
             killed += 1
     return killed
+
+
+def raw_client(path: os.PathLike[str], timeout: float | None = 10) -> socket.socket:
+    """A client that speaks no protocol: a connected Unix socket and nothing more."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(os.fspath(path))
+    return sock
+
+
+def read_to_eof(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+    return data

@@ -13,6 +13,7 @@ from bsmon.probes.client import JobConnection
 
 from .helpers import wait_until
 from .jobs import TinyJob
+from .reliability_kit import raw_client, read_to_eof
 
 
 @pytest.fixture
@@ -21,20 +22,6 @@ def served(bsmon_dir):
     mon = attach(job.model, job.optimizer, batch_size=8, name="clients", record=False)
     yield job, mon
     mon.close()
-
-
-def raw_client(path: os.PathLike[str]) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10)
-    sock.connect(os.fspath(path))
-    return sock
-
-
-def read_to_eof(sock: socket.socket) -> bytes:
-    data = b""
-    while chunk := sock.recv(1 << 16):
-        data += chunk
-    return data
 
 
 def open_fds() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import uuid
 
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +18,7 @@ from bsmon.probes import attach, protocol
 from bsmon.probes.client import JobConnection
 
 from .jobs import TinyJob
+from .reliability_kit import raw_client, read_to_eof
 
 BATCHES = 100
 LINES_PER_BATCH = 100  # 10,000 generated lines in all
@@ -107,15 +107,10 @@ def test_ten_thousand_generated_lines_each_get_one_reply_and_the_job_steps_on(bs
 def send_all_and_read_to_eof(path: os.PathLike[str], data: bytes) -> list[bytes]:
     """Send ``data`` as a raw client (the server may close before taking all of it) and return
     the lines it answered with, up to its end of the connection."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(os.fspath(path))
+    with raw_client(path, timeout=30) as sock:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        received = b""
-        while chunk := sock.recv(1 << 16):
-            received += chunk
-    return received.splitlines()
+        return read_to_eof(sock).splitlines()
 
 
 def test_a_two_mebibyte_line_of_garbage_closes_only_its_own_connection(bsmon_dir):
