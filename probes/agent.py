@@ -23,31 +23,40 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import discovery, distributed, protocol, sigterm
+from . import discovery, distributed, loader_watch, protocol, sigterm
 from .batch_control import BatchController, BatchExtension, Pending
 from .batch_control import register_commands as register_batch_commands
 from .batch_policy import BatchPolicy, StepRule
 from .commands import CommandRouter
-from .data import MonitoredDataLoader, batch_length, make_dataloader
+from .data import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
 from .devices import DeviceSampler
+from .forward_watch import ForwardWatch, RootPass
 from .guard import is_out_of_memory, release_memory
 from .hooks import StepHooks
 from .lr_scaling import POLICIES as LR_POLICIES
 from .noise import DEFAULT_BUDGET as NOISE_BUDGET
 from .noise import MODES as NOISE_SCALE_MODES
 from .noise import NoiseExtension, NoiseScale
+from .noise.autograd import ExampleCounter
+from .phases import EvalClock
 from .probe.job import ProbeSource, device_free
 from .probe.runner import ProbeExtension, ProbeRunner
 from .protocol import Capability, Event, ProbeResult, SessionInfo
 from .ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from .record import Recorder, claim_record_path, default_record_path
 from .safety import FaultGuard
+from .samples import StepSamples
 from .service import AgentService, Extension, PeriodicSampler
 from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .timing import ScalarError, StepClock, capture_scalar
 
 INBOX_CAPACITY = 1 << 16
+REEVALUATES = (
+    "LBFGS evaluates its closure several times per step, each at other parameters, so a "
+    "step's gradient noise is not defined"
+)
 SMALL_DEVICE_BATCH = 8  # a per-device batch below this mostly leaves the device waiting
 NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
@@ -65,6 +74,24 @@ def private_temp_dir() -> Path:
     import tempfile
 
     return Path(tempfile.mkdtemp(prefix="bsmon-"))
+
+
+def session_info(name: str) -> SessionInfo:
+    """This process's session as the protocol and the record describe it, starting now."""
+    rank, world_size = distributed.world()
+    return SessionInfo(
+        name=name,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        argv=list(sys.argv),
+        start_time=time.time(),
+        python=sys.version.split()[0],
+        torch_version=str(torch.__version__),
+        bsmon_version=_bsmon_version(),
+        cwd=os.getcwd(),
+        rank=rank,
+        world_size=world_size,
+    )
 
 
 def _default_name() -> str:
@@ -107,11 +134,13 @@ class Monitor:
         lr_scheduler: Any = None,
         probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
         ranks_view: bool = True,
+        batch_dim: int | None = None,
     ) -> None:
         _check_options(
             model,
             optimizer,
             batch_size=batch_size,
+            batch_dim=batch_dim,
             name=name,
             noise_scale=noise_scale,
             noise_window=noise_window,
@@ -131,8 +160,7 @@ class Monitor:
 
         # training-thread state
         self._step = 0
-        self._batch_samples = 0
-        self._observed_batch: int | None = None  # count_samples(): the step's first batch
+        self._samples = StepSamples()
         self._micro_batches = 0
         self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
@@ -143,6 +171,10 @@ class Monitor:
         )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
+        self._watch = ForwardWatch(model, self._guard, batch_dim)
+        self._watch.on_root(self._on_root_pass)
+        self._model_examples = ExampleCounter(self._watch, "samples")
+        self._evals = EvalClock(time.perf_counter())
         self._noise = NoiseScale(
             model,
             optimizer,
@@ -154,24 +186,14 @@ class Monitor:
             grad_scaler=grad_scaler,
             preconditioned=noise_preconditioned,
             budget=noise_budget,
-            examples_hint=lambda: self._batch_samples or self._observed_batch or self.batch_size,
+            watch=self._watch,
+            examples_hint=lambda: self._samples.so_far or self.batch_size,
+            pass_hint=lambda: self._samples.last_batch or self.micro_batch_size,
             step_time=lambda: self.telemetry.step_time_s,
         )
 
-        rank, world_size = distributed.world()
-        self.session = SessionInfo(
-            name=self.name,
-            pid=self._pid,
-            host=socket.gethostname(),
-            argv=list(sys.argv),
-            start_time=time.time(),
-            python=sys.version.split()[0],
-            torch_version=str(torch.__version__),
-            bsmon_version=_bsmon_version(),
-            cwd=os.getcwd(),
-            rank=rank,
-            world_size=world_size,
-        )
+        self.session = session_info(self.name)
+        rank, world_size = self.session.rank, self.session.world_size
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
         self.telemetry.noise = self._noise.reading
@@ -187,11 +209,21 @@ class Monitor:
             world_size=world_size,
         )
         self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
+        self._closure_step = False  # the step in progress runs its backward pass inside
+        self._reevaluates = isinstance(optimizer, torch.optim.LBFGS)
+        if self._reevaluates:
+            self._noise.refuse(REEVALUATES)
+        self._other_optimizers: set[int] = set()
+        self._any_step_hook = register_optimizer_step_pre_hook(self._on_any_step)
+        if (why := loader_watch.subscribe(self._on_loader)) is not None:
+            self._warn("loaders_unseen", f"{why}; evaluation time counts as step time")
         self.socket_path: Path | None = None
         self.serving = Capability(False, "serve=False")
         if serve:
             self.socket_path = self._prepare_socket(socket_dir)
-        self.probe_source = ProbeSource(model, optimizer, loss_fn, probe_step, self.batch_control)
+        self.probe_source = ProbeSource(
+            model, optimizer, loss_fn, probe_step, self.batch_control, watch=self._watch
+        )
         self.prober = self._make_prober(rank)
         extensions: list[Extension] = [
             NoiseExtension(self._noise, self.telemetry),
@@ -410,32 +442,99 @@ class Monitor:
 
     # -- training-thread hot path ------------------------------------------------------------
 
-    def _on_step_begin(self) -> None:
-        self._noise.on_step()
+    def _on_step_begin(self, closure: bool) -> None:
+        """A step given a closure runs its backward pass inside ``step()`` (Lightning's way):
+        its measurement is taken when the step ends, not before the closure has run."""
+        self._closure_step = closure
+        if not closure:
+            self._noise.on_step()
+
+    def _on_any_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        """Every optimizer's pre-step (global hook): another optimizer that steps parameters
+        outside this model means backward passes that are not this model's steps."""
+        try:
+            if optimizer is self.optimizer or id(optimizer) in self._other_optimizers:
+                return
+            self._other_optimizers.add(id(optimizer))
+            if self.model is None or self._noise.source is None:
+                return
+            ours = {id(p) for p in self.model.parameters()}
+            params = (p for group in optimizer.param_groups for p in group["params"])
+            if any(id(p) not in ours for p in params):
+                self._noise.refuse(
+                    f"another optimizer ({type(optimizer).__name__}) steps parameters outside "
+                    "the model bsmon watches, a GAN's or an actor-critic's way: the other "
+                    "model's backward passes run through this one, so its steps' gradient "
+                    "noise is not defined"
+                )
+        except Exception as exc:
+            self._guard.report("the global optimizer pre-step hook", exc)
 
     def _on_step_end(self) -> None:
+        if self._closure_step:
+            self._noise.on_step()  # numbers the step it measured as the pre-hook would
         self._step += 1
         control = self.batch_control
-        size = control.size if control is not None else self._observed_batch
-        samples = self._batch_samples or size or 0
-        self._batch_samples = 0
-        self._observed_batch = None
+        watching = self._watch.armed  # before its first step ends, the model is not watched
+        drawing = self._samples.drawing
+        model_examples = self._model_examples.take(one_batch=self._reevaluates)
+        samples, size = self._samples.end_step(
+            model_examples, control.size if control is not None else None
+        )
+        # nothing else counts this job's samples: count the model's inputs (see forward_watch)
+        self._model_examples.want(not drawing)
+        if samples is None and watching and self.telemetry.samples_note is None:
+            self.telemetry.samples_note = reason = self._samples_reason()
+            self._warn("samples_not_counted", reason)
         self._micro_batches = 0
         if self._batches_since_step:
             self._batches_since_step = []
+        now = time.perf_counter()
+        eval_s = self._evals.take(now)
         self._inbox.append(
-            (STEP, self._step, time.time(), self._clock.mark(time.perf_counter()), samples, size)
+            (STEP, self._step, time.time(), self._clock.mark(now), samples, size, eval_s)
         )
         if control is not None:
             control.at_step_boundary()
         if self._ddp_timing is not None:
             self._ddp_timing.at_step(self._step)
+        if not self._watch.armed:
+            self._watch.arm()
+
+    def _on_loader(self, iterator: Any, batch: Any, _started: float, finished: float) -> None:
+        """Any DataLoader's batch (loader_watch): training or evaluation activity; a
+        training batch's samples count toward the step."""
+        try:
+            model = self.model
+            if not torch.is_grad_enabled() or (model is not None and not model.training):
+                self._evals.evaluate(finished)
+                return
+            self._evals.train(finished)
+            n = batch_length(batch) if batch is not None else None
+            if n is not None and not isinstance(iterator._index_sampler, DynamicBatchSampler):
+                self._samples.draw(n, loader_watch.nominal_batch_size(iterator))
+        except Exception as exc:
+            self._guard.report("DataLoader batch accounting", exc)
+
+    def _on_root_pass(self, root_pass: RootPass, _output: Any) -> None:
+        if root_pass.grad and root_pass.training:
+            self._evals.train(time.perf_counter())
+        else:
+            self._evals.evaluate(time.perf_counter())
+
+    def _samples_reason(self) -> str:
+        seen = self._watch.blocked() or "the model's own forward was not called"
+        return (
+            f"samples not counted: no DataLoader batch was seen and {seen}; "
+            "attach(..., batch_size=N) declares them"
+        )
 
     def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
             n = batch_length(batch)
             size = n if n is not None else len(indices)
-            self._batch_samples += size
+            self._samples.count(size)
+            self._samples.last_batch = size
             self._batches_since_step.append((loader, indices))
             self.probe_source.offer(batch, size)
             if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
@@ -458,9 +557,7 @@ class Monitor:
         """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
         make (``bsmon run``, the framework integrations). Without batch control, the first
         ``batch_size`` of a step (default: ``samples``) is reported as the job's batch size."""
-        self._batch_samples += samples
-        if self._observed_batch is None:
-            self._observed_batch = batch_size or samples or None
+        self._samples.count(samples, batch_size)
 
     def emit(self, event: Event) -> None:
         """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
@@ -597,7 +694,7 @@ class Monitor:
             loader.requeue(indices)
             requeued += len(indices)
         self._batches_since_step = []
-        self._batch_samples = 0
+        self._samples.discard()
         self._micro_batches = 0
         if fallback != control.size:
             control.switch(Pending(fallback, f"out of memory at {failed}", "oom guard"))
@@ -666,8 +763,12 @@ class Monitor:
                 return
             self._closed = True
         self._hooks.remove()
+        self._any_step_hook.remove()
+        loader_watch.unsubscribe(self._on_loader)
         self._noise.close()
         self.probe_source.close()
+        self._model_examples.remove()
+        self._watch.close()
         self.prober.stop()
         if self._ranks_exchange is not None:
             self._ranks_exchange.close()
@@ -703,6 +804,7 @@ def _check_options(
     optimizer: object,
     *,
     batch_size: object,
+    batch_dim: object,
     name: object,
     noise_scale: object,
     noise_window: object,
@@ -714,6 +816,10 @@ def _check_options(
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("noise_window", noise_window, allow_none=False)
     _check_positive_int("micro_batch_size", micro_batch_size)
+    if batch_dim is not None and (
+        isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0
+    ):
+        raise ValueError(f"batch_dim must be a non-negative integer, got {batch_dim!r}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "

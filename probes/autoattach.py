@@ -7,14 +7,19 @@
   including ones created before it was registered. The first ``optimizer.step()`` of the
   process attaches a normal ``Monitor`` (so whatever the Monitor does, e.g. the noise scale,
   works here too) to that optimizer and to the model found through its parameters;
-- wraps DataLoader iteration, so the samples each step draws are counted (per step, from the
-  loader that yielded last: a validation pass between steps is not counted);
+- watches DataLoader iteration (``loader_watch``), so the samples of the training batches
+  each step draws are counted (batches drawn with gradients off or the model in ``eval()``
+  mode are evaluation, not counted), with the loader's own batch size as the job's;
 - wraps ``Tensor.backward``, so the scalar the script calls ``backward()`` on is shown as its
   loss (as the script computed it: divided for accumulation, or scaled by AMP, if it is).
 
 A process that never steps an optimizer (torchrun's launcher, DataLoader workers, tools)
-never attaches: no thread, no socket. Batch-size control is off, with the reason and how to
-turn it on: the script's own DataLoaders cannot be resized from outside.
+never attaches: no thread, no socket. It leaves ``bsmon run`` a note (``run_notes``) saying
+why — a script that calls ``backward()`` but updates its parameters by hand is told apart
+from one that never trained — and a process that trained without attaching also leaves a
+record that says so. Nothing is written to the job's own output. Batch-size control is off,
+with the reason and how to turn it on: the script's own DataLoaders cannot be resized from
+outside.
 
 Rules of the house: every callback is O(1) on the training thread, apart from the one-time
 attach at the first step (which also scans the heap once for the model, ~0.1 s per 200k
@@ -23,20 +28,22 @@ objects); every exception inside bsmon code is caught, counted and shown as an e
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
-import sys
+import os
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import distributed
+from . import discovery, distributed, loader_watch, run_notes
 from .data import batch_length
 from .integrations.common import disable_batch_control, note, rank_name
 from .protocol import Event
+from .record import import_summary_writer, write_unattached
 from .safety import FaultGuard
 
 CONTROL_REASON = (
@@ -48,6 +55,12 @@ PROBE_REASON = (
     "attach(..., batch_size=N, loss_fn=...) in the script enables it"
 )
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
+UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
+HAND_UPDATES = (
+    "it calls backward() but steps no torch.optim optimizer (parameters updated by hand?); "
+    "bsmon attaches at the first optimizer.step()"
+)
+NOTHING_TRAINED = "it stepped no torch.optim optimizer (nothing trained)"
 
 _installed: list[AutoAttach] = []  # this process's agent, once installed
 
@@ -84,12 +97,14 @@ class AutoAttach:
         self._early: list[Event] = []
         self._early_loss: torch.Tensor | None = None
         self._others: set[int] = set()
-        # samples drawn since the last step, from the loader (iterator) that yielded last
-        self._source = 0
-        self._first = 0
-        self._total = 0
-        self._unwrap: list[Callable[[], None]] = []  # puts back what _wrap_* replaced
+        self._total = 0  # training samples drawn before the first step
+        self._first = 0  # the job's batch size, from the first training batch
+        self._backwards = 0  # backward() calls before the first optimizer step
+        self._unwrap: list[Any] = []  # puts back what install() changed
         self._hook: Any = None
+        self._notes: tuple[Path, str] | None = None  # (bsmon directory, run id) of bsmon run
+        self._script_attached = False
+        self._started = time.time()
 
     # -- installation ----------------------------------------------------------------------
 
@@ -97,39 +112,19 @@ class AutoAttach:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._hook = register_optimizer_step_pre_hook(self._pre_step)
-        self._wrap_dataloader()
+        if (why := loader_watch.subscribe(self._on_batch)) is not None:
+            self._note_early(f"{why}: samples are not counted")
+        else:
+            self._unwrap.append(lambda: loader_watch.unsubscribe(self._on_batch))
         self._wrap_backward()
-
-    def uninstall(self) -> None:
-        """Remove the hook and the wrappers (not from inside an optimizer step: torch is
-        iterating over the hooks then)."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        self._unwrap_all()
+        run_id = os.environ.get(run_notes.ENV_RUN_ID)
+        if run_id:
+            self._notes = (discovery.default_dir(), run_id)
+            atexit.register(self._at_exit)
 
     def _unwrap_all(self) -> None:
         while self._unwrap:
             self._unwrap.pop()()
-
-    def _wrap_dataloader(self) -> None:
-        from torch.utils.data import dataloader
-
-        iterator_class = getattr(dataloader, "_BaseDataLoaderIter", None)
-        original = getattr(iterator_class, "__next__", None)
-        if iterator_class is None or original is None:
-            self._note_early("this torch has no _BaseDataLoaderIter: samples are not counted")
-            return
-        agent = self
-
-        @functools.wraps(original)
-        def __next__(iterator: Any) -> Any:
-            batch = original(iterator)
-            agent._on_batch(id(iterator), batch)
-            return batch
-
-        iterator_class.__next__ = __next__
-        self._unwrap.append(lambda: setattr(iterator_class, "__next__", original))
 
     def _wrap_backward(self) -> None:
         original = torch.Tensor.backward
@@ -145,17 +140,18 @@ class AutoAttach:
 
     # -- training-thread callbacks -------------------------------------------------------------
 
-    def _on_batch(self, source: int, batch: Any) -> None:
+    def _on_batch(self, iterator: Any, batch: Any, _started: float, _finished: float) -> None:
+        """A DataLoader batch before the monitor exists (loader_watch): a training batch
+        counts toward the first step; the monitor counts the later ones itself."""
         try:
+            if batch is None or not torch.is_grad_enabled():
+                return  # the end of an epoch, or an evaluation loop
             n = batch_length(batch)
             if n is None:
                 return
-            if source != self._source:  # another loader: what the previous one drew is not
-                self._source, self._first, self._total = source, n, n  # this step's
-            elif self._total:
-                self._total += n
-            else:
-                self._first = self._total = n
+            if not self._total:
+                self._first = loader_watch.nominal_batch_size(iterator) or n
+            self._total += n
         except Exception as exc:
             self.guard.report("counting a DataLoader batch", exc)
 
@@ -165,28 +161,32 @@ class AutoAttach:
                 return
             if self.monitor is not None:
                 self.monitor.log(loss=tensor)
-            elif self.stood_down is None:
+                return
+            self._backwards += 1
+            if self.stood_down is None:
                 self._early_loss = tensor.detach()
+            if self._backwards == UNSTEPPED_BACKWARDS and self.optimizer is None:
+                self._leave_note()  # bsmon run can say why while the job runs
+                import_summary_writer()  # before exit, where importing it could fail
         except Exception as exc:
             self.guard.report("reading the loss at backward()", exc)
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         try:
-            if self.monitor is None:
-                if self.stood_down is not None:
-                    return
-                try:
-                    self._attach(optimizer)
-                except Exception as exc:
-                    self._stand_down(f"could not attach ({type(exc).__name__}: {exc})")
-                if self.monitor is None:
-                    return
-            if optimizer is not self.optimizer:
-                self._note_other(optimizer)
+            if self.monitor is not None:
+                if optimizer is not self.optimizer:
+                    self._note_other(optimizer)
                 return
-            if self._total:
-                self.monitor.count_samples(self._total, self._first)
-                self._total = 0
+            if self.stood_down is not None:
+                return
+            try:
+                self._attach(optimizer)
+            except Exception as exc:
+                self._stand_down(f"could not attach ({type(exc).__name__}: {exc})")
+            if self.monitor is not None:  # the batches drawn before it, toward the first step
+                loader_watch.unsubscribe(self._on_batch)
+                if self._total:
+                    self.monitor.count_samples(self._total, self._first)
         except Exception as exc:
             self.guard.report("the optimizer step pre-hook", exc)
 
@@ -196,17 +196,22 @@ class AutoAttach:
         from .agent import attach, live_monitors
 
         if any(True for _ in live_monitors()):
+            self._script_attached = True
             self._stand_down("the script attaches bsmon itself; bsmon run leaves it to that")
             return
         started = time.perf_counter()
         try:
-            model = find_model(optimizer)
+            objects = gc.get_objects()  # one scan of the heap for both
+            model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            del objects
         except Exception as exc:
-            model = None
+            model = scaler = None
             self.guard.report("looking for the model", exc)
         search_s = time.perf_counter() - started
         rank, world_size = distributed.world()
-        monitor = attach(model, optimizer, name=rank_name(self.name, rank, world_size))
+        monitor = attach(
+            model, optimizer, name=rank_name(self.name, rank, world_size), grad_scaler=scaler
+        )
         disable_batch_control(monitor, CONTROL_REASON)
         monitor.router.disable("probe", PROBE_REASON)
         self.monitor, self.optimizer, self.model = monitor, optimizer, model
@@ -232,7 +237,36 @@ class AutoAttach:
         self._early.clear()
         self._early_loss = None
         self._unwrap_all()  # the hook stays (torch may be iterating over it); it does nothing
-        sys.stderr.write(f"bsmon: {why}\n")
+        self._leave_note()
+
+    def _leave_note(self) -> None:
+        """Tell bsmon run whether this process is monitored, and if not, why (never raises)."""
+        if self._notes is None:
+            return
+        attached = self.monitor is not None or self._script_attached
+        trained = self._backwards > 0 or self.optimizer is not None
+        if attached:
+            reason = None
+        elif self.stood_down is not None:
+            reason = self.stood_down
+        else:
+            reason = HAND_UPDATES if trained else NOTHING_TRAINED
+        run_notes.write(*self._notes, run_notes.Note(os.getpid(), attached, trained, reason))
+
+    def _at_exit(self) -> None:
+        """The last word of a process that trained but was never monitored: its note, and a
+        record that says why. Never raises (an exception here would change the exit code)."""
+        try:
+            self._leave_note()
+            if self.monitor is None and not self._script_attached and self._backwards:
+                from .agent import session_info
+
+                session = session_info(self.name)
+                session.start_time = self._started
+                reason = self.stood_down or HAND_UPDATES
+                write_unattached(discovery.default_dir(), session, reason)
+        except Exception:  # nothing may escape at exit: the note and record are best effort
+            return
 
     def _note_other(self, optimizer: torch.optim.Optimizer) -> None:
         key = id(optimizer)
@@ -259,13 +293,16 @@ class AutoAttach:
 # -- finding the model -----------------------------------------------------------------------
 
 
-def find_model(optimizer: torch.optim.Optimizer) -> nn.Module | None:
+def find_model(
+    optimizer: torch.optim.Optimizer, objects: list[Any] | None = None
+) -> nn.Module | None:
     """The module the script trains with ``optimizer``: among the outermost modules alive
     (those no other module holds as a child), the one that holds the most of the optimizer's
     parameters, then the fewest others. A DDP or ``torch.compile`` wrapper is outermost, so it
     is the one found (it is what the script calls). None when no module holds any of them."""
     wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    modules = [obj for obj in gc.get_objects() if issubclass(type(obj), nn.Module)]
+    heap = gc.get_objects() if objects is None else objects
+    modules = [obj for obj in heap if issubclass(type(obj), nn.Module)]
     children = {id(child) for module in modules for child in module._modules.values()}
     best: tuple[int, int] | None = None
     found = None
@@ -280,6 +317,19 @@ def find_model(optimizer: torch.optim.Optimizer) -> nn.Module | None:
         if best is None or score > best:
             best, found = score, module
     return found
+
+
+def find_grad_scaler(objects: list[Any] | None = None) -> Any:
+    """The job's ``torch.amp.GradScaler`` when it has exactly one (its loss scale is divided
+    out of the gradients bsmon measures); None otherwise."""
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_class is None:
+        return None
+    heap = gc.get_objects() if objects is None else objects
+    scalers = [
+        obj for obj in heap if issubclass(type(obj), scaler_class)
+    ]  # type(): no __class__ lookups, which warn on some objects
+    return scalers[0] if len(scalers) == 1 else None
 
 
 def describe_model(model: nn.Module | None) -> str:

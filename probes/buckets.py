@@ -171,6 +171,8 @@ def merge_spans(a: Span, b: Span) -> Span:
         timed_steps=a.timed_steps + b.timed_steps,
         timed_s=a.timed_s + b.timed_s,
         timed_samples=a.timed_samples + b.timed_samples,
+        uncounted_s=a.uncounted_s + b.uncounted_s,
+        eval_s=a.eval_s + b.eval_s,
         step_time=merge_stat(a.step_time, b.step_time),
         step_hist=merge_counts(a.step_hist, b.step_hist),
         throughput=merge_stat(a.throughput, b.throughput),

@@ -86,6 +86,25 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
+class NominalBatch:
+    """The job's batch size as a person would state it, from the batches its steps drew: a
+    new size takes over once two steps in a row have it, so the short last batch of an epoch
+    is not a change of batch size (its samples still count as drawn)."""
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self._candidate: int | None = None
+
+    def update(self, observed: int | None) -> int | None:
+        if observed is None or observed == self.size:
+            self._candidate = None
+        elif self.size is None or observed == self._candidate:
+            self.size, self._candidate = observed, None
+        else:
+            self._candidate = observed
+        return self.size
+
+
 OnBatch = Callable[["MonitoredDataLoader", Any, list[int]], None]
 
 

@@ -39,14 +39,23 @@ def _wrapper_frames_on_stack() -> int:
     return count
 
 
+def steps_with_closure(args: tuple, kwargs: dict) -> bool:
+    """Whether a step was given a closure (LBFGS and the like: the closure re-evaluates the
+    model, several times per step for LBFGS). Step hooks get ``(optimizer, closure, ...)``:
+    torch passes the wrapped method's arguments, ``self`` first."""
+    positional = args[1:] if args and isinstance(args[0], torch.optim.Optimizer) else args
+    closure = kwargs.get("closure", positional[0] if positional else None)
+    return callable(closure)
+
+
 class StepHooks:
-    """Installs pre/post step hooks on one optimizer and calls ``on_step_begin/end`` once
-    per outermost step."""
+    """Installs pre/post step hooks on one optimizer and calls ``on_step_begin(closure)`` and
+    ``on_step_end()`` once per outermost step."""
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        on_step_begin: Callable[[], None],
+        on_step_begin: Callable[[bool], None],
         on_step_end: Callable[[], None],
         guard: FaultGuard,
     ) -> None:
@@ -69,14 +78,14 @@ class StepHooks:
     def installed(self) -> bool:
         return bool(self._handles)
 
-    def _pre_hook(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _pre_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
         try:
             if self._depth and _WRAPPER_CODE is not None and _wrapper_frames_on_stack() <= 1:
                 self._depth = 0  # the previous step raised before its post-hook ran
                 self.stale_recoveries += 1
             self._depth += 1
             if self._depth == 1:
-                self._on_begin()
+                self._on_begin(steps_with_closure(args, kwargs))
         except Exception as exc:
             self._guard.report("optimizer pre-step hook", exc)
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import discovery
+from . import discovery, run_notes
 
 ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
@@ -25,14 +25,18 @@ LAUNCHER_MODULES = (
 )
 
 
-def child_environment(base: Mapping[str, str], name: str, directory: Path) -> dict[str, str]:
+def child_environment(
+    base: Mapping[str, str], name: str, directory: Path, run_id: str
+) -> dict[str, str]:
     """``base`` plus what the agent in the child needs: the boot directory first on
-    ``PYTHONPATH``, the job's name, and the socket directory this ``bsmon run`` watches."""
+    ``PYTHONPATH``, the job's name, the socket directory this ``bsmon run`` watches, and the
+    run's id (the processes' notes carry it, see ``run_notes``)."""
     env = dict(base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *rest])
     env[ENV_RUN] = name
     env[discovery.ENV_DIR] = str(directory)
+    env[run_notes.ENV_RUN_ID] = run_id
     return env
 
 

@@ -95,6 +95,7 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     preconditioned: bool = False  # Adam-preconditioned variant
     detail: str | None = None  # the estimator in words, e.g. "4 micro-batches per step"
     note: str | None = None  # why the last step was skipped, or why there is no estimate
+    phase: str | None = None  # "warming up" (every step measured) or "tracking" (cost budget)
 
 
 class BatchChange(msgspec.Struct, omit_defaults=True):
@@ -259,7 +260,7 @@ class MetricsPoint(msgspec.Struct, omit_defaults=True):
     batch_size: int | None = None
     step_time_s: float | None = None
     samples_per_s: float | None = None
-    samples: int = 0
+    samples: int | None = 0
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
     noise: NoiseScaleReading | None = None
 
@@ -271,7 +272,9 @@ class Metrics(Message, tag="metrics"):
     step_time_s: float | None
     samples_per_s: float | None
     b_simple: float | None
-    samples: int = 0
+    samples: int | None = 0  # None: the job's samples are not counted (samples_note says why)
+    samples_note: str | None = None
+    eval_s: float = 0.0  # evaluation inside the training loop so far, not in step times
     steps_in_window: int = 0
     idle_s: float | None = None
     scalars: dict[str, float] = msgspec.field(default_factory=dict)

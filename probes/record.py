@@ -40,6 +40,7 @@ from .record_format import (
     Status,
     encode_line,
     header_for,
+    throughput,
 )
 
 if TYPE_CHECKING:  # telemetry imports torch; the dashboard uses this module without it
@@ -80,6 +81,7 @@ class _Bucket:
 
     __slots__ = (
         "batch_size",
+        "eval_s",
         "hist",
         "scalars",
         "step_time",
@@ -88,6 +90,7 @@ class _Bucket:
         "timed_s",
         "timed_samples",
         "timed_steps",
+        "uncounted_s",
     )
 
     def __init__(self, t0: float, batch_size: int | None) -> None:
@@ -97,6 +100,8 @@ class _Bucket:
         self.timed_steps = 0
         self.timed_s = 0.0
         self.timed_samples = 0
+        self.uncounted_s = 0.0  # timed seconds of steps whose samples were not counted
+        self.eval_s = 0.0
         self.step_time = StatAcc()
         self.hist: dict[int, int] = {}
         self.scalars: dict[str, StatAcc] = {}
@@ -170,7 +175,12 @@ class Recorder:
     # -- the telemetry tap (agent thread) -----------------------------------------------------
 
     def on_step(
-        self, step: int, duration: float | None, samples: int, batch_size: int | None
+        self,
+        step: int,
+        duration: float | None,
+        samples: int | None,
+        batch_size: int | None,
+        eval_s: float = 0.0,
     ) -> None:
         try:
             bucket = self._bucket
@@ -180,12 +190,17 @@ class Recorder:
                     bucket = self._bucket
                 bucket.batch_size = batch_size
             bucket.steps += 1
+            bucket.eval_s += eval_s
             self.step = step
-            self.samples += samples
+            if samples is not None:
+                self.samples += samples
             if duration is not None and 0 < duration < math.inf:
                 bucket.timed_steps += 1
                 bucket.timed_s += duration
-                bucket.timed_samples += samples
+                if samples is None:
+                    bucket.uncounted_s += duration
+                else:
+                    bucket.timed_samples += samples
                 bucket.step_time.add(duration)
                 index = step_bin(duration)
                 bucket.hist[index] = bucket.hist.get(index, 0) + 1
@@ -252,9 +267,11 @@ class Recorder:
             timed_steps=bucket.timed_steps,
             timed_s=bucket.timed_s,
             timed_samples=bucket.timed_samples,
+            uncounted_s=bucket.uncounted_s,
+            eval_s=bucket.eval_s,
             step_time=bucket.step_time.stat(),
             step_hist=bucket.hist,
-            throughput=single(bucket.timed_samples / bucket.timed_s) if bucket.timed_s else None,
+            throughput=single(throughput(bucket.timed_samples, bucket.timed_s, bucket.uncounted_s)),
             scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
             b_simple=single(self.telemetry.noise.b_simple),
             devices=devices,
@@ -353,7 +370,7 @@ class RecordWriter(threading.Thread):
 
     def run(self) -> None:
         if self._summary:
-            _import_summary_writer()
+            import_summary_writer()
         try:
             self._open()
             while self._write_batch():
@@ -456,7 +473,29 @@ class RecordWriter(threading.Thread):
             )
 
 
-def _import_summary_writer() -> None:
+def write_unattached(base: Path, session: SessionInfo, reason: str) -> Path:
+    """The record of a process bsmon could not attach to: its session, why, and its end,
+    with the summary beside it (so ``bsmon export`` and ``replay`` say why too)."""
+    now = time.time()
+    message = f"bsmon did not attach: {reason}"
+    lines = (
+        header_for(session, None, now),
+        Event(t=now, step=0, kind="not_attached", message=message, level="warning"),
+        End(t=now, reason=message, step=0, samples=0),
+    )
+    path = claim_record_path(
+        default_record_path(base, session.name, session.start_time, session.pid)
+    )
+    discovery.ensure_private_dir(path.parent)
+    with open(path, "xb") as f:
+        f.write(b"".join(encode_line(line) for line in lines))
+    from .summary import write_summary_beside
+
+    write_summary_beside(path)
+    return path
+
+
+def import_summary_writer() -> None:
     """Import the summary writer (and plotext) now, early in the job: importing plotext
     during interpreter shutdown turns an exit by Ctrl-C (status 130) into status 1."""
     with contextlib.suppress(Exception):  # a failure is reported when the summary is written

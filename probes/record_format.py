@@ -90,6 +90,8 @@ class Span(RecordLine, tag="span"):
     timed_steps: int = 0
     timed_s: float = 0.0  # the summed durations of the timed steps
     timed_samples: int = 0  # the samples of the timed steps
+    uncounted_s: float = 0.0  # the part of timed_s whose steps' samples were not counted
+    eval_s: float = 0.0  # evaluation inside the training loop, not in any step's time
     step_time: Stat | None = None  # seconds, over individual steps
     step_hist: dict[int, int] = msgspec.field(default_factory=dict)  # log bin -> steps
     throughput: Stat | None = None  # samples/s, over base spans
@@ -114,6 +116,16 @@ class End(RecordLine, tag="end"):
     reason: str
     step: int
     samples: int
+
+
+def throughput(timed_samples: int, timed_s: float, uncounted_s: float = 0.0) -> float | None:
+    """Samples per second over the timed steps whose samples were counted (None: none)."""
+    counted_s = timed_s - uncounted_s
+    return timed_samples / counted_s if counted_s > 0 else None
+
+
+def span_throughput(span: Span) -> float | None:
+    return throughput(span.timed_samples, span.timed_s, span.uncounted_s)
 
 
 Line = Header | Status | Span | Event | ProbeResult | End

@@ -22,7 +22,17 @@ from .buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_
 from .history import DecimatingHistory
 from .protocol import Event
 from .recommend import recommendations
-from .record_format import DeviceSpan, End, Header, ProbeResult, Span, Stat, Status
+from .record_format import (
+    DeviceSpan,
+    End,
+    Header,
+    ProbeResult,
+    Span,
+    Stat,
+    Status,
+    span_throughput,
+    throughput,
+)
 from .record_reader import RecordReader, open_record
 from .summary_schema import (
     SUMMARY_VERSION,
@@ -39,11 +49,22 @@ from .summary_schema import (
     StepTime,
     Summary,
     Throughput,
+    TimeSplit,
 )
 
 SERIES_POINTS = 256
 MAX_SEGMENTS = 1000
 MAX_LISTED = 100  # warnings from events, probe results
+
+
+def _noise_reason(message: str) -> str | None:
+    """Why the estimate is missing, from one of the noise scale's warning events."""
+    if message.startswith("noise scale: off — "):
+        return message.removeprefix("noise scale: off — ")
+    if "skipped step" in message:
+        reason = message.split(": ", 2)[-1].removesuffix(" (further skips are only counted)")
+        return f"measured steps were skipped ({reason})"
+    return None
 
 
 def _merge_xyw(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple:
@@ -78,14 +99,15 @@ class _Segment:
     timed_steps: int = 0
     timed_s: float = 0.0
     timed_samples: int = 0
+    uncounted_s: float = 0.0
 
 
 @dataclass
 class _SizeTotals:
     steps: int = 0
-    duration_s: float = 0.0
     timed_s: float = 0.0
     timed_samples: int = 0
+    uncounted_s: float = 0.0
     best: float | None = None
     hist: dict[int, int] = field(default_factory=dict)
 
@@ -103,6 +125,8 @@ class SummaryBuilder:
         self.timed_steps = 0
         self.timed_s = 0.0
         self.timed_samples = 0
+        self.uncounted_s = 0.0
+        self.eval_s = 0.0
         self.step_time: Stat | None = None
         self.throughput: Stat | None = None
         self.hist: dict[int, int] = {}
@@ -121,6 +145,8 @@ class SummaryBuilder:
         self.probes: list[dict[str, Any]] = []
         self.probes_left_out = 0
         self.gpu_reason: str | None = None
+        self.noise_reason: str | None = None  # the job's word on why there is no estimate
+        self.noise_source: str | None = None  # the estimator the job last reported
         self.resolution_s = 0.0
         self.end: End | None = None
         self.series = {name: _Series() for name in ("step_time_ms", "samples_per_s", "b_simple")}
@@ -135,6 +161,9 @@ class SummaryBuilder:
             self._event(item)
         elif isinstance(item, Status):
             self.gpu_reason = None if item.gpu.available else item.gpu.reason
+            if not item.noise_scale.available:
+                self.noise_reason = item.noise_scale.reason
+            self.noise_source = item.noise_scale.reason
             self.last_t = max(self.last_t, item.t)
         elif isinstance(item, ProbeResult):
             self._probe(item)
@@ -152,6 +181,8 @@ class SummaryBuilder:
         self.timed_steps += span.timed_steps
         self.timed_s += span.timed_s
         self.timed_samples += span.timed_samples
+        self.uncounted_s += span.uncounted_s
+        self.eval_s += span.eval_s
         self.step_time = merge_stat(self.step_time, span.step_time)
         self.throughput = merge_stat(self.throughput, span.throughput)
         add_counts(self.hist, span.step_hist)
@@ -180,10 +211,8 @@ class SummaryBuilder:
             self.series["step_time_ms"].add(
                 span.step, 1e3 * span.timed_s / span.timed_steps, span.timed_steps
             )
-        if span.timed_steps and span.timed_s:  # 0 s: a corrupt span, or a clock too coarse
-            self.series["samples_per_s"].add(
-                span.step, span.timed_samples / span.timed_s, span.timed_steps
-            )
+        if span.timed_steps:  # None: no counted samples, a corrupt span, or a coarse clock
+            self.series["samples_per_s"].add(span.step, span_throughput(span), span.timed_steps)
         self._scalar_series(span)
         if span.steps:
             self._batch(span)
@@ -208,17 +237,20 @@ class SummaryBuilder:
             seg.timed_steps += span.timed_steps
             seg.timed_s += span.timed_s
             seg.timed_samples += span.timed_samples
+            seg.uncounted_s += span.uncounted_s
         totals = self.sizes.setdefault(span.batch_size, _SizeTotals())
         totals.steps += span.steps
-        totals.duration_s += span.t1 - span.t0
         totals.timed_s += span.timed_s
         totals.timed_samples += span.timed_samples
+        totals.uncounted_s += span.uncounted_s
         if span.throughput is not None:
             totals.best = max(totals.best or 0.0, span.throughput.max)
         add_counts(totals.hist, span.step_hist)
 
     def _event(self, event: Event) -> None:
         self.last_t = max(self.last_t, event.t)
+        if event.kind == "noise_scale" and event.level == "warning":
+            self.noise_reason = self.noise_reason or _noise_reason(event.message)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
@@ -241,14 +273,15 @@ class SummaryBuilder:
         self.source.lines = lines
         self.source.resolution_s = _round(self.resolution_s) if self.resolution_s else None
         end_time = self.end.t if self.end else self.last_t
+        duration_s = max(0.0, end_time - self.start)
         summary = Summary(
             summary_version=SUMMARY_VERSION,
             generated=time.time(),
             source=self.source,
             run=self._run(end_time),
-            duration_s=_round(max(0.0, end_time - self.start)),
+            duration_s=_round(duration_s),
             steps=self.steps,
-            samples=self.samples,
+            samples=self.samples if self.samples or not self.uncounted_s else None,
             step_time_s=self._step_time(),
             throughput=self._throughput(),
             devices=[self._device(d) for _, d in sorted(self.devices.items())],
@@ -273,6 +306,11 @@ class SummaryBuilder:
             warnings=[],
             recommendations=[],
             series=self._series(),
+            time=TimeSplit(
+                steps_s=_round(self.timed_s),
+                evaluation_s=_round(self.eval_s),
+                other_s=_round(max(0.0, duration_s - self.timed_s - self.eval_s)),
+            ),
         )
         summary.warnings = self._warnings(summary, torn, unknown)
         summary.recommendations = recommendations(summary)
@@ -318,7 +356,7 @@ class SummaryBuilder:
     def _throughput(self) -> Throughput:
         tp = self.throughput
         return Throughput(
-            samples_per_s=_round(self.timed_samples / self.timed_s) if self.timed_s else None,
+            samples_per_s=_round(throughput(self.timed_samples, self.timed_s, self.uncounted_s)),
             steps_per_s=_round(self.timed_steps / self.timed_s) if self.timed_s else None,
             best_samples_per_s=_round(tp.max) if tp else None,
             worst_samples_per_s=_round(tp.min) if tp else None,
@@ -352,7 +390,14 @@ class SummaryBuilder:
             min=_round(n.min) if n else None,
             max=_round(n.max) if n else None,
             trajectory=self.series["b_simple"].points(),
+            note=None if self.noise_first is not None else self._noise_note(),
         )
+
+    def _noise_note(self) -> str:
+        if self.noise_reason:
+            return self.noise_reason
+        estimator = f": {self.noise_source}" if self.noise_source else ""
+        return f"not enough measured steps for an estimate{estimator}"
 
     def _segment(self, s: _Segment) -> BatchSegment:
         return BatchSegment(
@@ -362,7 +407,7 @@ class SummaryBuilder:
             start_s=_round(s.t0 - self.start),
             duration_s=_round(s.t1 - s.t0),
             steps=s.steps,
-            samples_per_s=_round(s.timed_samples / s.timed_s) if s.timed_s else None,
+            samples_per_s=_round(throughput(s.timed_samples, s.timed_s, s.uncounted_s)),
             step_time_s=_round(s.timed_s / s.timed_steps) if s.timed_steps else None,
         )
 
@@ -372,8 +417,8 @@ class SummaryBuilder:
         return BatchSize(
             batch_size=size,
             steps=t.steps,
-            duration_s=_round(t.duration_s),
-            samples_per_s=_round(t.timed_samples / t.timed_s) if t.timed_s else None,
+            duration_s=_round(t.timed_s),
+            samples_per_s=_round(throughput(t.timed_samples, t.timed_s, t.uncounted_s)),
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
         )

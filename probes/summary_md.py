@@ -40,8 +40,18 @@ def _story(s: Summary) -> str:
     ending = f"ended: {s.run.end_reason}" if s.run.complete else "no clean end (killed?)"
     return (
         f"**{s.run.name}** ran **{duration(s.duration_s)}** on {s.run.host} (pid {s.run.pid}): "
-        f"**{s.steps:,} steps**, {count(s.samples)} samples; {ending}."
+        f"**{s.steps:,} steps**, {_samples(s)}; {ending}."
     )
+
+
+def _samples(s: Summary) -> str:
+    return f"{count(s.samples)} samples" if s.samples is not None else "samples not counted"
+
+
+def _time_split(s: Summary) -> str:
+    t = s.time
+    evaluation = f" · evaluation {duration(t.evaluation_s)}" if t.evaluation_s else ""
+    return f"steps {duration(t.steps_s)}{evaluation} · other {duration(t.other_s)}"
 
 
 def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
@@ -77,7 +87,8 @@ def _numbers_table(s: Summary) -> str:
     rows = [
         ("duration", duration(s.duration_s)),
         ("steps", f"{s.steps:,}"),
-        ("samples", f"{s.samples:,}"),
+        ("samples", f"{s.samples:,}" if s.samples is not None else "n/a (not counted)"),
+        ("time", _time_split(s)),
         ("step time", step_time if st.timed_steps else "n/a (no step was timed)"),
         (
             "throughput",
@@ -89,7 +100,7 @@ def _numbers_table(s: Summary) -> str:
             f"{num(noise.start)} at the start → {num(noise.end)} at the end "
             f"(range {num(noise.min)}–{num(noise.max)})"
             if noise.end is not None
-            else "n/a (not measured)",
+            else f"n/a ({noise.note or 'not measured'})",
         ),
     ]
     if s.host.rss_peak_bytes is not None:

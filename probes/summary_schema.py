@@ -87,6 +87,16 @@ class NoiseScale(msgspec.Struct):
     min: float | None = None
     max: float | None = None
     trajectory: list[Point] = msgspec.field(default_factory=list)  # (step, B_simple)
+    note: str | None = None  # why there is no estimate, when there is none
+
+
+class TimeSplit(msgspec.Struct):
+    """Where the run's wall time went: its steps, evaluation inside the training loop (kept
+    out of step times), and the rest (start-up, untimed steps, pauses)."""
+
+    steps_s: float = 0.0
+    evaluation_s: float = 0.0
+    other_s: float = 0.0
 
 
 class BatchSegment(msgspec.Struct):
@@ -107,7 +117,7 @@ class BatchSize(msgspec.Struct):
 
     batch_size: int | None
     steps: int
-    duration_s: float
+    duration_s: float  # the time of its timed steps (the sizes add up to ``time.steps_s``)
     samples_per_s: float | None
     best_samples_per_s: float | None
     step_time_p50_s: float | None
@@ -138,7 +148,7 @@ class Summary(msgspec.Struct):
     run: Run
     duration_s: float
     steps: int
-    samples: int
+    samples: int | None  # null: the job's samples were not counted (a warning says why)
     step_time_s: StepTime
     throughput: Throughput
     devices: list[Device]
@@ -153,3 +163,4 @@ class Summary(msgspec.Struct):
     warnings: list[Note]
     recommendations: list[Note]
     series: dict[str, list[Point]]  # bounded chart data: (step or seconds, value)
+    time: TimeSplit = msgspec.field(default_factory=TimeSplit)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .history import DecimatingHistory, metrics_history
 from .protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
-from .timing import Captured, DurationResolver, Mark, read_scalar
+from .timing import Captured, DurationResolver, read_scalar
 
 STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
 HISTORY_INTERVAL_S = 1.0
@@ -23,9 +23,23 @@ HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
 
 
+def training_time(duration: float | None, eval_s: float) -> float | None:
+    """A step's duration without the evaluation inside it (None: not timed; also when the
+    evaluation, timed on the host, takes all of a duration timed on a device)."""
+    if duration is None or not eval_s:
+        return duration
+    rest = duration - eval_s
+    return rest if rest > 0 else None
+
+
 class StepTap(Protocol):
     def on_step(
-        self, step: int, duration: float | None, samples: int, batch_size: int | None
+        self,
+        step: int,
+        duration: float | None,
+        samples: int | None,
+        batch_size: int | None,
+        eval_s: float,
     ) -> None: ...
     def on_scalar(self, name: str, value: float) -> None: ...
 
@@ -38,15 +52,18 @@ class _Window:
     timed_steps: int = 0
     duration_s: float = 0.0
     timed_samples: int = 0
+    counted_s: float = 0.0  # the part of duration_s whose steps' samples were counted
     scalar_sums: dict[str, float] = field(default_factory=dict)
     scalar_counts: dict[str, int] = field(default_factory=dict)
 
-    def add_step(self, duration: float | None, samples: int) -> None:
+    def add_step(self, duration: float | None, samples: int | None) -> None:
         self.steps += 1
         if duration is not None and duration > 0:
             self.timed_steps += 1
             self.duration_s += duration
-            self.timed_samples += samples
+            if samples is not None:
+                self.counted_s += duration
+                self.timed_samples += samples
 
     def add_scalar(self, name: str, value: float) -> None:
         self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + value
@@ -58,7 +75,7 @@ class _Window:
 
     @property
     def samples_per_s(self) -> float | None:
-        return self.timed_samples / self.duration_s if self.duration_s > 0 else None
+        return self.timed_samples / self.counted_s if self.counted_s > 0 else None
 
     def scalars(self) -> dict[str, float]:
         return {k: self.scalar_sums[k] / self.scalar_counts[k] for k in self.scalar_sums}
@@ -67,7 +84,8 @@ class _Window:
 class Telemetry:
     def __init__(self, history_capacity: int = 2048) -> None:
         self.step = 0
-        self.samples = 0
+        self.samples: int | None = 0  # None once a step's samples could not be counted
+        self.samples_note: str | None = None  # why they are not counted (set by the monitor)
         self.batch_size: int | None = None
         self.last_step_time = 0.0
         self.step_time_s: float | None = None
@@ -77,7 +95,9 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self._resolver = DurationResolver()
-        self._step_meta: deque[tuple[int, int, int | None]] = deque()  # (step, samples, batch)
+        # (step, samples, batch size, evaluation seconds) of the steps whose marks are pending
+        self._step_meta: deque[tuple[int, int | None, int | None, float]] = deque()
+        self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
         self._pending_scalars: deque[tuple[str, Captured]] = deque()
         self._window = _Window()
         self._second = _Window()
@@ -97,8 +117,7 @@ class Telemetry:
         for record in records:
             kind = record[0]
             if kind == STEP:
-                _, step, wall, mark, samples, batch_size = record
-                self._add_step(step, wall, mark, samples, batch_size)
+                self._add_step(record)
             elif kind == LOG:
                 _, _step, values = record
                 self._pending_scalars.extend(values.items())
@@ -109,15 +128,19 @@ class Telemetry:
             elif (handler := self.handlers.get(kind)) is not None:
                 handler(record[1])
 
-    def _add_step(
-        self, step: int, wall: float, mark: Mark, samples: int, batch_size: int | None
-    ) -> None:
+    def _add_step(self, record: tuple) -> None:
+        """``(STEP, step, wall time, mark, samples or None, batch size, evaluation s)``."""
+        _, step, wall, mark, samples, batch_size, eval_s = record
         self.step = step
-        self.samples += samples
+        if samples is not None:
+            self.samples = (self.samples or 0) + samples
+        elif not self.samples:
+            self.samples = None  # nothing counted yet: unknown, not zero
         self.batch_size = batch_size
         self.last_step_time = wall
         self._resolver.add(mark)
-        self._step_meta.append((step, samples, batch_size))
+        self._step_meta.append((step, samples, batch_size, eval_s))
+        self.eval_s += eval_s
 
     def add_event(self, event: Event) -> None:
         self.events.append(event)
@@ -130,12 +153,13 @@ class Telemetry:
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
         tap = self.tap
-        for duration in self._resolver.resolve():
-            step, samples, batch_size = self._step_meta.popleft()
+        for whole in self._resolver.resolve():
+            step, samples, batch_size, eval_s = self._step_meta.popleft()
+            duration = training_time(whole, eval_s)
             self._window.add_step(duration, samples)
             self._second.add_step(duration, samples)
             if tap is not None:
-                tap.on_step(step, duration, samples, batch_size)
+                tap.on_step(step, duration, samples, batch_size, eval_s)
         while self._pending_scalars:
             name, captured = self._pending_scalars[0]
             value = read_scalar(captured)
@@ -188,6 +212,8 @@ class Telemetry:
             samples_per_s=self.samples_per_s,
             b_simple=self.noise.b_simple,
             samples=self.samples,
+            samples_note=self.samples_note if self.samples_per_s is None else None,
+            eval_s=self.eval_s,
             steps_in_window=window.steps,
             scalars=window.scalars() or {},
             noise=self.noise,

@@ -20,7 +20,6 @@ from bsmon.tui.sources import ScriptedSource
 
 START = 1_700_000_000.0
 NOW = START + 754.0  # 12 min 34 s into the run
-NOT_YET = Capability(False, "not supported yet")
 
 
 def session(name: str = "resnet-cifar") -> protocol.SessionInfo:
@@ -145,7 +144,7 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
             "ping": Capability(True),
             "set_batch_size": Capability(True),
             "step_batch_size": Capability(True),
-            "probe": NOT_YET,
+            "probe": Capability(True),
         },
         gpu=gpu_cap,
         noise_scale=NOISE_CAPABILITY if noise else Capability(False, "not enabled"),

@@ -9,8 +9,9 @@ import sys
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from bsmon.probes import attach, protocol
+from bsmon.probes import attach, loader_watch, protocol
 from bsmon.probes.autoattach import AutoAttach, find_model
 from bsmon.probes.batch_control import BatchController
 from bsmon.probes.batch_policy import BatchPolicy
@@ -42,43 +43,54 @@ def test_the_outermost_module_holding_the_optimizer_parameters_is_found():
     del wrapped, teacher_and_student
 
 
-def test_samples_of_a_step_come_from_the_loader_that_yielded_last():
+def test_training_batches_are_counted_with_their_loaders_batch_size(bsmon_dir):
+    """Batches drawn before bsmon run attaches count toward the first step; the monitor
+    counts the later ones; evaluation batches count toward none."""
     agent = AutoAttach("t")
-    counted = []
-
-    class Probe:
-        step = 0
-
-        def count_samples(self, samples, batch_size):
-            counted.append((samples, batch_size))
-
-    agent.monitor = Probe()
-    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    agent.optimizer = optimizer
-    train, validation = 1, 2
-    agent._on_batch(train, torch.zeros(8, 3))
-    agent._on_batch(train, (torch.zeros(8, 3), torch.zeros(8)))
-    agent._pre_step(optimizer, (), {})  # a step after two micro-batches
-    agent._on_batch(validation, {"x": torch.zeros(32, 3)})
-    agent._on_batch(train, [torch.zeros(5, 3)])
-    agent._pre_step(optimizer, (), {})  # validation, then a (last, short) training batch
-    agent._pre_step(optimizer, (), {})  # nothing drawn: nothing counted
-    assert counted == [(16, 8), (5, 5)]
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = DataLoader(TensorDataset(torch.zeros(21, 3)), batch_size=8)  # 8, 8, 5
+    validation = DataLoader(TensorDataset(torch.zeros(32, 3)), batch_size=16)
+    assert loader_watch.subscribe(agent._on_batch) is None
+    try:
+        with torch.no_grad():
+            list(validation)  # a sanity check before training: gradients off
+        batches = iter(train)
+        for (x,) in (next(batches), next(batches)):  # two micro-batches
+            model(x).sum().backward()
+        agent._pre_step(optimizer, (), {})  # the first step's pre-hook: bsmon attaches
+        optimizer.step()
+        model.eval()
+        list(validation)  # evaluation: the model in eval() mode
+        model.train()
+        (x,) = next(batches)  # the epoch's short last batch
+        model(x).sum().backward()
+        optimizer.step()
+        mon = agent.monitor
+        assert mon.flush()
+        assert mon.telemetry.samples == 8 + 8 + 5
+        assert mon.telemetry.batch_size == 8  # the loader's, not the short batch's
+    finally:
+        loader_watch.unsubscribe(agent._on_batch)
+        if agent.monitor is not None:
+            agent.monitor.close()
 
 
 def test_the_samples_of_a_step_set_the_batch_size_of_a_job_without_control(bsmon_dir):
     model = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sizes = []
     with attach(model, optimizer, name="counted") as mon:
-        for first, total in [(8, 16), (8, 8), (3, 3)]:
+        # an epoch's short last batch (3), then a change the job keeps (4, 4)
+        for first, total in [(8, 16), (8, 8), (3, 3), (8, 8), (4, 4), (4, 4)]:
             mon.count_samples(total, first)
             model(torch.randn(2, 2)).sum().backward()
             optimizer.step()
-        optimizer.step()  # a step with nothing counted
-        assert mon.flush()
-        assert mon.telemetry.samples == 16 + 8 + 3
-        assert mon.telemetry.batch_size is None  # the last step drew nothing
+            assert mon.flush()
+            sizes.append(mon.telemetry.batch_size)
+        assert mon.telemetry.samples == 16 + 8 + 3 + 8 + 4 + 4
         assert mon.batch_size is None  # no control: the observed size is telemetry only
+    assert sizes == [8, 8, 8, 8, 8, 4]
 
 
 def controller(sync=None, rank: int = 0) -> tuple[BatchController, list]:

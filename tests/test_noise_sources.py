@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from bsmon.probes.forward_watch import ForwardWatch
 from bsmon.probes.noise.autograd import ExampleCounter
 from bsmon.probes.noise.microbatch import MicrobatchSource
 from bsmon.probes.noise.per_example import PerExampleSource
@@ -61,6 +62,41 @@ def source_options(precond=None) -> dict:
     }
 
 
+_watches: list[ForwardWatch] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_watches():
+    """No test leaves a global forward hook behind."""
+    yield
+    while _watches:
+        _watches.pop().close()
+
+
+def armed_watch(model) -> ForwardWatch:
+    watch = ForwardWatch(model, quiet_guard())
+    watch.arm()  # as the monitor does after the job's first step
+    _watches.append(watch)
+    return watch
+
+
+def per_example_source(model, precond=None, **options) -> PerExampleSource:
+    """A source measuring every step, on a watch of its own."""
+    options = source_options(precond) | options
+    source = PerExampleSource(
+        model, list(model.parameters()), armed_watch(model), lambda: None, **options
+    )
+    source.set_measuring(True)
+    return source
+
+
+def micro_batch_source(model) -> MicrobatchSource:
+    counter = ExampleCounter(armed_watch(model), "test")
+    source = MicrobatchSource(list(model.parameters()), counter, lambda: None, **source_options())
+    source.set_measuring(True)
+    return source
+
+
 def zoo_batch(batch: int = 6):
     torch.manual_seed(1)
     tokens = torch.randint(0, 11, (batch, TOKENS))
@@ -92,7 +128,7 @@ def test_per_example_record_matches_per_sample_gradients():
     model = Zoo().eval()  # BatchNorm on running statistics: examples independent
     model.bn.running_var.uniform_(0.5, 2.0)
     trainable = list(model.parameters())
-    source = PerExampleSource(model, trainable, **source_options())
+    source = per_example_source(model)
     names = [n for n, p in model.named_parameters() if n != "extra"]
     assert {id(p) for p in source.params} == {
         id(p) for n, p in model.named_parameters() if n != "extra"
@@ -111,13 +147,14 @@ def test_per_example_record_matches_per_sample_gradients():
     assert total == pytest.approx(expected_q, rel=1e-4)
     source.close()
     assert not any(m._forward_hooks for m in model.modules())
+    assert not nn.modules.module._global_forward_hooks
 
 
 def test_adam_preconditioned_record_matches_weighted_per_sample_gradients():
     model = Zoo().eval()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     precond = AdamPreconditioner(optimizer)
-    source = PerExampleSource(model, list(model.parameters()), **source_options(precond))
+    source = per_example_source(model, precond)
     tokens, image, weights = zoo_batch()
     for _ in range(2):  # Adam state after two steps
         (model(tokens, image) * weights).sum().backward()
@@ -143,7 +180,7 @@ def test_adam_preconditioned_record_matches_weighted_per_sample_gradients():
 def test_preconditioning_needs_adam_state_first():
     model = Zoo().eval()
     precond = AdamPreconditioner(torch.optim.AdamW(model.parameters()))
-    source = PerExampleSource(model, list(model.parameters()), **source_options(precond))
+    source = per_example_source(model, precond)
     tokens, image, weights = zoo_batch()
     (model(tokens, image) * weights).sum().backward()
     assert "Adam state" in source.take_record(1).problem
@@ -155,9 +192,7 @@ def test_micro_batch_record_per_backward_pass():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     trainable = list(model.parameters())
-    guard = quiet_guard()
-    counter = ExampleCounter(model, guard)
-    source = MicrobatchSource(trainable, counter, lambda: None, **source_options())
+    source = micro_batch_source(model)
     sizes = [5, 7, 4]
     batches = [torch.randn(n, 4) for n in sizes]
     contributions = []
@@ -178,8 +213,7 @@ def test_micro_batch_record_per_backward_pass():
 
 def test_a_single_backward_pass_is_no_micro_batch():
     model = nn.Linear(3, 1)
-    counter = ExampleCounter(model, quiet_guard())
-    source = MicrobatchSource(list(model.parameters()), counter, lambda: None, **source_options())
+    source = micro_batch_source(model)
     model(torch.randn(4, 3)).sum().backward()
     assert "gradient accumulation" in source.take_record(1).problem
 
@@ -188,11 +222,109 @@ def test_the_loss_scale_is_carried_for_the_agent_to_divide_out():
     model = nn.Linear(3, 1)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    options = source_options() | {"loss_scale": LossScale(scaler)}
-    source = PerExampleSource(model, list(model.parameters()), **options)
+    source = per_example_source(model, loss_scale=LossScale(scaler))
     scaler.scale(model(torch.randn(4, 3)).sum()).backward()
     total, scale, _sq_sum = read(source.take_record(1).values)
     assert scale == 256.0
     scaler.unscale_(optimizer)
     unscaled = sum(float(p.grad.square().sum()) for p in model.parameters())
     assert total / scale**2 == pytest.approx(unscaled, rel=1e-5)
+
+
+# -- the batch dimension comes from the model's input, not from a layer ------------------------
+
+
+class TinyGPT(nn.Module):
+    """Token and position embeddings (the position one indexed with ``arange(T)``, broadcast
+    over the batch), a block with LayerNorm and Linear layers, a head."""
+
+    def __init__(self, vocab: int = 13, width: int = 8, block: int = 6) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(block, width)
+        self.ln = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1])
+        h = self.wte(idx) + self.wpe(positions)
+        return self.head(torch.tanh(self.fc(self.ln(h))))
+
+
+class SequenceFirstLM(nn.Module):
+    """An LSTM language model on (T, B) token ids, as in PyTorch's word_language_model."""
+
+    def __init__(self, vocab: int = 11, width: int = 6) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(vocab, width)
+        self.rnn = nn.LSTM(width, width)
+        self.decoder = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.encoder(idx))
+        return self.decoder(out)
+
+
+def per_sample_terms(model, names, inputs, targets, batch_dim: int):
+    """(Σ_i |c_i|², |Σ_i c_i|²) over the named parameters, examples along ``batch_dim``."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        x, y = x.unsqueeze(batch_dim), y.unsqueeze(batch_dim)
+        out = functional_call(model, p, (x,))
+        return nn.functional.cross_entropy(
+            out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum"
+        )
+
+    per = vmap(grad(loss), in_dims=(None, batch_dim, batch_dim))(params, inputs, targets)
+    a = sum(float(per[n].double().square().sum()) for n in names)
+    q = sum(float(per[n].double().sum(0).square().sum()) for n in names)
+    return a, q
+
+
+def measured_step(model, source, inputs, targets):
+    out = model(inputs)
+    nn.functional.cross_entropy(
+        out.reshape(-1, out.shape[-1]), targets.reshape(-1), reduction="sum"
+    ).backward()
+    return source.take_record(1)
+
+
+@pytest.mark.parametrize("tokens", [6, 4], ids=["T=6", "T=batch"])
+def test_a_broadcast_position_embedding_is_left_out_by_name(tokens):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    events = []
+    source = per_example_source(model, emit=lambda message, level: events.append(message))
+    batch = 4
+    idx = torch.randint(0, 13, (batch, tokens))
+    targets = torch.randint(0, 13, (batch, tokens))
+    # left out during the backward pass, before the step's |G|² is taken: the step holds
+    record = measured_step(model, source, idx, targets)
+    assert any("left out wpe.weight" in e and "no batch dimension" in e for e in events)
+    assert "wpe" not in {layer.name for layer in source.layers}
+    assert record.problem is None and record.examples == batch  # examples, not positions
+    total, _scale, sq_sum = read(record.values)
+    names = [n for n, _ in model.named_parameters() if not n.startswith("wpe")]
+    expected_a, expected_q = per_sample_terms(model, names, idx, targets, batch_dim=0)
+    assert sq_sum == pytest.approx(expected_a, rel=1e-4)
+    assert total == pytest.approx(expected_q, rel=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")
+def test_sequence_first_inputs_are_measured_over_the_batch_dim():
+    torch.manual_seed(0)
+    model = SequenceFirstLM()
+    source = per_example_source(model)
+    steps, batch = 7, 3  # (T, B): dim 0 holds time steps
+    idx = torch.randint(0, 11, (steps, batch))
+    targets = torch.randint(0, 11, (steps, batch))
+    record = measured_step(model, source, idx, targets)
+    assert record.problem is None and record.examples == batch
+    assert {layer.name for layer in source.layers} == {"encoder", "decoder"}
+    total, _scale, sq_sum = read(record.values)
+    names = [n for n, _ in model.named_parameters() if not n.startswith("rnn")]
+    expected_a, expected_q = per_sample_terms(model, names, idx, targets, batch_dim=1)
+    assert sq_sum == pytest.approx(expected_a, rel=1e-4)
+    assert total == pytest.approx(expected_q, rel=1e-4)

@@ -103,13 +103,17 @@ def test_the_structure_travels_without_weights_bsmon_hooks_or_syncs():
     assert torch.all(model.embed.weight == 7.0)  # the job's model is untouched
 
 
-def test_bsmon_hooks_are_left_behind(bsmon_dir):
+def user_hook(_module, _args):
+    return None
+
+
+def test_the_users_hooks_travel_to_the_sidecar(bsmon_dir):
     model = nn.Linear(4, 2)
+    model.register_forward_pre_hook(user_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with attach(model, optimizer, batch_size=4):
-        assert model._forward_pre_hooks  # the agent watches the precision
         rebuilt = recipe.load_structure(recipe.pickle_structure(model), torch.device("cpu"))
-    assert not rebuilt._forward_pre_hooks
+    assert list(rebuilt._forward_pre_hooks.values()) == [user_hook]
 
 
 def test_optimizer_spec_keeps_groups_and_drops_what_the_constructor_refuses():

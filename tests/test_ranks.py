@@ -10,7 +10,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from bsmon.probes import protocol
+from bsmon.probes import discovery, protocol
 from bsmon.probes.client import JobConnection
 from bsmon.probes.protocol import RankReading
 from bsmon.probes.ranks import DdpTiming, straggler
@@ -87,7 +87,11 @@ def test_rank_zero_sees_every_rank_flags_the_straggler_and_a_stalled_rank(
         for r in range(WORLD)
     ]
     socket = bsmon_dir / f"{ranks[0].pid}.sock"
-    wait_until(socket.exists, timeout=90, message="rank 0's socket")
+    wait_until(  # listed once it serves (the file alone appears before the socket listens)
+        lambda: any(job.socket == socket for job in discovery.iter_jobs(bsmon_dir)),
+        timeout=90,
+        message="rank 0's socket",
+    )
     with JobConnection(socket) as conn:
         hello = conn.hello()
         assert hello.session.world_size == WORLD and hello.session.rank == 0

@@ -37,7 +37,8 @@ while time.time() < deadline:
     m(torch.randn(8, 4)).pow(2).mean().backward()
     o.step()
     o.zero_grad()
-    print("step", repr(time.time()), mon.step, flush=True)
+    sys.stdout.write(f"step {time.time()!r} {mon.step}\\n")  # one write: a handler cannot split it
+    sys.stdout.flush()
     if mode in ("close", "exit") and mon.step >= 100:
         break
     time.sleep(0.002)

@@ -11,7 +11,7 @@ import sys
 import psutil
 import pytest
 
-from bsmon.probes import launch, protocol
+from bsmon.probes import autoattach, launch, protocol
 from bsmon.probes.client import JobConnection
 from bsmon.tui.run import exit_status
 
@@ -91,7 +91,10 @@ def test_a_script_that_crashes_at_import_fails_as_it_would_without_bsmon(
     out, err = run.communicate(timeout=120)
     assert run.returncode == 1
     assert "ModuleNotFoundError: No module named 'no_such_module_for_bsmon'" in err
-    assert "bsmon" not in err.replace("no_such_module_for_bsmon", "")  # nothing from bsmon
+    # the script's own output, then one line from bsmon run saying why nothing was monitored
+    lines = err.replace("no_such_module_for_bsmon", "").splitlines()
+    assert [line for line in lines if "bsmon" in line] == [lines[-1]]
+    assert lines[-1] == "bsmon: broken was not monitored: " + autoattach.NOTHING_TRAINED
     assert out == "" and not list(bsmon_dir.glob("*.sock"))
 
 
@@ -154,7 +157,7 @@ def test_the_start_up_hook_chains_and_never_breaks_the_child(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("print('the other sitecustomize ran')\n")
-    env = launch.child_environment(os.environ, "hook", tmp_path)
+    env = launch.child_environment(os.environ, "hook", tmp_path, "run-1")
     env["PYTHONPATH"] += os.pathsep + str(other)
     probe = "import sys; print('bsmon' in sys.modules)"
     result = subprocess.run(
@@ -186,7 +189,7 @@ def test_job_names_come_from_the_script(command, name):
 
 
 def test_the_child_environment_puts_the_hook_first(tmp_path):
-    env = launch.child_environment({"PYTHONPATH": "/a:/b", "HOME": "/h"}, "n", tmp_path)
+    env = launch.child_environment({"PYTHONPATH": "/a:/b", "HOME": "/h"}, "n", tmp_path, "r")
     assert env["PYTHONPATH"].split(os.pathsep) == [str(launch.BOOT_DIR), "/a", "/b"]
     assert (launch.BOOT_DIR / "sitecustomize.py").is_file()
     assert env[launch.ENV_RUN] == "n" and env["BSMON_DIR"] == str(tmp_path) and env["HOME"] == "/h"

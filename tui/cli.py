@@ -24,28 +24,41 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see `{self.prog} --help`)", EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="bsmon", description="Live monitor for PyTorch training jobs.")
-    parser.add_argument("--version", action="version", version=f"bsmon {__version__}")
+def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--readonly`` and ``--dir``, before or after the subcommand (a subcommand's copy
+    leaves what was given before it alone unless given again)."""
     parser.add_argument(
-        "--readonly", action="store_true", help="disable every command that acts on the job"
+        "--readonly",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="disable every command that acts on the job",
     )
     parser.add_argument(
         "--dir",
         type=Path,
-        default=None,
+        default=default,
         help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
         "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bsmon", description="Live monitor for PyTorch training jobs.")
+    parser.add_argument("--version", action="version", version=f"bsmon {__version__}")
+    _add_global_options(parser, None)
+    common = _Parser(add_help=False)
+    _add_global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    p = sub.add_parser("list", help="list running jobs")
+    p = sub.add_parser("list", parents=[common], help="list running jobs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("attach", help="open the dashboard on one job")
+    p = sub.add_parser("attach", parents=[common], help="open the dashboard on one job")
     p.add_argument("target", help="job name, pid, or socket path")
 
-    p = sub.add_parser("probe", help="probe a job's largest batch size in a sidecar process")
+    p = sub.add_parser(
+        "probe", parents=[common], help="probe a job's largest batch size in a sidecar process"
+    )
     p.add_argument("target", help="job name, pid, or socket path")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
@@ -57,14 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
 
-    p = sub.add_parser("demo", help="start a demo training job and open the dashboard on it")
+    p = sub.add_parser(
+        "demo", parents=[common], help="start a demo training job and open the dashboard on it"
+    )
     p.add_argument("--headless", action="store_true", help="run only the job, no dashboard")
     p.add_argument("--steps", type=int, default=0, help="stop the job after N steps")
     p.add_argument("--name", default="demo")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
-    p = sub.add_parser("export", help="write summary.json and summary.md of a session record")
+    p = sub.add_parser(
+        "export", parents=[common], help="write summary.json and summary.md of a session record"
+    )
     p.add_argument("record", type=Path, help="a record (.jsonl), e.g. from $BSMON_DIR/records")
     p.add_argument(
         "-o",
@@ -75,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write them (default: beside the record, as <record>.summary.*)",
     )
 
-    p = sub.add_parser("replay", help="open the dashboard on a recorded session (read-only)")
+    p = sub.add_parser(
+        "replay", parents=[common], help="open the dashboard on a recorded session (read-only)"
+    )
     p.add_argument("record", type=Path, help="a record (.jsonl)")
     p.add_argument(
         "--speed",
@@ -84,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of the run per second (default: the whole run in about 30 s)",
     )
 
-    add_run_parser(sub)
+    add_run_parser(sub, [common])
     return parser
 
 

@@ -111,7 +111,7 @@ def summary_from_snapshot(snap: Snapshot) -> Summary:
                 t0=t,
                 t1=t,
                 step=latest.step,
-                samples=latest.samples,
+                samples=latest.samples or 0,
                 batch_size=latest.batch_size,
                 devices=[device_span(d) for d in latest.devices],
                 host=HostSpan(
@@ -123,7 +123,7 @@ def summary_from_snapshot(snap: Snapshot) -> Summary:
     if snap.state is ConnState.FINISHED:
         step = latest.step if latest else 0
         items.append(
-            End(t=snap.now, reason=snap.detail, step=step, samples=latest.samples if latest else 0)
+            End(t=snap.now, reason=snap.detail, step=step, samples=(latest and latest.samples) or 0)
         )
     return summarize_items(header, Source(kind="dashboard"), items)
 
@@ -140,11 +140,12 @@ def spans_from_points(points: tuple[MetricsPoint, ...], start: float) -> list[Sp
                 t1=p.t,
                 step=p.step,
                 steps=p.steps,
-                samples=p.samples,
+                samples=p.samples or 0,
                 batch_size=p.batch_size,
                 timed_steps=p.steps if st else 0,
                 timed_s=timed_s,
                 timed_samples=round(p.samples_per_s * timed_s) if p.samples_per_s else 0,
+                uncounted_s=timed_s if p.samples_per_s is None else 0.0,
                 step_time=Stat(p.steps, st, st, st) if st else None,
                 step_hist={step_bin(st): p.steps} if st and st > 0 else {},
                 throughput=single(p.samples_per_s),

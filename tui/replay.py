@@ -34,7 +34,7 @@ from bsmon.probes.protocol import (
     MetricsPoint,
     NoiseScaleReading,
 )
-from bsmon.probes.record_format import DeviceSpan, End, Header, Span, Status
+from bsmon.probes.record_format import DeviceSpan, End, Header, Span, Status, span_throughput
 from bsmon.probes.record_reader import open_record
 
 from .screens import DashboardScreen
@@ -97,8 +97,8 @@ def point_of(span: Span) -> MetricsPoint:
         steps=span.steps,
         batch_size=span.batch_size,
         step_time_s=span.timed_s / span.timed_steps if span.timed_steps else None,
-        samples_per_s=span.timed_samples / span.timed_s if span.timed_s else None,
-        samples=span.samples,
+        samples_per_s=span_throughput(span),
+        samples=span.samples if span.samples or not span.uncounted_s else None,
         scalars={name: stat.mean for name, stat in span.scalars.items()},
         noise=recorded_noise(span),
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bsmon.probes import discovery, launch
+from bsmon.probes import discovery, launch, run_notes
 
 from .errors import EXIT_USAGE, CliError
 
@@ -42,9 +43,10 @@ LOG_TAIL_LINES = 5
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
+        parents=parents,
         help="run a training command with bsmon attached (no change to the script)",
         description="Run CMD with bsmon's agent loaded at start-up in every Python process it "
         "starts (torchrun's workers too), and open the dashboard on it.",
@@ -83,13 +85,26 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     command = parse_command(args)
     name = args.name or launch.job_name(command)
     directory = discovery.ensure_private_dir(discovery.default_dir())
-    env = launch.child_environment(os.environ, name, directory)
-    if args.headless:
-        return run_headless(command, env)
-    log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
-    return run_with_dashboard(
-        command, env, name=name, directory=directory, log_path=log_path, readonly=readonly
-    )
+    run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
+    env = launch.child_environment(os.environ, name, directory, run_id)
+    try:
+        if args.headless:
+            code = run_headless(command, env)
+            if (why := run_notes.why_unmonitored(run_notes.read(directory, run_id))) is not None:
+                print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
+            return code
+        log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
+        return run_with_dashboard(
+            command,
+            env,
+            name=name,
+            directory=directory,
+            log_path=log_path,
+            readonly=readonly,
+            run_id=run_id,
+        )
+    finally:
+        run_notes.clear(directory, run_id)
 
 
 def start(command: list[str], env: dict[str, str], **options: Any) -> subprocess.Popen:
@@ -170,6 +185,7 @@ def run_with_dashboard(
     directory: Path,
     log_path: Path,
     readonly: bool,
+    run_id: str,
 ) -> int:
     from .app import BsmonApp
     from .sources import SocketSource
@@ -201,6 +217,9 @@ def run_with_dashboard(
             if not served.is_set():  # nothing to show: say why, on the terminal
                 app.call_from_thread(app.exit)
             raise LookupError(f"{name} exited with code {exit_status(code)}")
+        notes = run_notes.read(directory, run_id)
+        if notes and (why := run_notes.why_unmonitored(notes)) is not None:
+            raise LookupError(f"{name} (pid {process.pid}) is running, unmonitored: {why}")
         raise LookupError(
             f"{name} (pid {process.pid}) is running; bsmon attaches at its first optimizer.step()"
         )
@@ -217,6 +236,10 @@ def run_with_dashboard(
     with signals_handled(on_signal, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
         app.run()
         code = process.wait() if stopping else process.poll()
+    if code is not None and not served.is_set():
+        why = run_notes.why_unmonitored(run_notes.read(directory, run_id))
+        if why is not None:
+            print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
     return report_end(name, process.pid, code, log_path)
 
 

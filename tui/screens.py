@@ -205,7 +205,8 @@ HELP_TEXT = """\
   norms (default), micro-batches (gradient accumulation), DDP ranks, or `sequential`, which
   is **biased** and only for comparison. "collecting" until enough steps are measured.
 - **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
-- **Loss**: the scalars the job logs with `mon.log(loss=...)`.
+- **Loss**: the scalars the job logs with `mon.log(loss=...)`; under `bsmon run`, the value
+  the script calls `backward()` on (divided for accumulation, or scaled by AMP, if it is).
 - **Events**: what happened, with the time into the run and the step.
 
 **Keys**
@@ -223,6 +224,9 @@ HELP_TEXT = """\
 
 In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
 a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
+
+A key the job cannot serve is greyed in the footer; the Batch panel says why (under
+`bsmon run`, batch control and the probe need `attach()` in the script).
 
 The monitor never acts on the job unless you press a key that says so. A size the memory model
 predicts above 90% of device memory, above a probe's maximum, or that already ran out of

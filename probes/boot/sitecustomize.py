@@ -84,6 +84,7 @@ class _AfterExec:
         return self._loader.create_module(spec)  # type: ignore[attr-defined]
 
     def exec_module(self, module: object) -> None:
+        _unwatch()
         module.__loader__ = self._loader  # type: ignore[attr-defined]
         spec = getattr(module, "__spec__", None)
         if spec is not None:
@@ -93,16 +94,25 @@ class _AfterExec:
 
 
 class _TorchWatcher:
-    """A meta-path finder that answers nothing but wraps the loader of ``torch``, once."""
+    """A meta-path finder that answers nothing but wraps the loader of ``torch``.
+
+    It stays on ``sys.meta_path`` until torch is actually executed: libraries ask
+    ``importlib.util.find_spec("torch")`` long before they import it (transformers,
+    datasets and accelerate do), and such a question must not end the watch."""
+
+    def __init__(self) -> None:
+        self._finding = False
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
-        if name != "torch":
+        if name != "torch" or self._finding:
             return None
-        _unwatch()
+        self._finding = True  # the search below asks the meta path again, this finder too
         try:
             spec = importlib.util.find_spec(name)
         except Exception:
             return None  # let the normal import machinery raise what it raises
+        finally:
+            self._finding = False
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _AfterExec(spec.loader)
         return spec

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data import batch_length
+from ..forward_watch import ForwardWatch, RootPass
 from ..safety import FaultGuard
 
 _engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
@@ -96,32 +96,36 @@ def accumulates(node: Any) -> bool:
 
 
 class ExampleCounter:
-    """Counts the examples (dim 0 of the first tensor argument) of each forward pass of the
-    root model run with gradients enabled, so estimators without per-example hooks know how
-    many examples each backward pass covered."""
+    """Counts the examples of the model's forward passes run with gradients, as the forward
+    watch reports them, so estimators without per-example hooks know how many examples each
+    backward pass covered. It holds the watch only while ``want(True)``: on measured steps."""
 
-    def __init__(self, model: torch.nn.Module | None, guard: FaultGuard) -> None:
-        self._guard = guard
+    def __init__(self, watch: ForwardWatch, holder: str) -> None:
+        self._watch = watch
+        self._holder = holder
         self.pending = 0
-        self._handle = (
-            model.register_forward_pre_hook(self._count, with_kwargs=True)
-            if model is not None
-            else None
-        )
+        self.largest = 0  # the largest single pass among them
+        watch.on_root(self._count)
 
-    def _count(self, _module: Any, args: tuple, kwargs: dict) -> None:
-        try:
-            if torch.is_grad_enabled():
-                n = batch_length(args[0] if args else kwargs)
-                self.pending += n or 0
-        except Exception as exc:
-            self._guard.report("noise scale: counting examples", exc)
+    def want(self, counting: bool) -> None:
+        if counting:
+            self._watch.hold(self._holder)
+        else:
+            self._watch.release(self._holder)
 
-    def take(self) -> int:
-        n, self.pending = self.pending, 0
+    def _count(self, root_pass: RootPass, _output: Any) -> None:
+        if root_pass.grad:
+            examples = root_pass.examples or 0
+            self.pending += examples
+            self.largest = max(self.largest, examples)
+
+    def take(self, one_batch: bool = False) -> int:
+        """The examples since the last take; ``one_batch``: the passes re-evaluated one
+        batch (a closure step), so its largest pass."""
+        n = self.largest if one_batch else self.pending
+        self.pending = self.largest = 0
         return n
 
     def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self._watch.release(self._holder)
+        self._watch.off_root(self._count)

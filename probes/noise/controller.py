@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..devices import DeviceSample
+from ..forward_watch import ForwardWatch
 from ..protocol import Capability, Event, NoiseScaleReading
 from ..safety import FaultGuard
 from ..service import Extension
@@ -53,6 +54,9 @@ MODES = ("auto", "per_example", "microbatch", "sequential")
 SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
 BACKLOG = 4096  # records waiting for the agent thread (it drains them every 0.1 s)
 DEFAULT_BUDGET = 0.01  # share of the step time priced for the hooks; measured total ≈ twice that
+WARMUP_RSE = 0.20  # the dense warm-up ends once B_simple's relative standard error is this
+WARMUP_STEPS = 300  # ... or after this many steps, whatever the precision
+WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
 
 
@@ -97,8 +101,11 @@ class Budget:
         cost: float,
         step_time: float | None,
         duration: float | None = None,
+        free: bool = False,
     ) -> bool:
-        """After a step (``duration`` long, ``cost`` of it in the hooks): measure the next?"""
+        """After a step (``duration`` long, ``cost`` of it in the hooks): measure the next?
+        ``free``: the step was measured outside the budget (the warm-up): learn its price,
+        charge nothing."""
         if duration is not None and duration > 0:
             (self.measured_times if measured else self.plain_times).append(duration)
         if measured and cost > 0:
@@ -108,7 +115,7 @@ class Budget:
         if fraction is None or fraction >= 1 or not base or price is None:
             decision = True
         else:
-            self.credit += fraction * base - (price if measured else 0.0)
+            self.credit += fraction * base - (price if measured and not free else 0.0)
             self.credit = min(self.credit, 2 * price)  # no bursts after a long pause
             decision = self.credit >= price
         self.share = 0.98 * self.share + 0.02 * decision
@@ -136,7 +143,9 @@ class NoiseScale:
         grad_scaler: Any = None,
         preconditioned: bool = False,
         budget: float | None = DEFAULT_BUDGET,
+        watch: ForwardWatch | None = None,
         examples_hint: Callable[[], int | None] = lambda: None,
+        pass_hint: Callable[[], int | None] = lambda: None,
         step_time: Callable[[], float | None] = lambda: None,
     ) -> None:
         if mode is not None and mode not in MODES:
@@ -156,7 +165,11 @@ class NoiseScale:
         self._step_time = step_time
         self._last_measured = 0
         self._last_wall: float | None = None  # perf_counter at the previous optimizer step
+        self.phase = WARMING_UP
+        self._phase_steps = 0  # steps since the estimate (re)started
         self._examples_hint = examples_hint
+        self._pass_hint = pass_hint
+        self._watch = watch if watch is not None else ForwardWatch(model, guard)
         self._model = model
         self._trainable = list(
             {
@@ -199,17 +212,31 @@ class NoiseScale:
 
     def _counted(self) -> ExampleCounter:
         if self._counter is None:
-            self._counter = ExampleCounter(self._model, self._guard)
+            self._counter = ExampleCounter(self._watch, "noise scale: examples")
         return self._counter
 
     def _per_example(self, world: int) -> PerExampleSource | None:
-        if self._inner is None:
+        if self._inner is None or self._watch.wrapper or self._watch.blocked() is not None:
             return None
-        source = PerExampleSource(self._inner, self._trainable, **self._kwargs(world))
+        source = PerExampleSource(
+            self._inner, self._trainable, self._watch, self._pass_hint, **self._kwargs(world)
+        )
         if source.coverage > 0:
             return source
         source.close()
         return None
+
+    def _no_per_example(self) -> str:
+        """Why per-example norms cannot be had in this job."""
+        watch = self._watch
+        if watch.wrapper:
+            return "the model is compiled (torch.compile): bsmon's hooks cannot see its layers"
+        if (reason := watch.blocked()) is not None:
+            return f"{reason}: bsmon's hooks would change what it compiles"
+        return (
+            f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); "
+            "use noise_scale='microbatch' with gradient accumulation, or 'sequential' (biased)"
+        )
 
     def _microbatch(self) -> MicrobatchSource:
         return MicrobatchSource(
@@ -218,16 +245,11 @@ class NoiseScale:
 
     def _choose(self, mode: str) -> tuple[Source | None, str]:
         world = self._world
-        no_layers = (
-            f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); "
-            "use noise_scale='microbatch' with gradient accumulation, or 'sequential' (biased)"
-        )
         if mode == "sequential":
             source = SequentialSource(
                 self._trainable,
                 self._counted(),
                 self._examples_hint,
-                self._model,
                 **self._kwargs(world),
             )
             return source, "consecutive steps (sequential: biased, for comparison only)"
@@ -251,7 +273,7 @@ class NoiseScale:
                     return None, taken
                 source = self._per_example(world)
                 if source is None:
-                    return None, f"{taken}; and {no_layers}"
+                    return None, f"{taken}; and {self._no_per_example()}"
                 return source, f"per-example gradient norms ({taken})"
         if mode in ("auto", "per_example"):
             if world > 1 and self._ddp is None and mode == "per_example":
@@ -261,18 +283,19 @@ class NoiseScale:
                 why = "per-example gradient norms in the backward pass"
                 return source, why + (" (auto: one device)" if mode == "auto" else "")
             if mode == "per_example":
-                return None, no_layers
-            self._auto_microbatch = True
-            return self._microbatch(), (
-                "micro-batch norms (auto: no layer to measure per example; "
-                "needs gradient accumulation)"
-            )
+                return None, self._no_per_example()
+            return self._fallback_microbatch(self._no_per_example())
         return self._microbatch(), "micro-batch norms across the backward passes of each step"
+
+    def _fallback_microbatch(self, why: str) -> tuple[Source, str]:
+        self._auto_microbatch = True
+        return self._microbatch(), f"micro-batch norms (auto: {why}; needs gradient accumulation)"
 
     # -- training thread -----------------------------------------------------------------------
 
     def on_step(self) -> None:
-        """At the optimizer's pre-step hook: hand this step's record to the agent thread."""
+        """At the optimizer's pre-step hook (post-step for a step given a closure, whose
+        backward pass runs inside it): hand this step's record to the agent thread."""
         source = self.source
         if source is None:
             return
@@ -288,17 +311,70 @@ class NoiseScale:
                 gap = step - self._last_measured if self._last_measured else 1
                 self._last_measured = step
                 self._inbox.append(dataclasses.replace(record, gap=max(1, gap)))
-            if self.mode == "auto" and self._ddp is None and measured:
+            counts_passes = measured or isinstance(source, MicrobatchSource)
+            if self.mode == "auto" and self._ddp is None and counts_passes:
                 self._maybe_switch(source.last_backwards)
             now = time.perf_counter()
             duration = now - self._last_wall if self._last_wall is not None else None
             self._last_wall = now
+            waiting = self._waiting_for_accumulation()
+            warming = not waiting and self._warming_up()
             measure_next = self.budget.next(
-                measured, source.take_cost(), self._step_time(), duration
+                measured, source.take_cost(), self._step_time(), duration, free=warming
             )
-            self.source.set_measuring(measure_next)  # type: ignore[union-attr]
+            self.source.set_measuring(  # type: ignore[union-attr]
+                (measure_next or warming) and not waiting
+            )
+            if isinstance(self.source, PerExampleSource) and self.source.refused:
+                self._per_example_refused(self.source.refused)
         except Exception as exc:
             self._guard.report("noise scale: step", exc)
+
+    def _waiting_for_accumulation(self) -> bool:
+        """auto fell back to micro-batch norms and the job does not accumulate: measuring a
+        single backward pass would cost and show nothing, so only passes are counted."""
+        source = self.source
+        return (
+            self._auto_microbatch
+            and isinstance(source, MicrobatchSource)
+            and source.last_backwards < 2
+        )
+
+    def _warming_up(self) -> bool:
+        """Whether the next step is measured whatever the budget: until the estimate first
+        reaches ±20% (or for WARMUP_STEPS steps). The rule looks at the precision reached,
+        never at a step's own gradient, and it decides the rate, not which steps: every step
+        is measured while it holds."""
+        if self.phase == WARMING_UP:
+            self._phase_steps += 1
+            reading = self.reading
+            precise = (
+                reading.b_simple is not None
+                and reading.stderr is not None
+                and reading.stderr <= WARMUP_RSE * reading.b_simple
+            )
+            if precise or self._phase_steps > WARMUP_STEPS:
+                self.phase = TRACKING
+        return self.phase == WARMING_UP
+
+    def _per_example_refused(self, reason: str) -> None:
+        """The forward watch cannot be used (torch.compile came into use): fall back."""
+        why = f"{reason}: bsmon's hooks would change what it compiles"
+        if self.mode == "auto":
+            new, self.why = self._fallback_microbatch(why)
+            self._switch(new, why, True, restart_why=False)
+        else:
+            self.refuse(why)
+
+    def refuse(self, why: str) -> None:
+        """Turn the estimate off for good, with the reason shown where it would be."""
+        if self.source is None:
+            return
+        self.source.close()
+        self.source = None
+        self.why = why
+        self._inbox.append(_RESET)
+        self._emit(f"noise scale: off — {why}", "warning")
 
     def _maybe_switch(self, backwards: int) -> None:
         if backwards == 0:
@@ -322,21 +398,26 @@ class NoiseScale:
             if per_example is not None:
                 self._switch(per_example, "no more gradient accumulation", False)
 
-    def _switch(self, new: Source, because: str, auto_microbatch: bool) -> None:
+    def _switch(
+        self, new: Source, because: str, auto_microbatch: bool, restart_why: bool = True
+    ) -> None:
         old = self.source
         if old is not None:
             old.close()
-            new.set_measuring(old.measuring)
+            # an auto fallback to micro-batches waits for accumulation before measuring
+            new.set_measuring(old.measuring and not auto_microbatch)
         self.source = new
         self._last_measured = 0
+        self.phase, self._phase_steps = WARMING_UP, 0
         self._auto_microbatch = auto_microbatch
         self._accumulating_steps = self._single_steps = 0
-        self.why = (
-            "micro-batch norms across the backward passes of each step (auto: gradient "
-            "accumulation)"
-            if isinstance(new, MicrobatchSource)
-            else "per-example gradient norms in the backward pass (auto: one device)"
-        )
+        if restart_why:
+            self.why = (
+                "micro-batch norms across the backward passes of each step (auto: gradient "
+                "accumulation)"
+                if isinstance(new, MicrobatchSource)
+                else "per-example gradient norms in the backward pass (auto: one device)"
+            )
         self._inbox.append(_RESET)
         self._emit(
             f"noise scale: {because}, now measured with {new.estimator} (estimate restarted)"
@@ -390,16 +471,20 @@ class NoiseScale:
         if source is None:
             return NoiseScaleReading(note=self.why)
         detail = source.detail()
-        share = self.budget.share
-        if share < 0.95 and not source.always_measure:
-            detail += f"; measured on {share:.0%} of steps (cost budget)"
-        return self.tracker.reading(
+        phase = None if source.always_measure else self.phase
+        if phase == WARMING_UP:
+            detail += f"; warming up: every step until ±{WARMUP_RSE:.0%}"
+        elif phase == TRACKING:
+            detail += f"; tracking: measured on {self.budget.share:.0%} of steps (cost budget)"
+        reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,
             biased=source.biased,
             preconditioned=self.preconditioned,
             detail=detail,
         )
+        reading.phase = phase
+        return reading
 
     # -- either thread -------------------------------------------------------------------------
 

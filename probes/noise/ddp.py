@@ -15,10 +15,16 @@ all-reduce, or the hook the user registers later — ``register_comm_hook`` and
 of failing. A hook registered *before* ``attach()`` cannot be wrapped (DDP offers no way to
 replace it); then this source is unavailable and ``auto`` falls back to per-example norms.
 When the monitor closes, the hook stays (DDP cannot remove one) but only forwards.
+
+Nothing of bsmon's is left in the DDP model's own state (it deep-copies and pickles as
+without bsmon): the hook lives in DDP's C++ reducer, which pickling leaves out, and the
+redirection is made on the class, for the models bsmon watches, not on the instance.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +74,65 @@ bsmon_comm_hook.__annotations__ = {
 }
 
 
+class _Redirects:
+    """``register_comm_hook`` and ``_register_builtin_comm_hook`` of DDP, replaced on the
+    class while bsmon watches a model: on a watched model they set the inner hook of bsmon's
+    source; on any other they do what DDP does."""
+
+    def __init__(self) -> None:
+        self._sources: weakref.WeakKeyDictionary[Any, DDPSource] = weakref.WeakKeyDictionary()
+        self._originals: dict[str, Callable] = {}
+        self._cls: type | None = None
+
+    def watch(self, ddp: Any, source: DDPSource) -> None:
+        self._sources[ddp] = source
+        if not self._originals:
+            self._install(torch.nn.parallel.DistributedDataParallel)
+
+    def unwatch(self, ddp: Any) -> None:
+        self._sources.pop(ddp, None)
+        if not self._sources:
+            self._uninstall()
+
+    def _install(self, cls: type) -> None:
+        names = ("register_comm_hook", "_register_builtin_comm_hook")
+        originals = {name: getattr(cls, name) for name in names}
+        sources = self._sources
+
+        @functools.wraps(originals["register_comm_hook"])
+        def register_comm_hook(ddp: Any, state: object, hook: Callable) -> None:
+            source = sources.get(ddp)
+            if source is None:
+                return originals["register_comm_hook"](ddp, state, hook)
+            ddp._check_comm_hook(hook)
+            source.set_inner(state, hook, getattr(hook, "__qualname__", repr(hook)))
+            return None
+
+        @functools.wraps(originals["_register_builtin_comm_hook"])
+        def register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
+            source = sources.get(ddp)
+            if source is None:
+                return originals["_register_builtin_comm_hook"](ddp, comm_hook_type)
+            hook = _builtin_hooks().get(comm_hook_type)
+            if hook is None:
+                raise RuntimeError(f"bsmon cannot wrap the built-in comm hook {comm_hook_type}")
+            source.set_inner(ddp.process_group, hook, str(comm_hook_type))
+            return None
+
+        cls.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+        cls._register_builtin_comm_hook = register_builtin_comm_hook  # type: ignore[method-assign]
+        self._originals = originals
+        self._cls = cls
+
+    def _uninstall(self) -> None:
+        for name, original in self._originals.items():
+            setattr(self._cls, name, original)
+        self._originals = {}
+
+
+_redirects = _Redirects()
+
+
 class DDPSource(Source):
     estimator = "ddp"
 
@@ -79,8 +144,7 @@ class DDPSource(Source):
         **kwargs: Any,
     ) -> None:
         params = [p for p in ddp.parameters() if p.requires_grad]
-        super().__init__(params, **kwargs)
-        self._counter = counter
+        super().__init__(params, counter=counter, **kwargs)
         self._examples_hint = examples_hint
         self.inner_state: Any = ddp.process_group
         self.inner_hook: Callable = default_hooks.allreduce_hook
@@ -89,28 +153,17 @@ class DDPSource(Source):
             ddp.register_comm_hook(self, bsmon_comm_hook)
         except RuntimeError as exc:
             raise CommHookTaken(str(exc)) from None
+        hooks = getattr(ddp, "_comm_hooks", None)  # DDP's own copy, part of its pickled state
+        if isinstance(hooks, list) and hooks and hooks[-1][1] is self:
+            hooks.pop()
         self._ddp = ddp
-        self._redirect(ddp)
+        _redirects.watch(ddp, self)
         self._local: list[Tensor] = []
         self._global: list[Tensor] = []
 
-    def _redirect(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Later registrations on this model set the inner hook instead of failing."""
-
-        def register_comm_hook(state: object, hook: Callable) -> None:
-            ddp._check_comm_hook(hook)
-            self.inner_state, self.inner_hook = state, hook
-            self.inner_name = getattr(hook, "__qualname__", repr(hook))
-
-        def register_builtin_comm_hook(comm_hook_type: Any) -> None:
-            hook = _builtin_hooks().get(comm_hook_type)
-            if hook is None:
-                raise RuntimeError(f"bsmon cannot wrap the built-in comm hook {comm_hook_type}")
-            self.inner_state, self.inner_hook = ddp.process_group, hook
-            self.inner_name = str(comm_hook_type)
-
-        ddp.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
-        ddp._register_builtin_comm_hook = register_builtin_comm_hook  # type: ignore[method-assign]
+    def set_inner(self, state: object, hook: Callable, name: str) -> None:
+        """The communication hook bsmon's hook calls (a registration redirected here)."""
+        self.inner_state, self.inner_hook, self.inner_name = state, hook, name
 
     # -- in the comm hook (autograd thread) ----------------------------------------------------
 
@@ -150,7 +203,7 @@ class DDPSource(Source):
         device = self._global[0].device
         self._total = torch.stack([t.to(device) for t in self._global]).sum()
         local = torch.stack([t.to(device) for t in self._local]).sum()
-        examples = self._counter.take() or self._examples_hint() or 0
+        examples = self.take_examples() or self._examples_hint() or 0
         if not examples:
             self._problem = "unknown local batch size (pass batch_size= to attach)"
         world = self.world
@@ -162,7 +215,7 @@ class DDPSource(Source):
         )
 
     def _clear(self) -> None:
-        self._counter.take()
+        self.take_examples()
         self._local = []
         self._global = []
 
@@ -171,3 +224,4 @@ class DDPSource(Source):
 
     def close(self) -> None:
         super().close()  # the hook stays registered (DDP cannot remove it) and only forwards
+        _redirects.unwatch(self._ddp)

@@ -1,19 +1,24 @@
 """Which layers bsmon measures per example, and how: discovery, coverage, dispatch.
 
 Supported: nn.Linear (2-D and ≥3-D inputs), nn.Conv1d, nn.Conv2d, nn.Embedding, and the affine
-parameters of nn.LayerNorm, nn.RMSNorm, nn.GroupNorm and nn.BatchNorm1d/2d/3d. Dim 0 of a
-layer's input is the example. Left out (their parameters are excluded from both terms of the
-estimate, and coverage says how much that is):
+parameters of nn.LayerNorm, nn.RMSNorm, nn.GroupNorm and nn.BatchNorm1d/2d/3d. Left out
+(their parameters are excluded from both terms of the estimate, and coverage says how much
+that is):
 
 - parameters of other layers, and raw parameters used functionally;
 - parameters held by two modules (tied weights: per-example norms of a shared parameter are
   not additive across its uses — research note §6.8);
-- layers inside nn.MultiheadAttention (its out_proj weight is used functionally) and inside
-  nn.Transformer* layers built with batch_first=False (their inputs are not batch-first);
+- layers inside nn.MultiheadAttention (its out_proj weight is used functionally);
 - nn.Embedding with scale_grad_by_freq (the scaling couples the examples).
 
-At run time a layer is dropped (with an event) if it runs twice in one backward pass (weight
-sharing) or if its parameters receive gradient without its hook firing (used functionally).
+Which dim of a layer's input holds the examples is not guessed from the layer: the model's
+forward pass says how many examples it carries (``forward_watch``), and a layer call's batch
+dim is the one of that size — dim 0, or dim 1 for layers applied position by position to a
+sequence-first input (an LSTM language model's embedding and decoder). At run time a layer is
+dropped, with an event naming its parameters, if a call's input has no batch dim (a position
+embedding indexed with ``arange(T)`` and broadcast over the batch), if it runs twice in one
+backward pass (weight sharing), or if its parameters receive gradient without its hook firing
+(used functionally).
 """
 
 from __future__ import annotations
@@ -32,13 +37,6 @@ from .scaling import AdamPreconditioner
 
 SUPPORTED_NAMES = "Linear, Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, BatchNorm"
 _RMSNorm = getattr(nn, "RMSNorm", None)
-_BATCH_FIRST_CONTAINERS = (
-    nn.TransformerEncoderLayer,
-    nn.TransformerDecoderLayer,
-    nn.TransformerEncoder,
-    nn.TransformerDecoder,
-    nn.Transformer,
-)
 
 
 def kind_of(module: nn.Module) -> str | None:
@@ -61,8 +59,8 @@ def kind_of(module: nn.Module) -> str | None:
     return None
 
 
-# the fewest input dims with a batch dim in front
-_MIN_DIMS = {"linear": 2, "embedding": 1, "group_norm": 2, "batch_norm": 2}
+# trailing input dims that are features, not positions (layer and RMS norms: their shape)
+_FEATURE_DIMS = {"linear": 1, "embedding": 0}
 
 
 class FastestMethod:
@@ -139,16 +137,38 @@ class Layer:
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def accepts(self, x: object) -> bool:
-        """Whether this call has a batched input bsmon can take apart."""
-        if not isinstance(x, Tensor):
-            return False
+    def batch_axes(self, dims: int) -> tuple[int, ...]:
+        """The dims of a ``dims``-dimensional input that may hold the examples: 0, and 1 for
+        layers applied position by position (a sequence-first input)."""
         module = self.module
         if self.kind == "conv":
-            return x.dim() == (3 if isinstance(module, nn.Conv1d) else 4)
-        if self.kind in ("layer_norm", "rms_norm"):
-            return x.dim() > len(module.normalized_shape)  # type: ignore[arg-type]
-        return x.dim() >= _MIN_DIMS[self.kind]
+            return (0,) if dims == (3 if isinstance(module, nn.Conv1d) else 4) else ()
+        if self.kind in ("group_norm", "batch_norm"):
+            return (0,) if dims >= 2 else ()
+        features = _FEATURE_DIMS.get(self.kind)
+        if features is None:
+            features = len(module.normalized_shape)  # type: ignore[arg-type]
+        return tuple(range(min(dims - features, 2)))
+
+    def batch_axis(
+        self, shape: tuple[int, ...], examples: int, index_dims: int | None, prefer: int
+    ) -> int | None:
+        """The dim of an input of ``shape`` that holds the pass's ``examples``; None when it
+        has none (the input is not batched, e.g. positions broadcast over the batch).
+        ``index_dims``: the dims of the model's integer input, which an embedding's batched
+        indices share (a 1-D ``arange(T)`` is not a batch even when T equals the batch)."""
+        if self.kind == "embedding" and index_dims is not None and len(shape) < index_dims:
+            return None
+        axes = [a for a in self.batch_axes(len(shape)) if shape[a] == examples]
+        if len(axes) > 1:
+            return prefer
+        return axes[0] if axes else None
+
+    @property
+    def param_names(self) -> str:
+        prefix = f"{self.name}." if self.name else ""
+        named = (("weight", self.weight), ("bias", self.bias))
+        return ", ".join(f"{prefix}{n}" for n, p in named if p is not None)
 
     def norms(
         self,
@@ -206,20 +226,11 @@ class Discovery:
 
 def _excluded_subtrees(model: nn.Module) -> dict[str, str]:
     """Module-name prefixes whose layers must not be measured, with the reason."""
-    out: dict[str, str] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.MultiheadAttention):
-            out[name] = "attention projections used functionally"
-        elif isinstance(module, _BATCH_FIRST_CONTAINERS) and not _batch_first(module):
-            out[name] = "transformer layer with batch_first=False"
-    return out
-
-
-def _batch_first(module: nn.Module) -> bool:
-    if hasattr(module, "batch_first"):
-        return bool(module.batch_first)
-    attention = next((m for m in module.modules() if isinstance(m, nn.MultiheadAttention)), None)
-    return bool(attention.batch_first) if attention is not None else True
+    return {
+        name: "attention projections used functionally"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.MultiheadAttention)
+    }
 
 
 def _under(name: str, prefixes: dict[str, str]) -> str | None:

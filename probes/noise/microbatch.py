@@ -33,14 +33,25 @@ class MicrobatchSource(Source):
         examples_hint: Callable[[], int | None],
         **kwargs: Any,
     ) -> None:
-        super().__init__(trainable, **kwargs)
-        self._counter = counter
+        super().__init__(trainable, counter=counter, **kwargs)
         self._examples_hint = examples_hint
         self._accumulators = {id(p): grad_accumulator(p) for p in trainable}
-        self._handles = [p.register_hook(functools.partial(self._gradient, p)) for p in trainable]
+        self._handles = [p.register_hook(functools.partial(self._on_grad, p)) for p in trainable]
         self._pending: list[Tensor] = []  # this backward pass
         self._units: list[tuple[Tensor, int]] = []  # this step: (Σ|c_j|², examples) per pass
         self.last_units = 0
+
+    def _on_grad(self, param: Tensor, grad: Tensor) -> None:
+        """Every backward pass is counted, measured or not (a step not measured costs one
+        check per parameter): whether the job accumulates decides whether to measure."""
+        if self.active:
+            self._gradient(param, grad)
+        elif not self._end.pending and not self.closed:
+            try:
+                if accumulates(self._accumulators[id(param)]):
+                    self._end.touch()
+            except Exception as exc:
+                self.report("micro-batch pass count", exc)
 
     @hook("micro-batch gradient hook")
     def _gradient(self, param: Tensor, grad: Tensor) -> None:
@@ -51,12 +62,15 @@ class MicrobatchSource(Source):
         self._end.touch()
 
     def _on_backward_end(self) -> None:
+        if not self.active:
+            self.backwards += 1  # counted, not measured
+            return
         pending, self._pending = self._pending, []
         if not pending:
             return
         device = pending[0].device
         self._units.append(
-            (torch.stack([t.to(device) for t in pending]).sum(), self._counter.take())
+            (torch.stack([t.to(device) for t in pending]).sum(), self.take_examples())
         )
         super()._on_backward_end()
 
@@ -84,7 +98,7 @@ class MicrobatchSource(Source):
 
     def _clear(self) -> None:
         self.last_units = len(self._units)
-        self._counter.take()  # forward passes not followed by a backward pass in this step
+        self.take_examples()  # forward passes not followed by a backward pass in this step
         self._pending = []
         self._units = []
 

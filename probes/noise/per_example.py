@@ -1,67 +1,87 @@
 """Per-example gradient norms inside the backward pass: bsmon's default on one device.
 
-A forward hook on every supported layer registers a hook on the layer's output; when the
-output's gradient arrives during backward, the layer's per-example squared norms are computed
-from it and the layer's input (``pernorms``) and summed on the device into one 0-dim tensor.
-At the end of the backward pass the step's gradient norm |p.grad|² is taken over the same
-parameters. The estimate then uses single examples as the small batch (B_s = 1, B_b = B):
-the lowest-variance form (research note §1.4, §8.1).
+On a measured step the forward watch (``forward_watch``, global module hooks: nothing is
+stored on the model) sees each call of a supported layer and registers a hook on the call's
+output; when the output's gradient arrives during backward, the layer's per-example squared
+norms are computed from it and the layer's input (``pernorms``) and summed on the device into
+one 0-dim tensor. At the end of the backward pass the step's gradient norm |p.grad|² is taken
+over the same parameters. The estimate then uses single examples as the small batch
+(B_s = 1, B_b = B): the lowest-variance form (research note §1.4, §8.1).
+
+The examples are those of the model's forward pass (its input's batch dimension, see
+``forward_watch``), not whatever dim 0 of a layer's input happens to be: a layer call whose
+input has no dim of that size is not batched, and the layer is left out, named in an event,
+while the others go on being measured.
 
 Gradient accumulation works too (every example of every micro-batch is a unit), and so does
 DDP when the wrapped model is passed (the local examples against the all-reduced gradient),
-but ``auto`` prefers the micro-batch estimators there, as the issue asks.
+but ``auto`` prefers the micro-batch estimators there.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
 from .record import StepRecord
 from .source import Source, hook
 
+HOLDER = "per-example norms"
+UNBATCHED = "its input has no batch dimension"
 
-class _LayerHook:
-    """The forward hook on one layer. A small bsmon object rather than a partial, so code that
-    copies a model (the probe's sidecar) can tell bsmon's hooks from the user's."""
 
-    __slots__ = ("layer", "source")
+class _Call:
+    """One call of a measured layer, kept from its forward until its output's gradient."""
 
-    def __init__(self, source: PerExampleSource, layer: Layer) -> None:
-        self.source = source
+    __slots__ = ("batch_stats", "layer", "pass_id", "shape", "x", "x_sq")
+
+    def __init__(self, layer: Layer, x: Tensor, shape: tuple[int, ...], pass_id: int) -> None:
         self.layer = layer
-
-    def __call__(self, module: nn.Module, args: tuple, output: Any) -> None:
-        self.source._forward(self.layer, module, args, output)
+        self.x: Tensor | None = x
+        self.x_sq: Tensor | None = None
+        self.shape = shape
+        self.pass_id = pass_id
+        self.batch_stats = False
 
 
 class PerExampleSource(Source):
     estimator = "per_example"
 
-    def __init__(self, model: nn.Module, trainable: list[Tensor], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        trainable: list[Tensor],
+        watch: ForwardWatch,
+        examples_hint: Callable[[], int | None],
+        **kwargs: Any,
+    ) -> None:
         self.discovery: Discovery = discover(model, trainable)
         self._batch_norms = [
             m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
         ]
         super().__init__([], **kwargs)
-        self.layers: list[Layer] = []
-        self._handles: dict[Layer, Any] = {}
-        for layer in self.discovery.layers:
-            self._handles[layer] = layer.module.register_forward_hook(_LayerHook(self, layer))
-            self.layers.append(layer)
+        self.watch = watch
+        self._examples_hint = examples_hint
+        self.layers: list[Layer] = list(self.discovery.layers)
+        for layer in self.layers:
+            watch.watch_layer(layer.module, functools.partial(self._forward, layer))
         self._refresh()
-        self._entries: list[tuple[Layer, Tensor, int]] = []  # this backward pass
+        self._entries: list[tuple[Layer, Tensor, int, int]] = []  # (layer, Σ, examples, pass)
         self._sums: list[Tensor] = []  # this step
         self._examples = 0
         self._fired: set[Layer] = set()
         self._with_grad = 0
+        self.refused: str | None = None  # why the forward watch cannot serve this job
+        self.set_measuring(False)  # the controller decides from the first step on
 
     def _refresh(self) -> None:
         self.params = [p for layer in self.layers for p in layer.params]
@@ -70,54 +90,80 @@ class PerExampleSource(Source):
         total = self.discovery.trainable_numel
         self.coverage = measured / total if total else 0.0
 
+    def set_measuring(self, measuring: bool) -> None:
+        super().set_measuring(measuring)
+        if self.active and self.watch.hold(HOLDER):
+            return
+        self.watch.release(HOLDER)
+        self.refused = self.watch.blocked()
+        self.active = False
+
     # -- hooks (training thread) ---------------------------------------------------------------
 
     @hook("per-example forward hook")
-    def _forward(self, layer: Layer, module: nn.Module, args: tuple, output: Any) -> None:
-        if not torch.is_grad_enabled():
-            return
-        if not isinstance(output, Tensor) or not output.requires_grad:
+    def _forward(
+        self, layer: Layer, module: nn.Module, args: tuple, output: Any, pass_id: int
+    ) -> None:
+        if not torch.is_grad_enabled() or not isinstance(output, Tensor):
             return
         x = args[0] if args else None
-        if not layer.accepts(x):
-            return  # an unbatched call: its gradient will be unaccounted, see _record
-        x_sq = None
+        if not output.requires_grad or not isinstance(x, Tensor):
+            return  # the parameters' gradient, if any, is caught as unaccounted
+        call = _Call(layer, x, tuple(x.shape), pass_id)
         if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-            x_sq = pernorms.linear_input_sq(x)  # keep (B,) instead of the input
-            x = None
-        batch_stats = layer.kind == "batch_norm" and (
+            call.x_sq, call.x = pernorms.linear_input_sq(x), None  # keep (B,), not the input
+        call.batch_stats = layer.kind == "batch_norm" and (
             module.training or getattr(module, "running_mean", None) is None
         )
-        output.register_hook(functools.partial(self._gradient, layer, x, x_sq, batch_stats))
+        output.register_hook(functools.partial(self._gradient, call))
 
     @hook("per-example norms")
-    def _gradient(
-        self, layer: Layer, x: Tensor | None, x_sq: Tensor | None, batch_stats: bool, g: Tensor
-    ) -> None:
+    def _gradient(self, call: _Call, g: Tensor) -> None:
+        layer = call.layer
         if not accumulates(layer.accumulator):
             return  # torch.autograd.grad or backward(inputs=...): not a training gradient
-        sq = layer.norms(x, x_sq, g, self.precond, batch_stats)
-        self._entries.append((layer, sq.sum(), sq.shape[0]))
+        if layer not in self.layers:
+            return  # left out earlier in this pass
+        examples, index_dims = self._pass_examples(call.pass_id)
+        if not examples:
+            self._problem = (
+                "bsmon cannot tell how many examples the model's forward pass carried "
+                "(pass batch_size= to attach)"
+            )
+            return
+        axis = layer.batch_axis(call.shape, examples, index_dims, self.watch.learned_dim or 0)
+        if axis is None:
+            self.exclude(layer, UNBATCHED, f"input {list(call.shape)}, {examples} examples")
+            return
+        x = call.x
+        if axis:
+            g = g.movedim(axis, 0)
+            x = x.movedim(axis, 0) if x is not None else None
+        sq = layer.norms(x, call.x_sq, g, self.precond, call.batch_stats)
+        self._entries.append((layer, sq.sum(), examples, call.pass_id))
         self._end.touch()
 
+    def _pass_examples(self, pass_id: int) -> tuple[int | None, int | None]:
+        """The examples of the forward pass a layer call belonged to, and the dims of the
+        model's integer input; the batch the job drew when the model's own forward is not
+        called (a framework calling its submodules)."""
+        root = self.watch.pass_of(pass_id)
+        if root is not None and root.examples:
+            return root.examples, root.index_dims
+        return self._examples_hint(), None
+
     def _on_backward_end(self) -> None:
-        entries, self._entries = self._entries, []
+        entries = [entry for entry in self._entries if entry[0] in self.layers]
+        self._entries = []
         if not entries:
             return
-        fired = Counter(layer for layer, _, _ in entries)
-        for layer, count in fired.items():
-            if count > 1:
-                self._problem = "a layer ran twice in one backward pass"
-                self.exclude(layer, f"ran {count} times in one backward pass (shared weights)")
-        sizes = {n for _, _, n in entries}
-        if len(sizes) > 1:
-            self._problem = (
-                f"layers disagree on the batch size (dim 0: {sorted(sizes)}); "
-                "per-example norms need batch-first inputs"
-            )
-        self._sums.extend(total for _, total, _ in entries)
-        self._examples += max(sizes)
-        self._fired.update(fired)
+        for (layer, _), count in Counter((e[0], e[3]) for e in entries).items():
+            if count > 1 and layer in self.layers:  # twice in one forward pass
+                self._problem = "a layer ran twice in one forward pass"
+                self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
+        self._sums.extend(total for _, total, _, _ in entries)
+        self._examples += sum({pass_id: n for _, _, n, pass_id in entries}.values())
+        self._fired.update(layer for layer, _, _, _ in entries)
         super()._on_backward_end()
         self._with_grad = sum(1 for p in self.params if p.grad is not None)
 
@@ -128,7 +174,7 @@ class PerExampleSource(Source):
             return None
         values = [torch.stack(self._sums).sum()]
         unaccounted: tuple[int, ...] = ()
-        fired_params = sum(len(layer.params) for layer in self._fired if layer in self._handles)
+        fired_params = sum(len(layer.params) for layer in self._fired if layer in self.layers)
         if self._with_grad > fired_params:  # some measured gradient came without its hook
             missing = [
                 p
@@ -156,18 +202,20 @@ class PerExampleSource(Source):
 
     # -- layers --------------------------------------------------------------------------------
 
-    def exclude(self, layer: Layer, why: str) -> None:
-        handle = self._handles.pop(layer, None)
-        if handle is None:
+    def exclude(self, layer: Layer, why: str, context: str = "") -> None:
+        """Stop measuring ``layer`` (its parameters leave both terms of the estimate)."""
+        if layer not in self.layers:
             return
-        handle.remove()
+        self.watch.unwatch_layer(layer.module)
         self.layers.remove(layer)
         self._refresh()
-        if self.backwards:  # this step's norms were gathered over the old set of layers
+        if self.backwards or self._sums:  # this step's norms were gathered over the old layers
             self._problem = "the measured layers changed during this step"
+        left_out = self.discovery.left_out
+        left_out[why] = left_out.get(why, 0) + layer.numel
         self.emit(
-            f"noise scale: left out {layer.name or type(layer.module).__name__} "
-            f"({type(layer.module).__name__}): {why}; coverage now {self.coverage:.0%}",
+            f"noise scale: left out {layer.param_names} ({type(layer.module).__name__}): "
+            f"{why}{f' ({context})' if context else ''}; coverage now {self.coverage:.0%}",
             "warning",
         )
 
@@ -188,6 +236,6 @@ class PerExampleSource(Source):
 
     def close(self) -> None:
         super().close()
-        for handle in self._handles.values():
-            handle.remove()
-        self._handles.clear()
+        self.watch.release(HOLDER)
+        for layer in self.layers:
+            self.watch.unwatch_layer(layer.module)

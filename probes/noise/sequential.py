@@ -12,6 +12,7 @@ Adam option) preconditioned, taken after each backward pass so clipping cannot t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,35 +33,27 @@ class SequentialSource(Source):
         trainable: list[Tensor],
         counter: ExampleCounter,
         examples_hint: Callable[[], int | None],
-        model: torch.nn.Module | None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(trainable, **kwargs)
+        super().__init__(trainable, counter=counter, **kwargs)
         self.always_measure = True  # pairs of consecutive steps
-        self._counter = counter
         self._examples_hint = examples_hint
-        self._accumulator = grad_accumulator(trainable[0])
-        # without per-layer hooks, one hook on the root module's output tells bsmon that a
-        # backward pass through the model is under way, so the end-of-pass callback is queued
-        self._handle = model.register_forward_hook(self._forward) if model is not None else None
-        self._hooks_on_params = (
-            [p.register_hook(self._touch) for p in trainable[:1]] if model is None else []
-        )
+        # a gradient arriving at any parameter tells bsmon a backward pass is under way, so
+        # the end-of-pass callback is queued (nothing is registered on the model)
+        self._accumulators = [grad_accumulator(p) for p in trainable]
+        self._handles = [
+            p.register_hook(functools.partial(self._touch, accumulator))
+            for p, accumulator in zip(trainable, self._accumulators, strict=True)
+        ]
         self._current: tuple[tuple[bool, ...], list[Tensor]] | None = None
         self._previous: tuple[tuple[bool, ...], list[Tensor], int] | None = None
         self._current_sq: Tensor | None = None
         self._previous_sq: Tensor | None = None
-
-    @hook("sequential forward hook")
-    def _forward(self, _module: Any, _args: tuple, output: Any) -> None:
-        if torch.is_grad_enabled():
-            tensor = _first_tensor(output)
-            if tensor is not None and tensor.requires_grad:
-                tensor.register_hook(self._touch)
+        self.set_measuring(True)
 
     @hook("sequential gradient hook")
-    def _touch(self, _grad: Tensor) -> None:
-        if accumulates(self._accumulator):
+    def _touch(self, accumulator: Any, _grad: Tensor) -> None:
+        if not self._end.pending and accumulates(accumulator):
             self._end.touch()
 
     def _on_backward_end(self) -> None:
@@ -84,7 +77,7 @@ class SequentialSource(Source):
         if current is None or current_sq is None:
             return None
         # under DDP the gradient is the average over the ranks: W times the local examples
-        examples = (self._counter.take() or self._examples_hint() or 0) * self.world
+        examples = (self.take_examples() or self._examples_hint() or 0) * self.world
         previous, previous_sq = self._previous, self._previous_sq
         self._previous, self._previous_sq = (*current, examples), current_sq
         if previous is None or previous_sq is None:
@@ -101,7 +94,7 @@ class SequentialSource(Source):
         )
 
     def _clear(self) -> None:
-        self._counter.take()  # forward passes not followed by a backward pass in this step
+        self.take_examples()  # forward passes not followed by a backward pass in this step
         self._current = None
         self._current_sq = None
 
@@ -110,10 +103,9 @@ class SequentialSource(Source):
 
     def close(self) -> None:
         super().close()
-        if self._handle is not None:
-            self._handle.remove()
-        for handle in self._hooks_on_params:
+        for handle in self._handles:
             handle.remove()
+        self._handles.clear()
         self._previous = None
 
 
@@ -122,17 +114,3 @@ def pair_terms(prev_sq: Any, cur_sq: Any, diff_sq: Any) -> tuple[Any, Any]:
     the big batch's squared norm |(g₁ + g₂)/2|² = (2|g₁|² + 2|g₂|² − |g₁ − g₂|²)/4 and the
     units' Σ|c_u|² with c_u = g_u/2."""
     return (2 * prev_sq + 2 * cur_sq - diff_sq) / 4, (prev_sq + cur_sq) / 4
-
-
-def _first_tensor(value: Any) -> Tensor | None:
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            if (found := _first_tensor(item)) is not None:
-                return found
-    if isinstance(value, dict):
-        for item in value.values():
-            if (found := _first_tensor(item)) is not None:
-                return found
-    return None

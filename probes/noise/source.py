@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from ..safety import FaultGuard
-from .autograd import BackwardEnd, total_squared_norm
+from .autograd import BackwardEnd, ExampleCounter, total_squared_norm
 from .record import StepRecord, capture
 from .scaling import AdamPreconditioner, LossScale
 
@@ -61,8 +61,10 @@ class Source:
         precond: AdamPreconditioner | None,
         emit: Emit,
         world: int = 1,
+        counter: ExampleCounter | None = None,
     ) -> None:
         self.params = params
+        self.counter = counter  # the examples of each pass, for sources without per-example hooks
         self.guard = guard
         self.loss_scale = loss_scale
         self.precond = precond
@@ -123,6 +125,8 @@ class Source:
     def set_measuring(self, measuring: bool) -> None:
         self.measuring = measuring or self.always_measure
         self.active = self.measuring and not self.closed
+        if self.counter is not None:
+            self.counter.want(self.active)
 
     def take_record(self, step: int) -> StepRecord | None:
         """At the optimizer's pre-step hook: this step's record (None if nothing to report)."""
@@ -140,6 +144,10 @@ class Source:
             self.precond.new_step()
         self.cost += time.perf_counter() - start
         return record
+
+    def take_examples(self) -> int:
+        """Examples of the model's forward passes since the last take (0: not counted)."""
+        return self.counter.take() if self.counter is not None else 0
 
     def take_cost(self) -> float:
         cost, self.cost = self.cost, 0.0
@@ -179,3 +187,5 @@ class Source:
     def close(self) -> None:
         self.closed = True
         self.active = False
+        if self.counter is not None:
+            self.counter.want(False)

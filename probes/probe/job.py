@@ -10,10 +10,12 @@ import psutil
 import torch
 
 from ..batch_control import BatchController
+from ..forward_watch import ForwardWatch, RootPass
 from ..protocol import ProbeResult
 from . import plan
 from . import recipe as recipes
 
+PRECISION = "the probe: the job's precision"
 CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
 
 
@@ -27,6 +29,8 @@ class ProbeSource:
         loss_fn: Any,
         probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
         control: BatchController | None,
+        *,
+        watch: ForwardWatch,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -37,14 +41,13 @@ class ProbeSource:
         self.batch_size = 0
         self.batch_numel = 0
         self.autocast_dtype: str | None = None
-        self._hook = (
-            model.register_forward_pre_hook(self._observe_precision) if model is not None else None
-        )
+        self._watch = watch
+        watch.on_root(self._observe_precision)
+        watch.hold(PRECISION)  # until one training pass has been seen
 
     def close(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._watch.release(PRECISION)
+        self._watch.off_root(self._observe_precision)
 
     def offer(self, batch: Any, size: int) -> None:
         """A batch the job used: kept when it is the largest so far (by samples, then size)."""
@@ -54,12 +57,16 @@ class ProbeSource:
         if size > self.batch_size or numel > self.batch_numel:
             self.batch, self.batch_size, self.batch_numel = batch, size, numel
 
-    def _observe_precision(self, module: torch.nn.Module, _inputs: Any) -> None:
+    def _observe_precision(self, root_pass: RootPass, _output: Any) -> None:
+        """After a training pass of the model (the autocast state wraps the whole call)."""
+        if not root_pass.grad:
+            return
         device_type = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
         if torch.is_autocast_enabled(device_type):
             self.autocast_dtype = str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
         else:
             self.autocast_dtype = None
+        self._watch.release(PRECISION)
 
     # -- the recipe (the probe's thread) -------------------------------------------------------
 

@@ -61,6 +61,16 @@ def change_line(change: BatchChange) -> str:
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
 
+def off_lines(snap: Snapshot) -> list[str]:
+    """Why the keys that act on the job are greyed: one line for each reason."""
+    keys: dict[str, list[str]] = {}
+    for key, kind in (("+/-", "set_batch_size"), ("p", "probe")):
+        cap = snap.capabilities.get(kind)
+        if cap is not None and not cap.available:
+            keys.setdefault(cap.reason or "not available", []).append(key)
+    return [f"[$text-muted]{' '.join(k)} off: {escape(why)}[/]" for why, k in keys.items()]
+
+
 class BatchPanel(Static):
     DEFAULT_CSS = "BatchPanel { height: auto; }"
 
@@ -75,6 +85,8 @@ class BatchPanel(Static):
             f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}",
             f"seen    {fmt.count(m.samples)} samples",
         ]
+        if m.samples_note:
+            lines[2] += " [$text-muted](samples not counted: see Events)[/]"
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:
@@ -85,6 +97,5 @@ class BatchPanel(Static):
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
             lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
-        elif (cap := snap.capabilities.get("set_batch_size")) and not cap.available:
-            lines.append(f"[$text-muted]+/- off: {escape(cap.reason or 'not available')}[/]")
+        lines.extend(off_lines(snap))
         self.update("\n".join(lines))

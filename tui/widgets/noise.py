@@ -77,6 +77,8 @@ def estimator_text(reading: NoiseScaleReading) -> str:
         parts.append(f"{reading.coverage:.0%} of params")
     if reading.preconditioned:
         parts.append("Adam-preconditioned")
+    if reading.phase:
+        parts.append(reading.phase)
     return " · ".join(parts)
 
 
@@ -126,7 +128,8 @@ def describe(
     one short line, for a panel with only a few rows."""
     if capability is None:
         return [Line("waiting for the job…", "$text-muted")]
-    if not capability.available:
+    off = reading is not None and reading.estimator is None and reading.note
+    if not capability.available or off:
         reason = (reading.note if reading else None) or capability.reason or "not enabled"
         return [Line(f"B_simple: n/a — {reason}", "$text-muted")]
     reading = reading or NoiseScaleReading()

@@ -1,0 +1,54 @@
+"""Evaluation time inside the training loop, kept apart from step time.
+
+A validation pass between two optimizer steps would otherwise make that step look seconds
+long (a false stall, a wrong p99). The training thread signals what it sees, O(1) each:
+
+- ``train(t)``: training activity up to time ``t`` (a training batch drawn, a forward pass
+  with gradients);
+- ``evaluate(t)``: evaluation activity up to time ``t`` (a batch drawn, or a forward pass of
+  the model, with gradients off or in ``eval()`` mode).
+
+An evaluation span starts where training activity last stopped (the end of the previous step,
+or a training batch drawn after it) and ends at its last evaluation signal: from the moment
+training paused to the end of the last evaluation batch or pass. ``take(t)`` at the end of a
+step returns the step's evaluation seconds and starts the next window at ``t``.
+"""
+
+from __future__ import annotations
+
+
+class EvalClock:
+    __slots__ = ("_closed", "_eval_end", "_eval_start", "_last_train", "spans")
+
+    def __init__(self, now: float) -> None:
+        self._last_train = now
+        self._eval_start: float | None = None  # the open span's start
+        self._eval_end = 0.0
+        self._closed = 0.0  # seconds of the spans already closed in this step window
+        self.spans = 0  # evaluation spans so far
+
+    def train(self, t: float) -> None:
+        if self._eval_start is not None:
+            self._close()
+        self._last_train = max(self._last_train, t)
+
+    def evaluate(self, t: float) -> None:
+        if self._eval_start is None:
+            self._eval_start = self._last_train
+            self._eval_end = t
+            self.spans += 1
+        self._eval_end = max(self._eval_end, t)
+
+    def take(self, now: float) -> float:
+        """The evaluation seconds of the step that ends ``now``."""
+        if self._eval_start is not None:
+            self._eval_end = min(self._eval_end, now)
+            self._close()
+        seconds, self._closed = self._closed, 0.0
+        self._last_train = now
+        return seconds
+
+    def _close(self) -> None:
+        assert self._eval_start is not None
+        self._closed += max(0.0, self._eval_end - self._eval_start)
+        self._eval_start = None
