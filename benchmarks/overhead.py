@@ -105,24 +105,31 @@ def transformer(batch: int) -> tuple[nn.Module, tuple[torch.Tensor, ...], nn.Mod
 
 
 MODELS = {
-    "mlp": (mlp, 256, "MLP 256-640-640-10, batch 256"),
-    "cnn": (cnn, 64, "CNN 3 conv + GroupNorm on 3x32x32, batch 64"),
+    "mlp": (mlp, 256, "MLP 256-640-640-10, batch {batch}"),
+    "cnn": (cnn, 64, "CNN 3 conv + GroupNorm on 3x32x32, batch {batch}"),
     "transformer": (
         transformer,
         16,
-        "Embedding + TransformerEncoderLayer(128, 4 heads) + head, batch 16 x 64 tokens",
+        "Embedding + TransformerEncoderLayer(128, 4 heads) + head, batch {batch} x 64 tokens",
     ),
 }
 
 
-def make_step(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Step, int, str]:
-    build, batch, label = MODELS[name]
+def make_step(
+    name: str, device: torch.device | str = "cpu", batch: int | None = None
+) -> tuple[nn.Module, torch.optim.Optimizer, Step, int, str]:
+    """A model, its optimizer and one training step on ``device`` (the default batch unless
+    ``batch`` is given); returns (model, optimizer, step, examples per step, label)."""
+    build, default_batch, label = MODELS[name]
+    batch = batch or default_batch
     torch.manual_seed(0)
     model, inputs, loss_fn, examples = build(batch)
+    model = model.to(device)
+    inputs = tuple(t.to(device) for t in inputs)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     with torch.no_grad():
         out = model(*inputs)
-    target = torch.randint(0, out.shape[-1], (out.shape[0],))
+    target = torch.randint(0, out.shape[-1], (out.shape[0],), device=device)
 
     def step(mon: object | None = None) -> None:
         loss = loss_fn(model(*inputs), target)
@@ -132,14 +139,27 @@ def make_step(name: str) -> tuple[nn.Module, torch.optim.Optimizer, Step, int, s
         if mon is not None:
             mon.log(loss=loss)  # type: ignore[attr-defined]
 
-    return model, optimizer, step, examples, label
+    return model, optimizer, step, examples, label.format(batch=batch)
 
 
-def time_block(step: Step, steps: int, mon: object | None) -> tuple[float, float, float]:
-    """Per step: wall time, process CPU time, and the training thread's own CPU time."""
+Sample = tuple[float, float, float]
+
+
+def time_block(
+    step: Step, steps: int, mon: object | None, sync: Callable[[], None] | None = None
+) -> Sample:
+    """Per step: wall time, process CPU time, and the training thread's own CPU time.
+
+    On a GPU pass ``sync`` (``torch.cuda.synchronize``): it runs before the clock starts and
+    before it stops, so a block counts the device's work, not only the host's queueing; the
+    steps inside the block never wait for the device."""
+    if sync is not None:
+        sync()
     wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
     for _ in range(steps):
         step(mon)
+    if sync is not None:
+        sync()
     return (
         (time.perf_counter() - wall) / steps,
         (time.process_time() - cpu) / steps,
@@ -154,47 +174,87 @@ def rotations(names: list[str], round_: int) -> list[str]:
     return order[::-1] if (round_ // len(names)) % 2 else order
 
 
-Times = dict[str, list[tuple[float, float, float]]]
+Times = dict[str, list[Sample]]
+Block = Callable[[], Sample]
 
 
-def bench_agent(name: str, args: argparse.Namespace) -> Times:
-    from bsmon.probes import attach
-
-    model, optimizer, step, batch, _ = make_step(name)
-    for _ in range(args.warmup):
-        step(None)
-    times: Times = {v: [] for v in AGENT_VARIANTS}
-    for round_ in range(args.agent_rounds):
-        for variant in rotations(list(AGENT_VARIANTS), round_):
-            options = AGENT_VARIANTS[variant]
-            mon = None
-            if options is not None:
-                mon = attach(model, optimizer, batch_size=batch, name=f"bench-{name}", **options)
-                for _ in range(args.warmup):
-                    step(mon)
-            times[variant].append(time_block(step, args.agent_steps, mon))
-            if mon is not None:
-                mon.close()  # type: ignore[attr-defined]
+def interleave(blocks: dict[str, Block], rounds: int) -> Times:
+    """Run every block once per round, in the rotated order of ``rotations``."""
+    times: Times = {v: [] for v in blocks}
+    for round_ in range(rounds):
+        for variant in rotations(list(blocks), round_):
+            times[variant].append(blocks[variant]())
     return times
 
 
-def bench_noise(name: str, args: argparse.Namespace) -> tuple[Times, float]:
+def agent_blocks(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: Step,
+    batch: int,
+    args: argparse.Namespace,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Block]:
+    """One block per variant of ``AGENT_VARIANTS``: ``off`` times the bare steps; the others
+    attach afresh, warm up, time ``args.agent_steps`` steps and close."""
+    from bsmon.probes import attach
+
+    def block(options: dict | None) -> Block:
+        def run() -> Sample:
+            if options is None:
+                return time_block(step, args.agent_steps, None, sync)
+            mon = attach(model, optimizer, batch_size=batch, name="bench-agent", **options)
+            try:
+                for _ in range(args.warmup):
+                    step(mon)
+                return time_block(step, args.agent_steps, mon, sync)
+            finally:
+                mon.close()
+
+        return run
+
+    return {variant: block(options) for variant, options in AGENT_VARIANTS.items()}
+
+
+def bench_agent(
+    name: str,
+    args: argparse.Namespace,
+    device: torch.device | str = "cpu",
+    batch: int | None = None,
+    sync: Callable[[], None] | None = None,
+) -> Times:
+    model, optimizer, step, examples, _ = make_step(name, device, batch)
+    for _ in range(args.warmup):
+        step(None)
+    blocks = agent_blocks(model, optimizer, step, examples, args, sync)
+    return interleave(blocks, args.agent_rounds)
+
+
+def bench_noise(
+    name: str,
+    args: argparse.Namespace,
+    device: torch.device | str = "cpu",
+    batch: int | None = None,
+    sync: Callable[[], None] | None = None,
+) -> tuple[Times, float]:
+    """Three copies of the model, one monitor each (``NOISE_VARIANTS``), in interleaved
+    blocks; returns the times and the share of steps the default budget measured."""
     from bsmon.probes import attach
 
     copies = {}
     for variant, options in NOISE_VARIANTS.items():
-        model, optimizer, step, batch, _ = make_step(name)
+        model, optimizer, step, examples, _ = make_step(name, device, batch)
         mon = attach(
-            model, optimizer, batch_size=batch, name=f"bench-{variant}", serve=False, **options
+            model, optimizer, batch_size=examples, name=f"bench-{variant}", serve=False, **options
         )
         for _ in range(args.warmup):
             step(mon)
         copies[variant] = (step, mon)
-    times: Times = {v: [] for v in NOISE_VARIANTS}
-    for round_ in range(args.rounds):
-        for variant in rotations(list(NOISE_VARIANTS), round_):
-            step, mon = copies[variant]
-            times[variant].append(time_block(step, args.block, mon))
+
+    def block(step: Step, mon: object) -> Block:
+        return lambda: time_block(step, args.block, mon, sync)
+
+    times = interleave({v: block(*copy) for v, copy in copies.items()}, args.rounds)
     share = copies["noise"][1]._noise.budget.share  # type: ignore[attr-defined]
     for _, mon in copies.values():
         mon.close()  # type: ignore[attr-defined]
@@ -210,23 +270,33 @@ def ratio(values: list[float], base: list[float]) -> str:
     return f"{q2:.3f} [{q1:.3f}-{q3:.3f}]"
 
 
+def summary(times: Times, base: str, k: int = 0) -> dict[str, tuple[float, float, str]]:
+    """Per variant, for measure ``k`` (0 wall, 1 process CPU, 2 training-thread CPU): the
+    median per step in seconds, the ratio of medians to ``base``, and ``ratio()``'s text."""
+    base_values = [b[k] for b in times[base]]
+    base_median = statistics.median(base_values)
+    out = {}
+    for variant, values in times.items():
+        mine = [v[k] for v in values]
+        median = statistics.median(mine)
+        out[variant] = (median, median / base_median, ratio(mine, base_values))
+    return out
+
+
 def table(times: Times, base: str) -> list[str]:
     heads = ("wall", "process CPU", "training-thread CPU")
     lines = ["  " + " " * 18 + "".join(f"{h:>31}" for h in heads)]
     lines.append("  " + f"{'variant':<18}" + f"{'ms':>8}{'ratio, IQR':>23}" * 3)
-    for variant, values in times.items():
-        cells = []
-        for k in range(3):
-            ms = statistics.median(v[k] for v in values) * 1e3
-            r = ratio([v[k] for v in values], [b[k] for b in times[base]])
-            cells.append(f"{ms:>8.2f}{r:>23}")
+    summaries = [summary(times, base, k) for k in range(3)]
+    for variant in times:
+        cells = [f"{s[variant][0] * 1e3:>8.2f}{s[variant][2]:>23}" for s in summaries]
         lines.append(f"  {variant:<18}" + "".join(cells))
     return lines
 
 
 def run_model(name: str, args: argparse.Namespace) -> None:
-    label = MODELS[name][2]
-    print(f"\n{name}: {label}")
+    _, batch, label = MODELS[name]
+    print(f"\n{name}: {label.format(batch=batch)}")
     if args.agent_rounds:
         print(f"  part 1, the agent ({args.agent_rounds} rounds x {args.agent_steps} steps):")
         print("\n".join(table(bench_agent(name, args), "off")))
@@ -234,6 +304,16 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     print(f"  part 2, the noise scale ({args.rounds} rounds x {args.block} steps, vs agent):")
     print("\n".join(table(times, "agent")))
     print(f"  the default budget measured {share:.1%} of steps (a moving average)")
+
+
+def start_reader(socket_path: Path) -> subprocess.Popen:
+    """A monitor process that connects to ``socket_path`` (again and again, as benchmark
+    blocks attach and close) and reads every message; it exits when its parent does."""
+    return subprocess.Popen(
+        [sys.executable, "-c", READER, str(socket_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> int:
@@ -254,11 +334,7 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="bsm-bench-", dir="/tmp"))
     os.environ["BSMON_DIR"] = str(directory)
     socket_path = directory / f"{os.getpid()}.sock"
-    reader = subprocess.Popen(
-        [sys.executable, "-c", READER, str(socket_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    reader = start_reader(socket_path)
     print(
         f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; "
         "ratios are medians of paired per-round ratios"

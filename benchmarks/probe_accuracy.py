@@ -13,11 +13,14 @@ does not raise an out-of-memory error.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -27,7 +30,7 @@ from torch import nn
 from bsmon.probes import attach
 from bsmon.probes.probe import recipe as recipes
 from bsmon.probes.probe.runner import sidecar_environment
-from bsmon.probes.protocol import ProbePoint
+from bsmon.probes.protocol import ProbePoint, ProbeResult
 
 
 class TransformerBlock(nn.Module):
@@ -95,20 +98,60 @@ def measure_once(recipe: recipes.Recipe, size: int, directory: Path) -> ProbePoi
     raise RuntimeError(f"no point from the sidecar at {size}: {out.stderr.decode()[-500:]}")
 
 
-def brute_force(recipe: recipes.Recipe, low: int, high: int, directory: Path) -> tuple[int, int]:
-    """The largest size in [low, high) that fits (low must fit), and the sidecar runs used."""
-    runs = 1
-    while measure_once(recipe, high, directory).fits:  # grow until a size fails
-        runs += 1
+@dataclass
+class Search:
+    """A brute-force search: the largest size that fit, the smallest that failed, each trial
+    as (size, fits), and whether it narrowed to its tolerance within its runs."""
+
+    boundary: int
+    failed: int | None
+    trials: list[tuple[int, bool]]
+    converged: bool
+
+
+def fits_alone(recipe: recipes.Recipe, directory: Path, size: int) -> bool:
+    return measure_once(recipe, size, directory).fits
+
+
+def brute_force(
+    fits: Callable[[int], bool],
+    low: int,
+    high: int,
+    tolerance: float = 0.005,
+    max_runs: int | None = None,
+    high_fails: bool = False,
+) -> Search:
+    """The largest size from ``low`` (which must fit) that ``fits``: try ``high`` (unless it
+    is known to fail), double it while it fits, then bisect until the bracket is within
+    ``tolerance`` of ``low``."""
+    trials: list[tuple[int, bool]] = []
+
+    def trial(size: int) -> bool:
+        ok = fits(size)
+        trials.append((size, ok))
+        return ok
+
+    def out_of_runs() -> bool:
+        return max_runs is not None and len(trials) >= max_runs
+
+    while not high_fails and trial(high):  # grow until a size fails
+        if out_of_runs():
+            return Search(high, None, trials, converged=False)
         low, high = high, high * 2
-    while high - low > max(1, low // 200):  # to within 0.5%
+    while high - low > max(1, low * tolerance):
+        if out_of_runs():
+            return Search(low, high, trials, converged=False)
         middle = (low + high) // 2
-        runs += 1
-        if measure_once(recipe, middle, directory).fits:
+        if trial(middle):
             low = middle
         else:
             high = middle
-    return low, runs
+    return Search(low, high, trials, converged=True)
+
+
+def raw_prediction(result: ProbeResult) -> int:
+    """The fitted line's boundary: the prediction before its safety margin."""
+    return round((result.predicted_max or 0) / (1 - result.margin))
 
 
 def main() -> int:
@@ -155,16 +198,19 @@ def main() -> int:
             print(f"{name:<12} probe {result.status}: {result.error}")
             mon.close()
             continue
-        raw = round(result.predicted_max / (1 - result.margin))
+        raw = raw_prediction(result)
         recipe = mon.probe_source.recipe(budget if device.type == "cpu" else None)
         mon.close()
         started = time.monotonic()
-        boundary, runs = brute_force(recipe, result.max_batch_size, raw, directory)
+        search = brute_force(
+            functools.partial(fits_alone, recipe, directory), result.max_batch_size, raw
+        )
         brute_s = time.monotonic() - started
-        error = raw / boundary - 1
+        error = raw / search.boundary - 1
         print(
             f"{name:<12}{len(result.points):>6}{probe_s:>9.1f}{result.predicted_max:>11,}"
-            f"{raw:>9,}{boundary:>10,}{error:>+8.1%}{runs:>12}{brute_s:>9.1f}"
+            f"{raw:>9,}{search.boundary:>10,}{error:>+8.1%}{len(search.trials):>12}"
+            f"{brute_s:>9.1f}"
         )
     print(
         "predicted: with the 5% margin; raw: the fitted line's boundary; error: raw vs the "

@@ -380,7 +380,9 @@ def test_no_device_synchronisation_on_the_training_thread(mode):
                         loss = model(chunk).float().square().mean() / micro
                     scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
-                scaler.step(optimizer)
+                # not scaler.step(): it reads found_inf with .item(), a synchronization of its
+                # own that the debug mode would raise on; bsmon's hooks run in optimizer.step
+                optimizer.step()
                 scaler.update()
                 optimizer.zero_grad()
         finally:

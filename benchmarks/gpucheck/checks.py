@@ -1,0 +1,71 @@
+"""The checks, in the order they run, each with its time budget and what "pass" means.
+
+The budgets add up to under 9 minutes. A check that is still running when its budget is
+spent is stopped (with everything it started) and reported as failed.
+"""
+
+from __future__ import annotations
+
+from .runner import Check
+
+TOTAL_BUDGET_S = 9 * 60
+
+CHECKS: tuple[Check, ...] = (
+    Check(
+        "nvml",
+        "NVML readings against nvidia-smi",
+        40,
+        "while a job keeps the GPU busy, the utilization, memory used and total, temperature "
+        "and power in the agent's metrics match nvidia-smi read at the same moments (median "
+        "gaps ≤ 10 points, max(256 MiB, 1%), 1%, 3 °C, max(25 W, 15%)), and the torch "
+        "allocator figures are ordered allocated ≤ reserved ≤ the job's memory in NVML.",
+        "gpucheck.nvml_check:run",
+    ),
+    Check(
+        "timing",
+        "CUDA-event step times; no synchronization on the training thread",
+        80,
+        "the agent's CUDA-event step time is within 3% of synchronize-bracketed timing of the "
+        "same steps (its reported window mean within 5%); the step time with the agent "
+        "attached is ≤ 1.01× without it (interleaved blocks, ratio of medians); and training "
+        "with the agent (noise scale on every step) under sync debug mode 'error' raises "
+        "nothing.",
+        "gpucheck.timing_check:run",
+    ),
+    Check(
+        "probe",
+        "The probe against the real out-of-memory boundary",
+        240,
+        "for a ResNet-style CNN and a GPT-style transformer the probe runs ≤ 3 sizes; its "
+        "predicted largest batch (before the 5% margin) is within 5% of the boundary found by "
+        "brute force in fresh processes, and within the boundary with the margin; its measured "
+        "what-ifs (bf16, activation checkpointing) are within 10% of theirs; the job's memory "
+        "model is within 10% of the measured peak; the job keeps training during the probe.",
+        "gpucheck.probe_check:run",
+    ),
+    Check(
+        "noise",
+        "The noise scale's cost with CUDA",
+        70,
+        "on the MLP, CNN and transformer of benchmarks/overhead.py, the step time with the "
+        "noise scale at its default budget is ≤ 1.03× the agent's alone (interleaved blocks, "
+        "ratio of medians); on every step it is reported.",
+        "gpucheck.noise_check:run",
+    ),
+    Check(
+        "dashboard",
+        "The dashboard creates no CUDA context",
+        45,
+        "`bsmon attach` on a CUDA job shows it LIVE while NVML's process list holds the job "
+        "and not the dashboard, the count of GPU processes does not change, no CUDA library is "
+        "mapped in the dashboard's processes, and q quits it.",
+        "gpucheck.dashboard_check:run",
+    ),
+    Check(
+        "pytest",
+        "pytest -m gpu",
+        55,
+        "every test marked gpu runs and passes (none skipped) and pytest exits 0.",
+        "gpucheck.pytest_check:run",
+    ),
+)
