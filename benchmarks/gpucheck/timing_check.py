@@ -41,7 +41,14 @@ class Durations:
     def __init__(self) -> None:
         self.values: list[float] = []
 
-    def on_step(self, step: int, duration: float | None, samples: int, batch: int | None) -> None:
+    def on_step(
+        self,
+        step: int,
+        duration: float | None,
+        samples: int | None,
+        batch: int | None,
+        eval_s: float = 0.0,
+    ) -> None:
         if duration is not None:
             self.values.append(duration)
 
