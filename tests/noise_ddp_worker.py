@@ -9,7 +9,9 @@ falls back to per-example norms).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -53,6 +55,7 @@ def main() -> int:
     if args.user_hook == "before":
         ddp.register_comm_hook(dist.group.WORLD, counting_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.0)
+    original_register = DistributedDataParallel.register_comm_hook
     with attach(
         ddp,
         optimizer,
@@ -76,6 +79,8 @@ def main() -> int:
         assert mon.flush()
         stats = mon.stats()
         capability = mon._noise.capability
+        copy.deepcopy(ddp)  # the DDP model copies and pickles as without bsmon
+        pickled = pickle.dumps(ddp)
     print(
         json.dumps(
             {
@@ -85,6 +90,8 @@ def main() -> int:
                 "capability": [capability.available, capability.reason],
                 "user_hook_calls": calls["user_hook"],
                 "truth": case.truth(),
+                "pickle_clean": b"bsmon" not in pickled,
+                "class_restored": DistributedDataParallel.register_comm_hook is original_register,
             }
         ),
         flush=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,29 @@ def test_probe_command_errors_are_one_line(bsmon_dir, args, message):
     result = run_cli(*args)
     assert result.returncode in (1, 2) and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "--dir", "/x", "--json"],
+        ["--dir", "/x", "list", "--json"],
+        ["--dir", "/elsewhere", "list", "--json", "--dir", "/x"],
+    ],
+)
+def test_global_options_go_before_or_after_the_subcommand(argv):
+    args = cli.build_parser().parse_args(argv)
+    assert args.command == "list" and args.json and args.dir == Path("/x")
+    assert not args.readonly
+
+
+def test_readonly_after_the_subcommand_keeps_its_meaning():
+    assert cli.build_parser().parse_args(["attach", "job", "--readonly"]).readonly
+    assert cli.build_parser().parse_args(["--readonly", "attach", "job"]).readonly
+    assert not cli.build_parser().parse_args(["attach", "job"]).readonly
+
+
+def test_list_dir_after_the_subcommand_lists_that_directory(tmp_path):
+    result = run_cli("list", "--dir", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["dir"] == str(tmp_path)

@@ -55,6 +55,7 @@ def test_ddp_local_against_global_with_a_user_hook_wrapped(processes, tmp_path):
         )
         assert result["capability"][0] and "DDP comm hook" in result["capability"][1]
         assert result["user_hook_calls"] >= 3000  # the user's hook ran on every step
+        assert result["pickle_clean"] and result["class_restored"]
         assert_within_ten_percent(result)
 
 

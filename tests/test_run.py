@@ -11,7 +11,7 @@ import sys
 import psutil
 import pytest
 
-from bsmon.probes import autoattach, launch, protocol
+from bsmon.probes import autoattach, launch, protocol, run_notes
 from bsmon.probes.client import JobConnection
 from bsmon.tui.run import exit_status
 
@@ -198,3 +198,16 @@ def test_the_child_environment_puts_the_hook_first(tmp_path):
 
 def test_exit_status_is_what_a_shell_shows():
     assert [exit_status(c) for c in (0, 3, -signal.SIGTERM)] == [0, 3, 143]
+
+
+def test_the_notes_of_a_run_say_why_nothing_is_monitored(tmp_path):
+    note = run_notes.Note
+    run_notes.write(tmp_path, "r1", note(1, attached=False, trained=False, reason="launcher"))
+    run_notes.write(tmp_path, "r1", note(2, attached=False, trained=True, reason="by hand"))
+    run_notes.write(tmp_path, "other", note(3, attached=True, trained=True))
+    (tmp_path / "notes" / "r1-9.json").write_text("{not json")  # skipped, not fatal
+    assert run_notes.why_unmonitored(run_notes.read(tmp_path, "r1")) == "by hand"
+    assert run_notes.why_unmonitored(run_notes.read(tmp_path, "other")) is None
+    assert "stepped a torch.optim optimizer" in run_notes.why_unmonitored([])
+    run_notes.clear(tmp_path, "r1")
+    assert run_notes.read(tmp_path, "r1") == [] and run_notes.read(tmp_path, "other")

@@ -9,8 +9,8 @@ import statistics
 import msgspec
 import pytest
 
-from bsmon.probes.buckets import compact
-from bsmon.probes.protocol import Capability
+from bsmon.probes.buckets import compact, step_bin
+from bsmon.probes.protocol import Capability, Event
 from bsmon.probes.record_format import (
     End,
     ProbeResult,
@@ -236,3 +236,87 @@ def test_a_sidecar_probe_result_reads_as_a_sentence_and_its_recommendation_is_ke
     )
     (note,) = [r for r in summary.recommendations if r.kind == "probe_recommendation"]
     assert note.message == "the probe at step 1,400 recommended batch size 256: near B_simple"
+
+
+def write_record(path, items) -> Summary:
+    path.write_bytes(b"".join(encode_line(item) for item in items))
+    json_path, _md = export_record(path, path.parent)
+    return msgspec.json.decode(json_path.read_bytes(), type=Summary)
+
+
+def timed_span(k: int, steps: int, *, samples: int | None, eval_s: float = 0.0) -> Span:
+    """One second of ``steps`` 0.1 s steps; ``samples`` per step (None: not counted)."""
+    timed_s = 0.1 * steps
+    return Span(
+        t0=START + k,
+        t1=START + k + 1,
+        step=steps * (k + 1),
+        steps=steps,
+        samples=(samples or 0) * steps * (k + 1),
+        batch_size=samples,
+        timed_steps=steps,
+        timed_s=timed_s,
+        timed_samples=(samples or 0) * steps,
+        uncounted_s=timed_s if samples is None else 0.0,
+        eval_s=eval_s,
+        step_hist={step_bin(0.1): steps},
+    )
+
+
+def test_uncounted_samples_are_null_with_the_reason_never_zero(tmp_path):
+    reason = "samples not counted: no DataLoader batch was seen and ..."
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), None, START),
+            Event(t=START, step=1, kind="samples_not_counted", message=reason, level="warning"),
+            *(timed_span(k, 5, samples=None) for k in range(3)),
+            End(t=START + 3, reason="closed", step=15, samples=0),
+        ],
+    )
+    assert summary.samples is None and summary.throughput.samples_per_s is None
+    assert summary.step_time_s.timed_steps == 15 and summary.throughput.steps_per_s == 10
+    assert any(w.message == reason for w in summary.warnings)
+    md = (tmp_path / "summary.md").read_text()
+    assert "samples not counted" in md and "n/a (not counted)" in md and " 0 samples" not in md
+
+
+def test_evaluation_time_is_apart_and_the_time_adds_up(tmp_path):
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 8, START),
+            timed_span(0, 5, samples=8),
+            timed_span(1, 2, samples=8, eval_s=0.6),  # a validation pass between two steps
+            End(t=START + 2, reason="closed", step=14, samples=56),
+        ],
+    )
+    assert summary.time.steps_s == pytest.approx(0.7)
+    assert summary.time.evaluation_s == pytest.approx(0.6)
+    assert summary.time.other_s == pytest.approx(2 - 0.7 - 0.6)
+    assert summary.samples == 56 and summary.throughput.samples_per_s == pytest.approx(80)
+    (size,) = summary.batch_sizes
+    assert size.duration_s == pytest.approx(summary.time.steps_s)  # the sizes add up
+    assert "evaluation 0.6 s" in (tmp_path / "summary.md").read_text()
+
+
+def test_no_estimate_says_why_when_every_measured_step_was_skipped(tmp_path):
+    skipped = (
+        "noise scale: skipped step 3: the micro-batch estimator needs gradient accumulation "
+        "(further skips are only counted)"
+    )
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 8, START),
+            Event(t=START, step=3, kind="noise_scale", message=skipped, level="warning"),
+            timed_span(0, 5, samples=8),
+            End(t=START + 1, reason="closed", step=5, samples=40),
+        ],
+    )
+    note = summary.b_simple.note
+    assert (
+        note
+        == "measured steps were skipped (the micro-batch estimator needs gradient accumulation)"
+    )
+    assert note in (tmp_path / "summary.md").read_text()

@@ -194,3 +194,18 @@ async def test_no_color_renders_in_grays_only(monkeypatch):
     for color in colors:
         r, g, b = (int(color[i : i + 2], 16) for i in (0, 2, 4))
         assert max(r, g, b) - min(r, g, b) <= 4, f"#{color} is not a gray"
+
+
+async def test_event_lines_are_wrapped_again_when_the_panel_narrows():
+    app = scripted_app(gpu=True)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await dashboard_ready(pilot)
+        log = app.screen.query_one("#events")
+        await wait_for(pilot, lambda: len(log.lines) > 0, what="events")
+        wide = max(strip.cell_length for strip in log.lines)
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: log.size.width < wide, what="a narrower panel")
+        await pilot.pause(0.2)
+        assert log.lines and all(
+            s.cell_length <= log.scrollable_content_region.width for s in log.lines
+        )

@@ -13,20 +13,38 @@ from .scripted import NOW, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
 REASON = "bsmon run cannot resize the script's own loaders"
+PROBE_REASON = "bsmon run cannot give the probe a batch size or a loss"
+SAMPLES_NOTE = "samples not counted: no DataLoader batch was seen"
 
 
-async def test_the_batch_panel_says_why_the_keys_are_off():
+def zero_code_script() -> list[protocol.Message]:
+    """A bsmon run job: no batch control, no probe, samples not counted."""
     script = messages()
     for kind in ("set_batch_size", "step_batch_size"):
         script[0].capabilities[kind] = protocol.Capability(False, REASON)
+    script[0].capabilities["probe"] = protocol.Capability(False, PROBE_REASON)
     for message in script:
         if isinstance(message, protocol.Metrics):
             message.batch = protocol.BatchReading()  # no control in this job
-    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+            message.samples, message.samples_per_s = None, None
+            message.samples_note = SAMPLES_NOTE
+    return script
+
+
+async def test_the_batch_panel_says_why_the_keys_are_off_and_samples_are_not_counted():
+    app = BsmonApp(ScriptedSource("job", zero_code_script(), clock=lambda: NOW))
     async with app.run_test(size=(120, 40)) as pilot:
         await dashboard_ready(pilot)
-        await wait_for(pilot, lambda: "+/- off" in text_of(app, "#batch"), what="the reason")
-        assert REASON in " ".join(text_of(app, "#batch").split())
+        await wait_for(pilot, lambda: "+/- p off" in text_of(app, "#batch"), what="keys off")
+        text = " ".join(text_of(app, "#batch").split())
+        assert "+/- p off — ? says why" in text
+        assert "speed n/a (samples not counted: see Events)" in text
+        assert "seen n/a samples" in text and "0 samples" not in text
+        await pilot.press("question_mark")
+        await pilot.pause()
+        help_text = app.screen.text()
+        assert f"`+/-` is off: {REASON}." in help_text
+        assert f"`p` is off: {PROBE_REASON}." in help_text
 
 
 def test_a_held_change_says_where_it_applies():

@@ -25,7 +25,7 @@ from .ranks_screen import RanksScreen
 from .session import Snapshot
 from .sources import Source, Update
 from .widgets.banner import StateBanner
-from .widgets.batch import BatchPanel
+from .widgets.batch import BatchPanel, keys_off
 from .widgets.charts import ScalarChart, ThroughputChart
 from .widgets.devices import DevicePanel
 from .widgets.eventlog import EventLog
@@ -120,7 +120,8 @@ class DashboardScreen(Screen):
         self.refresh_bindings()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen())
+        off = keys_off(self.snapshot) if self.snapshot is not None else {}
+        self.app.push_screen(HelpScreen(off))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "ranks":  # only a distributed job has ranks to show
@@ -225,7 +226,7 @@ HELP_TEXT = """\
 In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
 a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
 
-A key the job cannot serve is greyed in the footer; the Batch panel says why (under
+A key the job cannot serve is greyed in the footer, and the top of this help says why (under
 `bsmon run`, batch control and the probe need `attach()` in the script).
 
 The monitor never acts on the job unless you press a key that says so. A size the memory model
@@ -239,9 +240,21 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,question_mark,q", "dismiss", "Close", id="close_help"),
     ]
 
+    def __init__(self, keys_off: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.keys_off = keys_off or {}
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
-            yield Markdown(HELP_TEXT)
+            yield Markdown(self.text())
+
+    def text(self) -> str:
+        """The help, opening with what this job cannot do from here, and why."""
+        if not self.keys_off:
+            return HELP_TEXT
+        title, rest = HELP_TEXT.split("\n", 1)
+        off = "\n".join(f"- `{key}` is off: {why}." for key, why in self.keys_off.items())
+        return f"{title}\n\n**This job**\n\n{off}\n{rest}"
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

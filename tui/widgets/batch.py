@@ -3,7 +3,6 @@ history of changes with the throughput each one bought."""
 
 from __future__ import annotations
 
-from textual.markup import escape
 from textual.widgets import Static
 
 from bsmon.probes.protocol import BatchChange, BatchReading, Metrics
@@ -61,14 +60,20 @@ def change_line(change: BatchChange) -> str:
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
 
-def off_lines(snap: Snapshot) -> list[str]:
-    """Why the keys that act on the job are greyed: one line for each reason."""
-    keys: dict[str, list[str]] = {}
+def keys_off(snap: Snapshot) -> dict[str, str]:
+    """The keys that act on the job and cannot now, each with the job's reason."""
+    off = {}
     for key, kind in (("+/-", "set_batch_size"), ("p", "probe")):
         cap = snap.capabilities.get(kind)
         if cap is not None and not cap.available:
-            keys.setdefault(cap.reason or "not available", []).append(key)
-    return [f"[$text-muted]{' '.join(k)} off: {escape(why)}[/]" for why, k in keys.items()]
+            off[key] = cap.reason or "not available"
+    return off
+
+
+def off_line(snap: Snapshot) -> str | None:
+    """One line for the greyed keys; their reasons are in the help (``?``)."""
+    off = keys_off(snap)
+    return f"[$text-muted]{' '.join(off)} off — ? says why[/]" if off else None
 
 
 class BatchPanel(Static):
@@ -97,5 +102,6 @@ class BatchPanel(Static):
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
             lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
-        lines.extend(off_lines(snap))
+        if (line := off_line(snap)) is not None:
+            lines.append(line)
         self.update("\n".join(lines))

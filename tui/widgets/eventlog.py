@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 from rich.text import Text
+from textual import events
 from textual.widgets import RichLog
 
 from bsmon.probes.protocol import Event
@@ -20,8 +21,11 @@ class EventLog(RichLog):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(wrap=True, min_width=16, max_lines=1000, **kwargs)  # type: ignore[arg-type]
         self._last: Event | None = None
+        self._snap: Snapshot | None = None
+        self._width = 0
 
     def show(self, snap: Snapshot) -> None:
+        self._snap = snap
         events = snap.events
         new = self._unseen(events)
         if new is None:  # the history was replaced (a new job): redraw it all
@@ -32,6 +36,16 @@ class EventLog(RichLog):
             self.write(self.event_text(event, start))
         if events:
             self._last = events[-1]
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Lines are wrapped when written: at a new width, wrap them all again (a line
+        wrapped for a wider panel would be cut at the new edge)."""
+        if event.size.width != self._width:
+            self._width = event.size.width
+            if self._snap is not None:
+                self._last = None
+                self.clear()
+                self.show(self._snap)
 
     def _unseen(self, events: tuple[Event, ...]) -> tuple[Event, ...] | None:
         if self._last is None:

@@ -1,0 +1,81 @@
+"""Evaluation inside the training loop is time of its own (probes/phases.py), and each step's
+samples come from the best source there is (probes/samples.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bsmon.probes.phases import EvalClock
+from bsmon.probes.samples import StepSamples
+
+
+def test_no_evaluation_no_time_taken():
+    clock = EvalClock(0.0)
+    clock.train(0.5)
+    assert clock.take(1.0) == 0.0 and clock.spans == 0
+
+
+def test_an_evaluation_pass_runs_from_where_training_paused_to_its_last_batch():
+    clock = EvalClock(0.0)
+    clock.take(1.0)  # step 1 ends at t=1
+    for t in (1.5, 2.0, 4.0):  # the validation loader's batches (the last: its end)
+        clock.evaluate(t)
+    clock.train(4.2)  # the next training batch
+    assert clock.take(5.0) == pytest.approx(3.0)  # 1.0 → 4.0
+    assert clock.spans == 1
+    assert clock.take(6.0) == 0.0  # the next step has none
+
+
+def test_a_training_batch_drawn_before_the_evaluation_moves_its_start():
+    clock = EvalClock(0.0)
+    clock.take(1.0)
+    clock.train(1.4)  # a prefetched training batch, then validation
+    clock.evaluate(2.0)
+    clock.evaluate(3.0)
+    assert clock.take(3.5) == pytest.approx(1.6)
+
+
+def test_two_evaluation_spans_in_one_step_window_add_up_without_the_training_between():
+    clock = EvalClock(0.0)
+    clock.evaluate(1.0)  # 0 → 1
+    clock.train(2.0)
+    clock.evaluate(2.5)  # 2 → 2.5
+    assert clock.take(3.0) == pytest.approx(1.5) and clock.spans == 2
+
+
+def test_evaluation_never_reaches_past_the_step_end():
+    clock = EvalClock(0.0)
+    clock.evaluate(5.0)
+    assert clock.take(2.0) == pytest.approx(2.0)
+
+
+def test_the_jobs_own_count_wins_over_loaders_and_the_model():
+    samples = StepSamples()
+    samples.count(16, 8)
+    samples.draw(16, 8)  # the same batches, seen again through the DataLoader
+    assert samples.end_step(model_examples=0, declared=None) == (16, 8)
+
+
+def test_loader_batches_then_the_models_inputs_then_the_declared_size():
+    samples = StepSamples()
+    samples.draw(8, 8)
+    samples.draw(8, 8)
+    assert samples.end_step(model_examples=99, declared=None) == (16, 8)
+    assert samples.end_step(model_examples=12, declared=None) == (12, 8)  # one step at 12
+    assert samples.end_step(model_examples=0, declared=64) == (64, 64)
+    assert samples.end_step(model_examples=0, declared=None) == (None, 8)  # unknown, not 0
+
+
+def test_a_short_last_batch_is_not_a_new_batch_size_but_a_kept_change_is():
+    samples = StepSamples()
+    sizes = []
+    for drawn in (32, 32, 4, 32, 16, 16):
+        samples.draw(drawn, None)
+        sizes.append(samples.end_step(model_examples=0, declared=None)[1])
+    assert sizes == [32, 32, 32, 32, 32, 16]
+
+
+def test_the_loaders_own_batch_size_is_the_jobs():
+    samples = StepSamples()
+    samples.draw(4, 32)  # the epoch's short last batch of a loader built with batch_size=32
+    assert samples.end_step(model_examples=0, declared=None) == (4, 32)
