@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bsmon.probes.noise.tracker import NEGATIVE_G2
+
 from .noise_jobs import (
     ANISO,
     ANISO_BIAS,
@@ -140,3 +142,4 @@ def test_sequential_is_biased_once_the_model_learns():
     per_example, sequential = results["per_example"], results["sequential"]
     assert abs(per_example["b_simple"] - truth) <= 0.1 * truth, (per_example, truth)
     assert sequential["biased"] and sequential.get("b_simple") is None, sequential
+    assert sequential["note"] == NEGATIVE_G2  # says why there is nothing to show

@@ -40,7 +40,11 @@ def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
     tmux = start(bsmon_dir, f"{BSMON} run --name tq -- {UNMODIFIED}")
     try:
         screen = tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
-        assert "tq" in screen and "+/- off: bsmon run" in screen
+        assert "tq" in screen and "+/- p off — ? says why" in screen
+        tmux.send("?")  # the help opens with why the keys are off
+        screen = tmux.wait_for(lambda s: "This job" in s, what="the help")
+        assert "+/- is off: bsmon run cannot resize" in screen
+        tmux.send("Escape")
         tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
         tmux.send("q")
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")

@@ -15,9 +15,14 @@ from ..protocol import NoiseScaleReading
 from ..timing import finite_or_none as _finite
 from .estimators import EstimateError, Units, components, finite
 from .record import StepRecord
-from .smoothing import RatioEMA
+from .smoothing import Estimate, RatioEMA
 
 NONFINITE = "non-finite gradients (e.g. a mixed-precision overflow)"
+NEGATIVE_G2 = (
+    "the averaged |G|² is negative: the update between the two steps of each pair makes "
+    "their gradients disagree (a learning rate near its best does that); per_example or "
+    "microbatch measure |G|² without that bias"
+)
 UNACCOUNTED = "a measured parameter got gradient outside its layer's forward"
 
 
@@ -99,5 +104,15 @@ class Tracker:
             effective=round(est.effective_steps, 1),
             preconditioned=preconditioned,
             detail=detail or None,
-            note=self.note,
+            note=self._note(est, biased),
         )
+
+    def _note(self, est: Estimate, biased: bool) -> str | None:
+        """Why the last step was skipped; or, for the biased pairing of consecutive steps,
+        why there is no estimate once enough steps have been seen."""
+        if self.note is not None:
+            return self.note
+        enough = est.effective_steps >= est.needed
+        if biased and enough and est.b_simple is None and est.g2 is not None and est.g2 <= 0:
+            return NEGATIVE_G2
+        return None
