@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import discovery, distributed, loader_watch, protocol, sigterm
 from .batch_control import BatchController, BatchExtension, Pending
@@ -40,6 +39,7 @@ from .noise import DEFAULT_BUDGET as NOISE_BUDGET
 from .noise import MODES as NOISE_SCALE_MODES
 from .noise import NoiseExtension, NoiseScale
 from .noise.autograd import ExampleCounter
+from .noise.shared_backward import SharedBackward
 from .phases import EvalClock
 from .probe.job import ProbeSource, device_free
 from .probe.runner import ProbeExtension, ProbeRunner
@@ -213,8 +213,7 @@ class Monitor:
         self._reevaluates = isinstance(optimizer, torch.optim.LBFGS)
         if self._reevaluates:
             self._noise.refuse(REEVALUATES)
-        self._other_optimizers: set[int] = set()
-        self._any_step_hook = register_optimizer_step_pre_hook(self._on_any_step)
+        self._shared = SharedBackward(model, optimizer, self._noise.refuse, self._guard)
         if (why := loader_watch.subscribe(self._on_loader)) is not None:
             self._warn("loaders_unseen", f"{why}; evaluation time counts as step time")
         self.socket_path: Path | None = None
@@ -449,30 +448,10 @@ class Monitor:
         if not closure:
             self._noise.on_step()
 
-    def _on_any_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        """Every optimizer's pre-step (global hook): another optimizer that steps parameters
-        outside this model means backward passes that are not this model's steps."""
-        try:
-            if optimizer is self.optimizer or id(optimizer) in self._other_optimizers:
-                return
-            self._other_optimizers.add(id(optimizer))
-            if self.model is None or self._noise.source is None:
-                return
-            ours = {id(p) for p in self.model.parameters()}
-            params = (p for group in optimizer.param_groups for p in group["params"])
-            if any(id(p) not in ours for p in params):
-                self._noise.refuse(
-                    f"another optimizer ({type(optimizer).__name__}) steps parameters outside "
-                    "the model bsmon watches, a GAN's or an actor-critic's way: the other "
-                    "model's backward passes run through this one, so its steps' gradient "
-                    "noise is not defined"
-                )
-        except Exception as exc:
-            self._guard.report("the global optimizer pre-step hook", exc)
-
     def _on_step_end(self) -> None:
         if self._closure_step:
             self._noise.on_step()  # numbers the step it measured as the pre-hook would
+        self._shared.step_ended()
         self._step += 1
         control = self.batch_control
         watching = self._watch.armed  # before its first step ends, the model is not watched
@@ -481,8 +460,9 @@ class Monitor:
         samples, size = self._samples.end_step(
             model_examples, control.size if control is not None else None
         )
-        # nothing else counts this job's samples: count the model's inputs (see forward_watch)
-        self._model_examples.want(not drawing)
+        # nothing counts this job's samples and no batch size was declared: count the model's
+        # inputs (see forward_watch; this keeps a global forward hook registered)
+        self._model_examples.want(not drawing and control is None)
         if samples is None and watching and self.telemetry.samples_note is None:
             self.telemetry.samples_note = reason = self._samples_reason()
             self._warn("samples_not_counted", reason)
@@ -763,7 +743,7 @@ class Monitor:
                 return
             self._closed = True
         self._hooks.remove()
-        self._any_step_hook.remove()
+        self._shared.remove()
         loader_watch.unsubscribe(self._on_loader)
         self._noise.close()
         self.probe_source.close()

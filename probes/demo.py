@@ -123,9 +123,6 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         name=args.name,
         loss_fn=loss_fn,
-        # per-example norms of convolutions are dear on a CPU: a demo may spend 10% of its
-        # step time on them (the default is 1%) so the noise scale appears within seconds
-        noise_budget=0.1,
     ) as mon:
         print(
             f"demo: training on {device}; monitor it with `bsmon attach {args.name}` "

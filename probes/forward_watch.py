@@ -21,8 +21,9 @@ alone, which dynamo never traces and which the wrapper's pickling leaves out.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,7 @@ class ForwardWatch:
         self._handle: Any = None
         self._listeners: list[RootListener] = []
         self.armed = False
+        self._suspended = False
         self.pass_id = 0  # counts root passes; layer calls carry the id of the pass in progress
         self._recent: dict[int, RootPass] = {}  # pass id -> pass, the last few
         self._pending_batch: int | None = None  # a sequence-first layer's batch in this pass
@@ -171,9 +173,23 @@ class ForwardWatch:
         if self.blocked() is not None:
             self._remove()
             return False
-        if self._handle is None:
+        if self._handle is None and not self._suspended:
             self._handle = self._register()
         return True
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """No hook registered while inside, the holds kept: for a benchmark that interleaves
+        several watched models in one process, so that one's global hook does not slow the
+        others' steps."""
+        self._suspended = True
+        self._remove()
+        try:
+            yield
+        finally:
+            self._suspended = False
+            if self._holders and self.armed:
+                self._install()
 
     def release(self, who: str) -> None:
         self._holders.discard(who)

@@ -46,6 +46,9 @@ def main() -> int:
     parser.add_argument(
         "--micro", type=int, default=1, help="micro-batches, all but the last under no_sync"
     )
+    parser.add_argument(
+        "--defaults", action="store_true", help="bsmon's default cost budget and window"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=2)
@@ -61,9 +64,8 @@ def main() -> int:
         optimizer,
         batch_size=args.batch,
         serve=False,
-        noise_budget=None,
-        noise_window=args.steps,
         name=f"ddp-rank{args.rank}",
+        **({} if args.defaults else {"noise_budget": None, "noise_window": args.steps}),
     ) as mon:
         if args.user_hook == "after":
             ddp.register_comm_hook(dist.group.WORLD, counting_hook)

@@ -61,7 +61,7 @@ CASES = [
     Case("lbfgs.py", 12, both(11 * 64), both("LBFGS evaluates its closure several times")),
     # a GAN's discriminator sees real and generated batches and the generator's pass too:
     # there is no one right count of its samples, so none is checked
-    Case("gan.py", 60, None, both("another optimizer"), exit_code=3),
+    Case("gan.py", 60, None, both("ran through this model"), exit_code=3),
     Case("compiled.py", 40, {RUN: 39 * 16, ATTACH: None}, both("compile")),
     Case("lightning_job.py", 60, both(15 * 100), both(ESTIMATE)),
 ]

@@ -51,8 +51,8 @@ def test_linear(shape, bias):
     layer = nn.Linear(5, 3, bias=bias)
     x = torch.randn(*shape)
     g = output_grad(layer, x)
-    x_sq = pernorms.linear_input_sq(x) if x.dim() == 2 else None
-    ours = pernorms.linear(None if x_sq is not None else x, g, weight=True, bias=bias, x_sq=x_sq)
+    term = pernorms.linear_input_term(x, bias) if x.dim() == 2 else None
+    ours = pernorms.linear(None if term is not None else x, g, weight=True, bias=bias, x_term=term)
     close(ours, brute_force(layer, x, g))
 
 

@@ -414,3 +414,38 @@ def test_nothing_is_registered_on_the_model_in_any_mode():
             ]
             assert not any(tables), mode
         assert dict(nn.modules.module._global_forward_hooks) == before, mode
+
+
+def test_a_gan_turns_the_estimate_off_and_independent_models_do_not():
+    """The generator's backward pass runs through the discriminator: its noise scale is not
+    defined. Two unrelated models, or two optimizers over one model, change nothing."""
+
+    def pair():
+        return nn.Linear(4, 1), nn.Linear(3, 4)
+
+    disc, gen = pair()
+    opt_d, opt_g = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (disc, gen))
+    with attach(disc, opt_d, serve=False, noise_budget=None) as mon:
+        for _ in range(4):
+            disc(torch.randn(8, 4)).square().mean().backward()
+            opt_d.step()
+            disc.zero_grad()
+            disc(gen(torch.randn(8, 3))).mean().backward()  # through the discriminator
+            opt_g.step()
+            gen.zero_grad()
+        assert mon._noise.source is None and "ran through this model" in mon._noise.why
+
+    a, b = pair()
+    head = nn.Linear(4, 1)
+    model = nn.Sequential(b, head)
+    opt_a, opt_b, opt_head = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b, head))
+    with attach(model, opt_head, serve=False, noise_budget=None) as mon:
+        for _ in range(4):
+            a(torch.randn(8, 4)).square().mean().backward()  # an unrelated model
+            opt_a.step()
+            model(torch.randn(8, 3)).square().mean().backward()
+            opt_b.step()  # another optimizer, over this model's first layer
+            opt_head.step()
+            a.zero_grad()
+            model.zero_grad()
+        assert mon._noise.source is not None, mon._noise.why

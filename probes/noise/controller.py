@@ -60,6 +60,27 @@ WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
 
 
+class RecentMedian:
+    """The median of the last ``n`` values, refreshed every ``every`` values: the step that
+    pays for sorting them comes once in ``every``, not on every step."""
+
+    def __init__(self, n: int, every: int = 8) -> None:
+        self.values: deque[float] = deque(maxlen=n)
+        self.every = every
+        self.median: float | None = None
+        self._since = 0
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._since += 1
+        if self.median is None or self._since >= self.every:
+            self.median = statistics.median(self.values)
+            self._since = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 class Budget:
     """Chooses the steps to measure so that measuring costs about ``fraction`` of the step
     time on average: a token bucket credited ``fraction × step time`` per step and debited the
@@ -81,8 +102,8 @@ class Budget:
         self.fraction = fraction
         self.credit = 0.0
         self.cost: float | None = None  # smoothed host time in the hooks per measured step
-        self.measured_times: deque[float] = deque(maxlen=self.SAMPLES)
-        self.plain_times: deque[float] = deque(maxlen=self.SAMPLES)
+        self.measured_times = RecentMedian(self.SAMPLES)
+        self.plain_times = RecentMedian(self.SAMPLES)
         self.share = 1.0  # smoothed share of steps measured
 
     @property
@@ -90,9 +111,10 @@ class Budget:
         cost = self.cost
         if cost is None:
             return None
-        if min(len(self.measured_times), len(self.plain_times)) < self.MIN_SAMPLES:
+        measured, plain = self.measured_times, self.plain_times
+        if min(len(measured), len(plain)) < self.MIN_SAMPLES:
             return cost
-        extra = statistics.median(self.measured_times) - statistics.median(self.plain_times)
+        extra = measured.median - plain.median  # type: ignore[operator]
         return min(max(extra, cost), 3 * cost)
 
     def next(
@@ -107,11 +129,11 @@ class Budget:
         ``free``: the step was measured outside the budget (the warm-up): learn its price,
         charge nothing."""
         if duration is not None and duration > 0:
-            (self.measured_times if measured else self.plain_times).append(duration)
+            (self.measured_times if measured else self.plain_times).add(duration)
         if measured and cost > 0:
             self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
         fraction, price = self.fraction, self.price
-        base = statistics.median(self.plain_times) if self.plain_times else step_time
+        base = self.plain_times.median or step_time
         if fraction is None or fraction >= 1 or not base or price is None:
             decision = True
         else:

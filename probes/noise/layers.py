@@ -134,6 +134,10 @@ class Layer:
         return tuple(p for p in (self.weight, self.bias) if p is not None)
 
     @property
+    def bias_measured(self) -> bool:
+        return self.bias is not None and self.bias.requires_grad
+
+    @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
 
@@ -173,7 +177,7 @@ class Layer:
     def norms(
         self,
         x: Tensor | None,
-        x_sq: Tensor | None,
+        x_term: Tensor | None,
         g: Tensor,
         precond: AdamPreconditioner | None,
         batch_stats: bool,
@@ -193,7 +197,7 @@ class Layer:
         kind = self.kind
         flags = {"weight": weight, "bias": bias, "w2": w2}
         if kind == "linear":
-            return pernorms.linear(x, g, x_sq=x_sq, **flags)
+            return pernorms.linear(x, g, x_term=x_term, **flags)
         assert x is not None
         if kind == "conv":
             chooser = self.methods

@@ -42,12 +42,12 @@ UNBATCHED = "its input has no batch dimension"
 class _Call:
     """One call of a measured layer, kept from its forward until its output's gradient."""
 
-    __slots__ = ("batch_stats", "layer", "pass_id", "shape", "x", "x_sq")
+    __slots__ = ("batch_stats", "layer", "pass_id", "shape", "x", "x_term")
 
     def __init__(self, layer: Layer, x: Tensor, shape: tuple[int, ...], pass_id: int) -> None:
         self.layer = layer
         self.x: Tensor | None = x
-        self.x_sq: Tensor | None = None
+        self.x_term: Tensor | None = None  # pernorms.linear_input_term, kept instead of x
         self.shape = shape
         self.pass_id = pass_id
         self.batch_stats = False
@@ -72,14 +72,15 @@ class PerExampleSource(Source):
         self.watch = watch
         self._examples_hint = examples_hint
         self.layers: list[Layer] = list(self.discovery.layers)
+        self._live: set[Layer] = set(self.layers)  # the same, for O(1) membership in hooks
         for layer in self.layers:
             watch.watch_layer(layer.module, functools.partial(self._forward, layer))
         self._refresh()
-        self._entries: list[tuple[Layer, Tensor, int, int]] = []  # (layer, Σ, examples, pass)
+        # this backward pass: (layer, per-example squared norms (B,), examples, pass id)
+        self._entries: list[tuple[Layer, Tensor, int, int]] = []
         self._sums: list[Tensor] = []  # this step
         self._examples = 0
         self._fired: set[Layer] = set()
-        self._with_grad = 0
         self.refused: str | None = None  # why the forward watch cannot serve this job
         self.set_measuring(False)  # the controller decides from the first step on
 
@@ -111,7 +112,7 @@ class PerExampleSource(Source):
             return  # the parameters' gradient, if any, is caught as unaccounted
         call = _Call(layer, x, tuple(x.shape), pass_id)
         if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-            call.x_sq, call.x = pernorms.linear_input_sq(x), None  # keep (B,), not the input
+            call.x_term, call.x = pernorms.linear_input_term(x, layer.bias_measured), None
         call.batch_stats = layer.kind == "batch_norm" and (
             module.training or getattr(module, "running_mean", None) is None
         )
@@ -122,7 +123,7 @@ class PerExampleSource(Source):
         layer = call.layer
         if not accumulates(layer.accumulator):
             return  # torch.autograd.grad or backward(inputs=...): not a training gradient
-        if layer not in self.layers:
+        if layer not in self._live:
             return  # left out earlier in this pass
         examples, index_dims = self._pass_examples(call.pass_id)
         if not examples:
@@ -139,8 +140,8 @@ class PerExampleSource(Source):
         if axis:
             g = g.movedim(axis, 0)
             x = x.movedim(axis, 0) if x is not None else None
-        sq = layer.norms(x, call.x_sq, g, self.precond, call.batch_stats)
-        self._entries.append((layer, sq.sum(), examples, call.pass_id))
+        sq = layer.norms(x, call.x_term, g, self.precond, call.batch_stats)
+        self._entries.append((layer, sq, examples, call.pass_id))
         self._end.touch()
 
     def _pass_examples(self, pass_id: int) -> tuple[int | None, int | None]:
@@ -153,29 +154,32 @@ class PerExampleSource(Source):
         return self._examples_hint(), None
 
     def _on_backward_end(self) -> None:
-        entries = [entry for entry in self._entries if entry[0] in self.layers]
+        live = self._live
+        entries = [entry for entry in self._entries if entry[0] in live]
         self._entries = []
         if not entries:
             return
         for (layer, _), count in Counter((e[0], e[3]) for e in entries).items():
-            if count > 1 and layer in self.layers:  # twice in one forward pass
+            if count > 1 and layer in live:  # twice in one forward pass
                 self._problem = "a layer ran twice in one forward pass"
                 self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
-        self._sums.extend(total for _, total, _, _ in entries)
+        # one reduction for the whole pass (not one per layer)
+        self._sums.append(torch.cat([sq for _, sq, _, _ in entries]).sum())
         self._examples += sum({pass_id: n for _, _, n, pass_id in entries}.values())
         self._fired.update(layer for layer, _, _, _ in entries)
         super()._on_backward_end()
-        self._with_grad = sum(1 for p in self.params if p.grad is not None)
 
     # -- step ----------------------------------------------------------------------------------
 
     def _record(self, step: int) -> StepRecord | None:
         if not self._sums:
             return None
-        values = [torch.stack(self._sums).sum()]
+        sums = self._sums
+        values = [sums[0] if len(sums) == 1 else torch.stack(sums).sum()]
         unaccounted: tuple[int, ...] = ()
-        fired_params = sum(len(layer.params) for layer in self._fired if layer in self.layers)
-        if self._with_grad > fired_params:  # some measured gradient came without its hook
+        fired_params = sum(len(layer.params) for layer in self._fired if layer in self._live)
+        with_grad = sum(1 for p in self.params if p.grad is not None)
+        if with_grad > fired_params:  # some measured gradient came without its hook
             missing = [
                 p
                 for p in self.params
@@ -198,16 +202,16 @@ class PerExampleSource(Source):
         self._sums = []
         self._examples = 0
         self._fired = set()
-        self._with_grad = 0
 
     # -- layers --------------------------------------------------------------------------------
 
     def exclude(self, layer: Layer, why: str, context: str = "") -> None:
         """Stop measuring ``layer`` (its parameters leave both terms of the estimate)."""
-        if layer not in self.layers:
+        if layer not in self._live:
             return
         self.watch.unwatch_layer(layer.module)
         self.layers.remove(layer)
+        self._live.discard(layer)
         self._refresh()
         if self.backwards or self._sums:  # this step's norms were gathered over the old layers
             self._problem = "the measured layers changed during this step"

@@ -97,6 +97,12 @@ def linear_input_sq(x: Tensor) -> Tensor:
     return _sq(x.detach(), (1,))
 
 
+def linear_input_term(x: Tensor, bias: bool) -> Tensor:
+    """For a 2-D input, what ``linear`` multiplies |g_i|² by: |a_i|² (+ 1 for a bias)."""
+    a_sq = linear_input_sq(x)
+    return a_sq.add_(1) if bias else a_sq
+
+
 def linear(
     x: Tensor | None,
     g: Tensor,
@@ -104,12 +110,16 @@ def linear(
     weight: bool,
     bias: bool,
     w2: Weights = (None, None),
-    x_sq: Tensor | None = None,
+    x_term: Tensor | None = None,
 ) -> Tensor:
-    """nn.Linear: x (B, *, din), g (B, *, dout). ``x_sq`` is ``linear_input_sq(x)`` for a 2-D
-    input without a preconditioner (then ``x`` may be None)."""
+    """nn.Linear: x (B, *, din), g (B, *, dout). For a 2-D input without a preconditioner,
+    ``x_term`` may stand for the input: ``linear_input_term(x, bias)``, taken in the forward
+    (then ``x`` may be None, and only |g_i|² is left to compute)."""
     g = g.detach()
     w2w, w2b = w2
+    if x_term is not None:  # Goodfellow: |g_i a_iᵀ|² = |g_i|²|a_i|², and the bias adds |g_i|²
+        g_sq = _sq(g, (1,))
+        return g_sq.mul_(x_term) if weight else g_sq
     if g.dim() == 2:
         if weight and w2w is not None:
             assert x is not None
@@ -119,10 +129,9 @@ def linear(
         g_sq = None if (bias and w2b is not None) else _sq(g, (1,))
         if not weight:
             return g_sq if g_sq is not None else _sq(g, (1,), w2b)
-        a_sq = x_sq if x_sq is not None else linear_input_sq(x)  # type: ignore[arg-type]
+        a_sq = linear_input_sq(x)  # type: ignore[arg-type]
         if g_sq is None:  # weight unweighted, bias weighted
             return _sq(g, (1,)) * a_sq + _sq(g, (1,), w2b)
-        # Goodfellow: |g_i a_iᵀ|² = |g_i|²|a_i|², and the bias adds |g_i|²
         return g_sq * (a_sq + 1) if bias else g_sq * a_sq
     assert x is not None
     a3, g3 = _flat_batch(_as_work(x), _as_work(g))
