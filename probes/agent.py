@@ -213,7 +213,11 @@ class Monitor:
         self._reevaluates = isinstance(optimizer, torch.optim.LBFGS)
         if self._reevaluates:
             self._noise.refuse(REEVALUATES)
-        self._shared = SharedBackward(model, optimizer, self._noise.refuse, self._guard)
+        self._shared = (  # the estimate's only concern: nothing to watch when it is off
+            SharedBackward(model, optimizer, self._noise.refuse, self._guard)
+            if self._noise.source is not None
+            else None
+        )
         if (why := loader_watch.subscribe(self._on_loader)) is not None:
             self._warn("loaders_unseen", f"{why}; evaluation time counts as step time")
         self.socket_path: Path | None = None
@@ -451,7 +455,8 @@ class Monitor:
     def _on_step_end(self) -> None:
         if self._closure_step:
             self._noise.on_step()  # numbers the step it measured as the pre-hook would
-        self._shared.step_ended()
+        if self._shared is not None:
+            self._shared.step_ended()
         self._step += 1
         control = self.batch_control
         watching = self._watch.armed  # before its first step ends, the model is not watched
@@ -743,7 +748,8 @@ class Monitor:
                 return
             self._closed = True
         self._hooks.remove()
-        self._shared.remove()
+        if self._shared is not None:
+            self._shared.remove()
         loader_watch.unsubscribe(self._on_loader)
         self._noise.close()
         self.probe_source.close()

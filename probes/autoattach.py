@@ -183,9 +183,10 @@ class AutoAttach:
                 self._attach(optimizer)
             except Exception as exc:
                 self._stand_down(f"could not attach ({type(exc).__name__}: {exc})")
-            if self.monitor is not None:  # the batches drawn before it, toward the first step
-                loader_watch.unsubscribe(self._on_batch)
-                if self._total:
+            if self.monitor is not None:
+                self._leave_note()  # said now: a job killed later never reaches its atexit
+                loader_watch.unsubscribe(self._on_batch)  # the batches drawn before it count
+                if self._total:  # toward the first step; the monitor counts the later ones
                     self.monitor.count_samples(self._total, self._first)
         except Exception as exc:
             self.guard.report("the optimizer step pre-hook", exc)

@@ -24,8 +24,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -45,8 +44,7 @@ _SEQUENCE_FIRST = (
 )
 
 
-@dataclass(slots=True)
-class RootPass:
+class RootPass(NamedTuple):
     """One call of the model: examples along its batch dimension (None: not known)."""
 
     examples: int | None
@@ -267,7 +265,7 @@ class ForwardWatch:
     def _root_pass(self, args: tuple, kwargs: dict, output: Any) -> None:
         model = self.model
         assert model is not None
-        x = first_tensor(args)
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else first_tensor(args)
         if x is None:
             x = first_tensor(kwargs)
         examples = self._examples_of(x)

@@ -328,3 +328,62 @@ def test_sequence_first_inputs_are_measured_over_the_batch_dim():
     expected_a, expected_q = per_sample_terms(model, names, idx, targets, batch_dim=1)
     assert sq_sum == pytest.approx(expected_a, rel=1e-4)
     assert total == pytest.approx(expected_q, rel=1e-4)
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's GPT-2 projection: a linear layer with its weight stored (in, out)."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(0.1 * torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], self.nf)
+
+
+class GPT2Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Conv1D(12, 6)
+        self.proj = Conv1D(5, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.tanh(self.attn(x)))
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (5, 4, 6)], ids=["2-D", "sequence"])
+@pytest.mark.parametrize("adam", [False, True])
+def test_hugging_faces_conv1d_is_measured_as_a_linear_layer(shape, adam):
+    model = GPT2Block()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    precond = AdamPreconditioner(optimizer) if adam else None
+    source = per_example_source(model, precond)
+    assert source.coverage == 1.0
+    x, w = torch.randn(*shape), torch.randn(*shape[:-1], 5)
+    for step in range(2 if adam else 1):  # Adam state after one step
+        (model(x) * w).sum().backward()
+        record = source.take_record(step + 1)
+        optimizer.step()
+        optimizer.zero_grad()
+    w2 = {}
+    if adam:
+        for name, p in model.named_parameters():
+            v_hat = optimizer.state[p]["exp_avg_sq"] / (
+                1 - 0.999 ** float(optimizer.state[p]["step"])
+            )
+            w2[name] = 1 / (v_hat.sqrt() + 1e-8) ** 2
+    (model(x) * w).sum().backward()
+    record = source.take_record(3)
+    total, _scale, sq_sum = read(record.values)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xi, wi):
+        return (functional_call(model, p, (xi.unsqueeze(0),)) * wi.unsqueeze(0)).sum()
+
+    per = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, w)
+    a = sum(float((per[n].double().square() * w2.get(n, 1.0)).sum()) for n in params)
+    q = sum(float((per[n].double().sum(0).square() * w2.get(n, 1.0)).sum()) for n in params)
+    assert sq_sum == pytest.approx(a, rel=1e-4) and total == pytest.approx(q, rel=1e-4)

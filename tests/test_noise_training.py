@@ -239,9 +239,7 @@ def test_off_installs_nothing():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with attach(model, optimizer, batch_size=4, serve=False, noise_scale=None) as mon:
-        hooked = [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
-        assert hooked in ([], [model])  # the probe's precision watch, on the root only
-        assert not model._forward_hooks and len(model._forward_pre_hooks) <= 1
+        assert not [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
         assert not any(p._backward_hooks for p in model.parameters())
         model(torch.randn(4, 4)).sum().backward()
         optimizer.step()

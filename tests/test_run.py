@@ -211,3 +211,16 @@ def test_the_notes_of_a_run_say_why_nothing_is_monitored(tmp_path):
     assert "stepped a torch.optim optimizer" in run_notes.why_unmonitored([])
     run_notes.clear(tmp_path, "r1")
     assert run_notes.read(tmp_path, "r1") == [] and run_notes.read(tmp_path, "other")
+
+
+def test_a_job_killed_after_attaching_is_not_called_unmonitored(bsmon_dir, processes):
+    run = bsmon_run(
+        processes, "--headless", "--name", "killed", "--", sys.executable, JOB, "3", "0"
+    )
+    assert run.stdout.readline().strip() == "trained"
+    job_socket("killed", bsmon_dir)
+    (child,) = psutil.Process(run.pid).children()
+    child.kill()  # no atexit, no last word
+    run.wait(60)
+    assert run.returncode == 128 + signal.SIGKILL
+    assert "not monitored" not in run.stderr.read()

@@ -19,19 +19,21 @@ class BackwardEnd:
     """Calls ``callback`` once at the end of every backward pass in which ``touch()`` was called
     (from a hook that fired during that pass).
 
-    The callback is queued from a callback, so it runs after the callbacks that others queue
-    later in the same pass — DistributedDataParallel's finalisation, which writes the averaged
-    gradients into ``p.grad``, among them (AdaptDL relies on the same ordering)."""
+    With ``relay`` the callback is queued from a callback, so it runs after the callbacks that
+    others queue later in the same pass — DistributedDataParallel's finalisation, which writes
+    the averaged gradients into ``p.grad``, among them (AdaptDL relies on the same ordering).
+    On one device there is none to wait for, and the callback is queued directly."""
 
-    def __init__(self, callback: Callable[[], None], guard: FaultGuard) -> None:
+    def __init__(self, callback: Callable[[], None], guard: FaultGuard, relay: bool = True) -> None:
         self._callback = callback
         self._guard = guard
+        self._first = self._relay if relay else self._fire
         self.pending = False
 
     def touch(self) -> None:
         if not self.pending:
             self.pending = True
-            _engine.queue_callback(self._relay)
+            _engine.queue_callback(self._first)
 
     def reset(self) -> None:
         """A backward pass that raised never ran its callbacks: start afresh (at a step)."""

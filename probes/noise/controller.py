@@ -23,7 +23,6 @@ record appended to a deque). Agent thread: ``agent_tick`` reads records, smooths
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections import deque
@@ -328,11 +327,11 @@ class NoiseScale:
                     source.exclude_params(ids, UNACCOUNTED)
             step = self._step() + 1
             measured = source.measuring
-            record = source.take_record(step)
+            gap = step - self._last_measured if self._last_measured else 1
+            record = source.take_record(step, max(1, gap))
             if record is not None:
-                gap = step - self._last_measured if self._last_measured else 1
                 self._last_measured = step
-                self._inbox.append(dataclasses.replace(record, gap=max(1, gap)))
+                self._inbox.append(record)
             counts_passes = measured or isinstance(source, MicrobatchSource)
             if self.mode == "auto" and self._ddp is None and counts_passes:
                 self._maybe_switch(source.last_backwards)

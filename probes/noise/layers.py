@@ -35,12 +35,27 @@ from . import pernorms
 from .autograd import grad_accumulator
 from .scaling import AdamPreconditioner
 
-SUPPORTED_NAMES = "Linear, Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, BatchNorm"
+SUPPORTED_NAMES = (
+    "Linear (and Hugging Face's Conv1D), Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, "
+    "BatchNorm"
+)
 _RMSNorm = getattr(nn, "RMSNorm", None)
 
 
+def transposed_linear(module: nn.Module) -> bool:
+    """Hugging Face's ``Conv1D`` (GPT-2's projections): a linear layer whose weight is stored
+    (in, out), ``x @ W + b``. Known by its shape, so transformers need not be imported."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D"
+        and isinstance(weight, Tensor)
+        and weight.dim() == 2
+        and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
+    )
+
+
 def kind_of(module: nn.Module) -> str | None:
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear) or transposed_linear(module):
         return "linear"
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         return "conv"
@@ -197,6 +212,8 @@ class Layer:
         kind = self.kind
         flags = {"weight": weight, "bias": bias, "w2": w2}
         if kind == "linear":
+            if w2[0] is not None and transposed_linear(m):  # weighted as W (in, out) is
+                flags["w2"] = (w2[0].t(), w2[1])
             return pernorms.linear(x, g, x_term=x_term, **flags)
         assert x is not None
         if kind == "conv":

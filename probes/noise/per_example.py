@@ -21,9 +21,10 @@ but ``auto`` prefers the micro-batch estimators there.
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -33,24 +34,21 @@ from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
 from .record import StepRecord
-from .source import Source, hook
+from .source import Source
 
 HOLDER = "per-example norms"
 UNBATCHED = "its input has no batch dimension"
 
 
-class _Call:
+class LayerCall(NamedTuple):
     """One call of a measured layer, kept from its forward until its output's gradient."""
 
-    __slots__ = ("batch_stats", "layer", "pass_id", "shape", "x", "x_term")
-
-    def __init__(self, layer: Layer, x: Tensor, shape: tuple[int, ...], pass_id: int) -> None:
-        self.layer = layer
-        self.x: Tensor | None = x
-        self.x_term: Tensor | None = None  # pernorms.linear_input_term, kept instead of x
-        self.shape = shape
-        self.pass_id = pass_id
-        self.batch_stats = False
+    layer: Layer
+    x: Tensor | None  # the input; None when ``term`` stands for it
+    term: Tensor | None  # pernorms.linear_input_term of a 2-D input
+    shape: torch.Size
+    batch_stats: bool
+    pass_id: int
 
 
 class PerExampleSource(Source):
@@ -101,47 +99,70 @@ class PerExampleSource(Source):
 
     # -- hooks (training thread) ---------------------------------------------------------------
 
-    @hook("per-example forward hook")
     def _forward(
         self, layer: Layer, module: nn.Module, args: tuple, output: Any, pass_id: int
     ) -> None:
-        if not torch.is_grad_enabled() or not isinstance(output, Tensor):
+        """A measured layer's call (the forward watch): keep what its gradient will need.
+        Lean on purpose: it runs for every measured layer call of a measured step."""
+        if not self.active or not isinstance(output, Tensor) or not torch.is_grad_enabled():
             return
-        x = args[0] if args else None
-        if not output.requires_grad or not isinstance(x, Tensor):
-            return  # the parameters' gradient, if any, is caught as unaccounted
-        call = _Call(layer, x, tuple(x.shape), pass_id)
-        if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-            call.x_term, call.x = pernorms.linear_input_term(x, layer.bias_measured), None
-        call.batch_stats = layer.kind == "batch_norm" and (
-            module.training or getattr(module, "running_mean", None) is None
-        )
-        output.register_hook(functools.partial(self._gradient, call))
+        started = time.perf_counter()
+        try:
+            x = args[0] if args else None
+            if not output.requires_grad or not isinstance(x, Tensor):
+                return  # the parameters' gradient, if any, is caught as unaccounted
+            term = None
+            if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
+                term = pernorms.linear_input_term(x, layer.bias_measured)  # (B,), not x
+            batch_stats = layer.kind == "batch_norm" and (
+                module.training or getattr(module, "running_mean", None) is None
+            )
+            call = LayerCall(
+                layer, None if term is not None else x, term, x.shape, batch_stats, pass_id
+            )
+            output.register_hook(functools.partial(self._gradient, call))
+        except Exception as exc:
+            self.report("per-example forward hook", exc)
+        finally:
+            self.cost += time.perf_counter() - started
 
-    @hook("per-example norms")
-    def _gradient(self, call: _Call, g: Tensor) -> None:
-        layer = call.layer
+    def _gradient(self, call: LayerCall, g: Tensor) -> None:
+        """The output gradient of one measured layer call: its per-example squared norms."""
+        if not self.active:
+            return
+        started = time.perf_counter()
+        try:
+            self._norms(call, g)
+        except Exception as exc:
+            self.report("per-example norms", exc)
+        finally:
+            self.cost += time.perf_counter() - started
+
+    def _norms(self, call: LayerCall, g: Tensor) -> None:
+        layer, x, term, shape, batch_stats, pass_id = call
         if not accumulates(layer.accumulator):
             return  # torch.autograd.grad or backward(inputs=...): not a training gradient
         if layer not in self._live:
             return  # left out earlier in this pass
-        examples, index_dims = self._pass_examples(call.pass_id)
+        examples, index_dims = self._pass_examples(pass_id)
         if not examples:
             self._problem = (
                 "bsmon cannot tell how many examples the model's forward pass carried "
                 "(pass batch_size= to attach)"
             )
             return
-        axis = layer.batch_axis(call.shape, examples, index_dims, self.watch.learned_dim or 0)
+        if shape[0] == examples and term is not None:
+            axis: int | None = 0  # the common case: a 2-D input, batch first
+        else:
+            axis = layer.batch_axis(tuple(shape), examples, index_dims, self.watch.learned_dim or 0)
         if axis is None:
-            self.exclude(layer, UNBATCHED, f"input {list(call.shape)}, {examples} examples")
+            self.exclude(layer, UNBATCHED, f"input {list(shape)}, {examples} examples")
             return
-        x = call.x
         if axis:
             g = g.movedim(axis, 0)
             x = x.movedim(axis, 0) if x is not None else None
-        sq = layer.norms(x, call.x_term, g, self.precond, call.batch_stats)
-        self._entries.append((layer, sq, examples, call.pass_id))
+        sq = layer.norms(x, term, g, self.precond, batch_stats)
+        self._entries.append((layer, sq, examples, pass_id))
         self._end.touch()
 
     def _pass_examples(self, pass_id: int) -> tuple[int | None, int | None]:

@@ -38,7 +38,10 @@ def capture(values: list[torch.Tensor]) -> Captured:
     """Stack 0-dim tensors (float32 sums of squares, which bsmon accumulates in float32)
     into one small tensor without synchronising the device."""
     device = values[0].device
-    packed = torch.stack([v.detach().reshape(()).to(device, torch.float32) for v in values])
+    if all(v.dim() == 0 and v.dtype == torch.float32 and v.device == device for v in values):
+        packed = torch.stack(values).detach()  # the usual case: no conversion to make
+    else:
+        packed = torch.stack([v.detach().reshape(()).to(device, torch.float32) for v in values])
     if device.type != "cuda":
         return packed
     host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)

@@ -78,10 +78,11 @@ class Source:
         self.always_measure = False  # a source that needs every step (sequential)
         self.backwards = 0  # backward passes in the step being gathered
         self.last_backwards = 0  # in the previous step
-        self._end = BackwardEnd(self._backward_end_timed, guard)
+        self._end = BackwardEnd(self._backward_end_timed, guard, relay=world > 1)
         self._total: Tensor | None = None
         self._scale: Tensor | None = None
         self._problem: str | None = None
+        self._gap = 1  # training steps since the previous measured one (take_record)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -128,8 +129,10 @@ class Source:
         if self.counter is not None:
             self.counter.want(self.active)
 
-    def take_record(self, step: int) -> StepRecord | None:
-        """At the optimizer's pre-step hook: this step's record (None if nothing to report)."""
+    def take_record(self, step: int, gap: int = 1) -> StepRecord | None:
+        """At the optimizer's pre-step hook: this step's record (None if nothing to report);
+        ``gap``: training steps since the previous measured one."""
+        self._gap = gap
         start = time.perf_counter()
         self._end.reset()  # a backward pass that raised left its callback unrun
         record = None
@@ -176,6 +179,7 @@ class Source:
             examples=examples,
             units=units,
             problem=self._problem,
+            gap=self._gap,
             **extra,
         )
 
