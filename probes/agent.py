@@ -175,6 +175,7 @@ class Monitor:
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
         self._evals = EvalClock(time.perf_counter())
+        self.batch_control = None  # made below, once the session is known
         self._noise = NoiseScale(
             model,
             optimizer,
@@ -188,7 +189,8 @@ class Monitor:
             budget=noise_budget,
             watch=self._watch,
             examples_hint=lambda: self._samples.so_far or self.batch_size,
-            pass_hint=lambda: self._samples.last_batch or self.micro_batch_size,
+            pass_hint=self._pass_examples,
+            examples_known=lambda: self._pass_examples() is not None,
             step_time=lambda: self.telemetry.step_time_s,
         )
 
@@ -518,8 +520,7 @@ class Monitor:
         try:
             n = batch_length(batch)
             size = n if n is not None else len(indices)
-            self._samples.count(size)
-            self._samples.last_batch = size
+            self._samples.count(size, one_pass=True)
             self._batches_since_step.append((loader, indices))
             self.probe_source.offer(batch, size)
             if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
@@ -559,6 +560,15 @@ class Monitor:
     def batch_size(self) -> int | None:
         """The current batch size (in accumulation mode: the effective batch per step)."""
         return self.batch_control.size if self.batch_control is not None else None
+
+    def _pass_examples(self) -> int | None:
+        """One backward pass's examples when the job says them itself: the batch it drew from
+        a DataLoader, or its declared micro-batch under accumulation; else None (count them)."""
+        if self._samples.passes_known:
+            return self._samples.last_batch
+        if self.accumulation_steps > 1:
+            return self.micro_batch_size
+        return None
 
     @property
     def micro_batch_size(self) -> int | None:

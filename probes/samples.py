@@ -26,10 +26,15 @@ class StepSamples:
         self._counted_first: int | None = None
         self._drawn = 0
         self._drawn_first: int | None = None
+        self._one_pass_each = False
+        self.passes_known = False  # the last step's batches were seen one by one (a DataLoader)
 
-    def count(self, samples: int, batch_size: int | None = None) -> None:
+    def count(self, samples: int, batch_size: int | None = None, *, one_pass: bool = False) -> None:
         """The job's own count (source 1); ``batch_size``: the step's first batch, default
-        ``samples``."""
+        ``samples``; ``one_pass``: the count is one batch (bsmon's own DataLoader)."""
+        if one_pass:
+            self.last_batch = samples
+            self._one_pass_each = True
         self._counted += samples
         if self._counted_first is None:
             self._counted_first = batch_size or samples or None
@@ -37,6 +42,7 @@ class StepSamples:
     def draw(self, examples: int, loader_batch_size: int | None) -> None:
         """A training batch from a DataLoader (source 2)."""
         self.last_batch = examples
+        self._one_pass_each = True
         self._drawn += examples
         if self._drawn_first is None:
             self._drawn_first = loader_batch_size or examples
@@ -59,10 +65,12 @@ class StepSamples:
         else:
             first = self._counted_first or self._drawn_first or model_examples or None
             size = self.nominal.update(first)
+        self.passes_known = self._one_pass_each
         self.discard()
         return samples, size
 
     def discard(self) -> None:
         """Forget the step's samples so far (they will run again: the OOM guard)."""
         self._counted, self._counted_first = 0, None
+        self._one_pass_each = False
         self._drawn, self._drawn_first = 0, None

@@ -116,16 +116,22 @@ class AgentServer:
 
     async def start(self) -> None:
         """Listen on ``path``; again after the file was deleted (the old listener is closed)."""
+        # Bound and listening under a hidden name first, then renamed into place: a socket
+        # file that exists always accepts (a client never meets one that refuses).
+        staging = self.path.with_name(f".{self.path.name}~")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            sock.bind(os.fspath(self.path))
-            os.chmod(self.path, 0o600)
+                staging.unlink()
+            sock.bind(os.fspath(staging))
+            os.chmod(staging, 0o600)
             sock.listen(BACKLOG)
             sock.setblocking(False)
+            os.replace(staging, self.path)
         except BaseException:
             sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                staging.unlink()
             raise
         self._stop_listening()
         self._listener = sock

@@ -100,17 +100,23 @@ def accumulates(node: Any) -> bool:
 class ExampleCounter:
     """Counts the examples of the model's forward passes run with gradients, as the forward
     watch reports them, so estimators without per-example hooks know how many examples each
-    backward pass covered. It holds the watch only while ``want(True)``: on measured steps."""
+    backward pass covered. It holds the watch only while ``want(True)`` (measured steps) and
+    only for jobs whose batches are not known otherwise."""
 
-    def __init__(self, watch: ForwardWatch, holder: str) -> None:
+    def __init__(
+        self, watch: ForwardWatch, holder: str, known: Callable[[], bool] = lambda: False
+    ) -> None:
         self._watch = watch
         self._holder = holder
+        self._known = known  # the job says its batches itself: no forward hook is needed
         self.pending = 0
         self.largest = 0  # the largest single pass among them
         watch.on_root(self._count)
 
     def want(self, counting: bool) -> None:
-        if counting:
+        """Count the next step's examples; only when the job does not say them itself (a
+        DataLoader, a declared batch size), for the forward hook makes every call dearer."""
+        if counting and not self._known():
             self._watch.hold(self._holder)
         else:
             self._watch.release(self._holder)

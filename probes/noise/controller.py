@@ -167,6 +167,7 @@ class NoiseScale:
         watch: ForwardWatch | None = None,
         examples_hint: Callable[[], int | None] = lambda: None,
         pass_hint: Callable[[], int | None] = lambda: None,
+        examples_known: Callable[[], bool] = lambda: False,
         step_time: Callable[[], float | None] = lambda: None,
     ) -> None:
         if mode is not None and mode not in MODES:
@@ -190,6 +191,7 @@ class NoiseScale:
         self._phase_steps = 0  # steps since the estimate (re)started
         self._examples_hint = examples_hint
         self._pass_hint = pass_hint
+        self._examples_known = examples_known
         self._watch = watch if watch is not None else ForwardWatch(model, guard)
         self._model = model
         self._trainable = list(
@@ -233,7 +235,9 @@ class NoiseScale:
 
     def _counted(self) -> ExampleCounter:
         if self._counter is None:
-            self._counter = ExampleCounter(self._watch, "noise scale: examples")
+            self._counter = ExampleCounter(
+                self._watch, "noise scale: examples", self._examples_known
+            )
         return self._counter
 
     def _per_example(self, world: int) -> PerExampleSource | None:
@@ -261,7 +265,11 @@ class NoiseScale:
 
     def _microbatch(self) -> MicrobatchSource:
         return MicrobatchSource(
-            self._trainable, self._counted(), self._examples_hint, **self._kwargs()
+            self._trainable,
+            self._counted(),
+            self._examples_hint,
+            self._pass_hint,
+            **self._kwargs(),
         )
 
     def _choose(self, mode: str) -> tuple[Source | None, str]:

@@ -3,11 +3,14 @@
 bsmon registers a DDP communication hook (the official API, research note §8.3 and
 factcheck §3). For every gradient bucket it takes the squared norm of the bucket as this rank
 computed it (``bucket.buffer()`` before the all-reduce: the local gradient, summed over any
-``no_sync`` micro-steps), then hands the bucket to the real communication hook, and takes the
-squared norm of what comes back (the averaged gradient the optimizer will see). The local
-batch of B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2),
-estimated on every rank from its own local norm: no extra collective, so a rank that runs
-without bsmon cannot be left waiting.
+``no_sync`` micro-steps), then hands the bucket to the real communication hook unchanged; at
+the end of the backward pass, after DDP has written the averaged gradient into ``p.grad``,
+the squared norm of that (what the optimizer will see) is taken like every source's. No
+Python runs on the communication's completion: a callback chained to its future would need
+the interpreter lock on gloo's thread, which made measured steps wait. The local batch of
+B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2), estimated
+on every rank from its own local norm: no extra collective, so a rank that runs without
+bsmon cannot be left waiting.
 
 DDP allows one communication hook per model. bsmon's hook calls the *real* one: DDP's default
 all-reduce, or the hook the user registers later — ``register_comm_hook`` and
@@ -51,18 +54,10 @@ def _builtin_hooks() -> dict[Any, Callable]:
 
 
 def bsmon_comm_hook(state: DDPSource, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-    """The hook DDP calls per bucket; ``state`` is the source. Measures around the inner hook."""
-    local = state.measure_local(bucket)
-    future = state.inner_hook(state.inner_state, bucket)
-    if local is None:
-        return future
-
-    def after(done: torch.futures.Future) -> Tensor:
-        value = done.value()
-        state.measure_global(value, bucket, local)
-        return value
-
-    return future.then(after)
+    """The hook DDP calls per bucket; ``state`` is the source. Measures the local bucket, then
+    hands it to the inner hook as it is."""
+    state.measure_local(bucket)
+    return state.inner_hook(state.inner_state, bucket)
 
 
 # DDP checks the hook's annotations against the real types; `from __future__ import
@@ -158,8 +153,7 @@ class DDPSource(Source):
             hooks.pop()
         self._ddp = ddp
         _redirects.watch(ddp, self)
-        self._local: list[Tensor] = []
-        self._global: list[Tensor] = []
+        self._local: list[Tensor] = []  # this step's local bucket norms
 
     def set_inner(self, state: object, hook: Callable, name: str) -> None:
         """The communication hook bsmon's hook calls (a registration redirected here)."""
@@ -168,17 +162,9 @@ class DDPSource(Source):
     # -- in the comm hook (autograd thread) ----------------------------------------------------
 
     @hook("DDP comm hook (local norm)")
-    def measure_local(self, bucket: dist.GradBucket) -> Tensor | None:
-        if self._scale is None:
-            self._scale = self.loss_scale.current(bucket.buffer().device)
-        return self._bucket_sq(bucket, [bucket.buffer()])
-
-    @hook("DDP comm hook (global norm)")
-    def measure_global(self, value: Any, bucket: dist.GradBucket, local: Tensor) -> None:
-        tensor = value[0] if isinstance(value, (list, tuple)) else value
-        self._global.append(self._bucket_sq(bucket, [tensor]))
-        self._local.append(local)
-        self.backwards = max(self.backwards, 1)
+    def measure_local(self, bucket: dist.GradBucket) -> None:
+        self._local.append(self._bucket_sq(bucket, [bucket.buffer()]))
+        self._end.touch()  # the averaged |p.grad|² is taken once DDP has written it
 
     def _bucket_sq(self, bucket: dist.GradBucket, flat: list[Tensor]) -> Tensor:
         data = flat[0].detach()
@@ -198,10 +184,9 @@ class DDPSource(Source):
     # -- step ----------------------------------------------------------------------------------
 
     def _record(self, step: int) -> StepRecord | None:
-        if not self._global or self._scale is None:
+        if not self._local or self._total is None:
             return None
-        device = self._global[0].device
-        self._total = torch.stack([t.to(device) for t in self._global]).sum()
+        device = self._local[0].device
         local = torch.stack([t.to(device) for t in self._local]).sum()
         examples = self.take_examples() or self._examples_hint() or 0
         if not examples:
@@ -217,7 +202,6 @@ class DDPSource(Source):
     def _clear(self) -> None:
         self.take_examples()
         self._local = []
-        self._global = []
 
     def detail(self) -> str:
         return f"local vs all-reduced gradient, {self.world} ranks (around {self.inner_name})"

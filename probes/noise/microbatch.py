@@ -31,10 +31,12 @@ class MicrobatchSource(Source):
         trainable: list[Tensor],
         counter: ExampleCounter,
         examples_hint: Callable[[], int | None],
+        pass_hint: Callable[[], int | None] = lambda: None,
         **kwargs: Any,
     ) -> None:
         super().__init__(trainable, counter=counter, **kwargs)
         self._examples_hint = examples_hint
+        self._pass_hint = pass_hint  # the batch the job drew last: this pass's examples
         self._accumulators = {id(p): grad_accumulator(p) for p in trainable}
         self._handles = [p.register_hook(functools.partial(self._on_grad, p)) for p in trainable]
         self._pending: list[Tensor] = []  # this backward pass
@@ -70,7 +72,10 @@ class MicrobatchSource(Source):
             return
         device = pending[0].device
         self._units.append(
-            (torch.stack([t.to(device) for t in pending]).sum(), self.take_examples())
+            (
+                torch.stack([t.to(device) for t in pending]).sum(),
+                self.take_examples() or self._pass_hint() or 0,
+            )
         )
         super()._on_backward_end()
 
