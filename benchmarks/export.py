@@ -62,6 +62,7 @@ def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
     """Drive the real Recorder: ``per_bucket`` steps every half second of fake time."""
     from bsmon.probes.protocol import Capability, Event
     from bsmon.probes.record import Recorder
+    from bsmon.probes.record_format import StepDone
     from bsmon.probes.telemetry import Telemetry
 
     telemetry = Telemetry()
@@ -82,7 +83,7 @@ def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
                   for s in range(first, last + 1)]  # fmt: skip
         t0 = time.perf_counter()
         for s, duration, loss in inputs:
-            on_step(s, duration, BATCH, BATCH)
+            on_step(StepDone(s, duration, BATCH, BATCH))
             on_scalar("loss", loss)
         t1 = time.perf_counter()
         step = last

@@ -1,9 +1,10 @@
 """Step-time overhead of the bsmon agent and of its noise-scale estimator on CPU training
 loops, measured side by side in one process.
 
-Part 1, the agent: blocks of training steps alternate between ``off`` (no agent) and
-``agent`` (attached and serving, a monitor process connected and reading every message, the
-noise scale turned off), the order rotated every round. Each block attaches afresh and runs
+Part 1, the agent: blocks of training steps alternate between ``off`` (no agent), ``agent``
+(attached and serving, a monitor process connected and reading every message, the noise
+scale turned off) and ``agent, no anatomy`` (the same without the step anatomy: what timing
+each step's phases costs), the order rotated every round. Each block attaches afresh and runs
 untimed warm-up steps first.
 
 Part 2, the noise scale: three identical copies of the model each train with their own
@@ -25,10 +26,10 @@ A variant's figure is the median over blocks; a ratio is the median of per-round
 (paired), with their interquartile range. Wall-clock, process CPU and training-thread CPU
 time are reported; on a shared machine the training thread's CPU time at one thread
 (``--threads 1``) is the steadiest, and for the noise scale, whose work is all on that thread,
-the most telling. The noise scale's total overhead is about the agent's
-ratio times the noise ratio. Goals: agent <= 1.01; the noise scale at its defaults, once
-tracking, <= 1.01 on the MLP and <= 1.02 on the CNN and the transformer. Figures are
-printed, never asserted.
+the most telling. The noise scale's total overhead is about the agent's ratio times the noise
+ratio. Goals: agent <= 1.01; the anatomy <= 1.01 against the agent without it; the noise
+scale at its defaults, once tracking, <= 1.01 on the MLP and <= 1.02 on the CNN and the
+transformer. Figures are printed, never asserted.
 
     python benchmarks/overhead.py                    # MLP, CNN and transformer block
     python benchmarks/overhead.py --model mlp --rounds 40 --threads 1
@@ -64,7 +65,12 @@ while os.getppid() == parent:  # a benchmark killed by a timeout must not leave 
         time.sleep(0.01)
 """
 
-AGENT_VARIANTS = {"off": None, "agent": {"noise_scale": None}}
+NO_ANATOMY = "agent, no anatomy"
+AGENT_VARIANTS = {
+    "off": None,
+    NO_ANATOMY: {"noise_scale": None, "step_anatomy": False},
+    "agent": {"noise_scale": None},
+}
 NOISE_VARIANTS = {
     "agent": {"noise_scale": None},
     "noise": {},
@@ -411,7 +417,10 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     print(f"\n{name}: {label.format(batch=batch)}")
     if args.agent_rounds:
         print(f"  part 1, the agent ({args.agent_rounds} rounds x {args.agent_steps} steps):")
-        print("\n".join(table(bench_agent(name, args), "off")))
+        agent_times = bench_agent(name, args)
+        print("\n".join(table(agent_times, "off")))
+        wall, _, thread = (summary(agent_times, NO_ANATOMY, k)["agent"][2] for k in range(3))
+        print(f"  the step anatomy: agent vs {NO_ANATOMY}: wall {wall}, training thread {thread}")
     times, share = bench_noise(name, args)
     print(f"  part 2, the noise scale ({args.rounds} rounds x {args.block} steps, vs agent):")
     print("\n".join(table(times, "agent")))

@@ -25,6 +25,9 @@ from typing import Any
 import torch
 
 from . import discovery, distributed, loader_watch, protocol, sigterm
+from .anatomy.extension import AnatomyExtension
+from .anatomy.marks import PhaseMarks
+from .anatomy.verdict import LoaderFacts, loader_facts
 from .batch_control import BatchController, BatchExtension, Pending
 from .batch_control import register_commands as register_batch_commands
 from .batch_policy import BatchPolicy, StepRule
@@ -135,6 +138,7 @@ class Monitor:
         probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
         ranks_view: bool = True,
         batch_dim: int | None = None,
+        step_anatomy: bool = True,
     ) -> None:
         _check_options(
             model,
@@ -171,6 +175,8 @@ class Monitor:
         )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
+        self._phases = PhaseMarks(self._clock) if step_anatomy else None
+        self._loader_facts: tuple[int, LoaderFacts] | None = None  # (iterator id, facts)
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
@@ -234,8 +240,15 @@ class Monitor:
             NoiseExtension(self._noise, self.telemetry),
             ProbeExtension(self.prober),
         ]
-        self._ddp_timing: DdpTiming | None = None
+        self._ddp_timing = DdpTiming(self.model) if world_size > 1 else None
+        if self._ddp_timing is not None:
+            self.telemetry.comm_sample = self._ddp_timing.comm_wait
         self._ranks_exchange: RankExchange | None = None
+        self._anatomy: AnatomyExtension | None = None
+        if self._phases is not None:
+            self._phases.install()
+            self._anatomy = self._anatomy_extension(world_size)
+            extensions.append(self._anatomy)
         if world_size > 1 and ranks_view and (ranks := self._make_ranks(rank, world_size)):
             extensions.append(ranks)
         if self.batch_control is not None:
@@ -321,7 +334,6 @@ class Monitor:
             )
             return None
         self._ranks_exchange = RankExchange(store, rank, world_size)
-        self._ddp_timing = DdpTiming(self.model)
         if self.batch_control is not None and self.batch_control.size < SMALL_DEVICE_BATCH:
             self._warn(
                 "small_device_batch",
@@ -330,7 +342,18 @@ class Monitor:
                 "accumulation (micro_batch_size) or fewer ranks",
             )
         placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
-        return RanksExtension(self._ranks_exchange, placement, rank_summary, self._ddp_timing)
+        timing = self._ddp_timing or DdpTiming(None)
+        return RanksExtension(self._ranks_exchange, placement, rank_summary, timing)
+
+    def _anatomy_extension(self, world_size: int) -> AnatomyExtension:
+        device = self._clock.device
+        return AnatomyExtension(
+            self.telemetry,
+            world_size=world_size,
+            loader=lambda: self._loader_facts[1] if self._loader_facts is not None else None,
+            device_index=device.index if device is not None else None,
+            step=lambda: self._step,
+        )
 
     def _warn(self, kind: str, message: str) -> None:
         """A warning from the literature, once per kind."""
@@ -451,6 +474,8 @@ class Monitor:
         """A step given a closure runs its backward pass inside ``step()`` (Lightning's way):
         its measurement is taken when the step ends, not before the closure has run."""
         self._closure_step = closure
+        if self._phases is not None:
+            self._phases.optimizer_starting(time.perf_counter())
         if not closure:
             self._noise.on_step()
 
@@ -479,7 +504,16 @@ class Monitor:
         now = time.perf_counter()
         eval_s = self._evals.take(now)
         self._inbox.append(
-            (STEP, self._step, time.time(), self._clock.mark(now), samples, size, eval_s)
+            (
+                STEP,
+                self._step,
+                time.time(),
+                self._clock.mark(now),
+                samples,
+                size,
+                eval_s,
+                self._phases.take() if self._phases is not None else None,
+            )
         )
         if control is not None:
             control.at_step_boundary()
@@ -488,7 +522,7 @@ class Monitor:
         if not self._watch.armed:
             self._watch.arm()
 
-    def _on_loader(self, iterator: Any, batch: Any, _started: float, finished: float) -> None:
+    def _on_loader(self, iterator: Any, batch: Any, started: float, finished: float) -> None:
         """Any DataLoader's batch (loader_watch): training or evaluation activity; a
         training batch's samples count toward the step."""
         try:
@@ -497,6 +531,10 @@ class Monitor:
                 self._evals.evaluate(finished)
                 return
             self._evals.train(finished)
+            if self._phases is not None and batch is not None:
+                self._phases.batch(started, finished)
+                if self._loader_facts is None or self._loader_facts[0] != id(iterator):
+                    self._loader_facts = (id(iterator), loader_facts(iterator))
             n = batch_length(batch) if batch is not None else None
             if n is not None and not isinstance(iterator._index_sampler, DynamicBatchSampler):
                 self._samples.draw(n, loader_watch.nominal_batch_size(iterator))
@@ -690,6 +728,8 @@ class Monitor:
             requeued += len(indices)
         self._batches_since_step = []
         self._samples.discard()
+        if self._phases is not None:
+            self._phases.discard()
         self._micro_batches = 0
         if fallback != control.size:
             control.switch(Pending(fallback, f"out of memory at {failed}", "oom guard"))
@@ -727,6 +767,7 @@ class Monitor:
             "samples_per_s": t.samples_per_s,
             "b_simple": t.noise.b_simple,
             "noise": {name: getattr(t.noise, name) for name in t.noise.__struct_fields__},
+            "anatomy": self._anatomy.latest_dict() if self._anatomy is not None else None,
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
@@ -761,6 +802,8 @@ class Monitor:
         if self._shared is not None:
             self._shared.remove()
         loader_watch.unsubscribe(self._on_loader)
+        if self._phases is not None:
+            self._phases.remove()
         self._noise.close()
         self.probe_source.close()
         self._model_examples.remove()

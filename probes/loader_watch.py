@@ -14,77 +14,33 @@ what they raise anyway, so a DataLoader never fails because of bsmon.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .call_watch import CallWatch
+
 OnBatch = Callable[[Any, Any, float, float], None]  # (iterator, batch or None, start, end)
 
-_lock = threading.Lock()
-_subscribers: list[OnBatch] = []
-_installed: dict[str, Any] = {}  # "class", "original", "wrapper" while installed
+
+def _locate() -> tuple[Any, str] | str:
+    from torch.utils.data import dataloader
+
+    iterator_class = getattr(dataloader, "_BaseDataLoaderIter", None)
+    if iterator_class is None or getattr(iterator_class, "__next__", None) is None:
+        return "this torch has no _BaseDataLoaderIter: DataLoader batches are not seen"
+    return iterator_class, "__next__"
+
+
+_watch = CallWatch(_locate, notify_on=(StopIteration,))
 
 
 def subscribe(callback: OnBatch) -> str | None:
     """Call ``callback`` after every DataLoader batch; None, or why batches cannot be seen."""
-    with _lock:
-        if not _installed:
-            why = _install()
-            if why is not None:
-                return why
-        if callback not in _subscribers:
-            _subscribers.append(callback)
-    return None
+    return _watch.subscribe(callback)
 
 
 def unsubscribe(callback: OnBatch) -> None:
-    with _lock:
-        if callback in _subscribers:
-            _subscribers.remove(callback)
-        if not _subscribers and _installed:
-            _uninstall()
-
-
-def _install() -> str | None:
-    from torch.utils.data import dataloader
-
-    iterator_class = getattr(dataloader, "_BaseDataLoaderIter", None)
-    original = getattr(iterator_class, "__next__", None)
-    if iterator_class is None or original is None:
-        return "this torch has no _BaseDataLoaderIter: DataLoader batches are not seen"
-
-    @functools.wraps(original)
-    def __next__(iterator: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            batch = original(iterator)
-        except StopIteration:
-            _notify(iterator, None, started)
-            raise
-        _notify(iterator, batch, started)
-        return batch
-
-    iterator_class.__next__ = __next__  # type: ignore[method-assign]
-    _installed.update({"class": iterator_class, "original": original, "wrapper": __next__})
-    return None
-
-
-def _uninstall() -> None:
-    iterator_class = _installed["class"]
-    if iterator_class.__dict__.get("__next__") is _installed["wrapper"]:
-        iterator_class.__next__ = _installed["original"]
-    _installed.clear()
-
-
-def _notify(iterator: Any, batch: Any, started: float) -> None:
-    finished = time.perf_counter()
-    for callback in tuple(_subscribers):
-        # a subscriber reports its own errors; the loader must never see one
-        with contextlib.suppress(Exception):
-            callback(iterator, batch, started, finished)
+    _watch.unsubscribe(callback)
 
 
 def nominal_batch_size(iterator: Any) -> int | None:

@@ -76,6 +76,29 @@ class HostReading(msgspec.Struct, omit_defaults=True):
     error: str | None = None
 
 
+Verdict = Literal["input-bound", "compute-bound", "communication-bound", "host-bound"]
+
+
+class StepAnatomy(msgspec.Struct, omit_defaults=True):
+    """Where the training steps' time goes: seconds per step, averaged over the last
+    ``steps`` steps. A phase that is None was not measured (``notes`` says why); ``other_s``
+    is the rest of the step (logging, gradient clipping, zero_grad, host syncs)."""
+
+    steps: int = 0
+    step_s: float | None = None
+    data_s: float | None = None  # waiting for the DataLoader's next batch
+    forward_s: float | None = None  # from the batch (or the previous step) to backward
+    backward_s: float | None = None  # backward compute (without the all-reduce wait)
+    optimizer_s: float | None = None  # optimizer.step()
+    comm_s: float | None = None  # the all-reduce wait not hidden behind backward (DDP)
+    other_s: float | None = None
+    clock: str = ""  # "wall clock" or "CUDA events"
+    notes: list[str] = msgspec.field(default_factory=list)
+    verdict: Verdict | None = None
+    evidence: str = ""  # the figures behind the verdict
+    advice: str = ""  # what to try
+
+
 class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     """The smoothed simple noise scale; all fields ``None`` until an estimate exists."""
 
@@ -215,6 +238,8 @@ class RankReading(msgspec.Struct, omit_defaults=True):
     forward_s: float | None = None
     backward_s: float | None = None
     comm_wait_s: float | None = None  # all-reduce time not overlapped with backward compute
+    data_s: float | None = None  # waiting for data per step (step anatomy)
+    verdict: Verdict | None = None  # the rank's step-anatomy verdict
     age_s: float | None = None  # since rank 0 last heard from it
     late: bool = False
 
@@ -263,6 +288,7 @@ class MetricsPoint(msgspec.Struct, omit_defaults=True):
     samples: int | None = 0
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
     noise: NoiseScaleReading | None = None
+    anatomy: StepAnatomy | None = None
 
 
 class Metrics(Message, tag="metrics"):
@@ -279,6 +305,7 @@ class Metrics(Message, tag="metrics"):
     idle_s: float | None = None
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
     noise: NoiseScaleReading = msgspec.field(default_factory=NoiseScaleReading)
+    anatomy: StepAnatomy | None = None
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
     gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
     host: HostReading = msgspec.field(default_factory=HostReading)

@@ -46,6 +46,8 @@ FIELDS = (
     "forward_s",
     "backward_s",
     "comm_wait_s",
+    "data_s",
+    "verdict",
 )
 
 
@@ -64,6 +66,10 @@ class DdpTiming:
         if self.model is not None:
             return "compute = forward + backward (DDP runtime statistics)"
         return "compute per rank needs a DistributedDataParallel model (DDP timing)"
+
+    def comm_wait(self) -> float | None:
+        """The all-reduce wait of DDP's latest sampled step (None: none yet, or not DDP)."""
+        return self.latest.get("comm_wait_s")
 
     def at_step(self, step: int) -> None:
         if self.model is None or step % DDP_SAMPLE_EVERY:
@@ -160,7 +166,7 @@ class RanksExtension(Extension):
         self,
         exchange: RankExchange,
         placement: tuple[str, int],
-        summary: Callable[[Metrics], dict[str, float | None]],
+        summary: Callable[[Metrics], dict[str, Any]],
         timing: DdpTiming,
     ) -> None:
         self._exchange = exchange
@@ -227,10 +233,13 @@ class RanksExtension(Extension):
         )
 
 
-def rank_summary(metrics: Metrics) -> dict[str, float | None]:
+def rank_summary(metrics: Metrics) -> dict[str, Any]:
     """This rank's own figures, from the metrics it is about to send to its own monitor."""
     device = max(metrics.devices, key=lambda d: d.memory_used_bytes or 0, default=None)
+    anatomy = metrics.anatomy
     return {
+        "data_s": anatomy.data_s if anatomy else None,
+        "verdict": anatomy.verdict if anatomy else None,
         "step": metrics.step,
         "step_time_s": metrics.step_time_s,
         "samples_per_s": metrics.samples_per_s,

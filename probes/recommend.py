@@ -22,7 +22,17 @@ def recommendations(summary: Summary) -> list[Note]:
     _spikes(summary, notes)
     _best_size(summary, notes)
     _probe(summary, notes)
+    _anatomy(summary, notes)
     return notes
+
+
+def _anatomy(summary: Summary, notes: list[Note]) -> None:
+    """Where the step time went, when something other than the model's own work is to blame."""
+    anatomy = summary.anatomy
+    if anatomy is None or anatomy.verdict in (None, "compute-bound"):
+        return
+    kind = "step_" + anatomy.verdict.replace("-", "_")
+    notes.append(Note(kind, f"{anatomy.verdict}: {anatomy.evidence}; try: {anatomy.advice}"))
 
 
 def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None:

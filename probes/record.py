@@ -35,9 +35,11 @@ from .record_format import (
     DeviceSpan,
     End,
     HostSpan,
+    PhaseTotals,
     ProbeResult,
     Span,
     Status,
+    StepDone,
     encode_line,
     header_for,
     throughput,
@@ -83,6 +85,7 @@ class _Bucket:
         "batch_size",
         "eval_s",
         "hist",
+        "phases",
         "scalars",
         "step_time",
         "steps",
@@ -105,6 +108,7 @@ class _Bucket:
         self.step_time = StatAcc()
         self.hist: dict[int, int] = {}
         self.scalars: dict[str, StatAcc] = {}
+        self.phases = PhaseTotals()
 
 
 def device_span(reading: DeviceReading) -> DeviceSpan:
@@ -174,15 +178,9 @@ class Recorder:
 
     # -- the telemetry tap (agent thread) -----------------------------------------------------
 
-    def on_step(
-        self,
-        step: int,
-        duration: float | None,
-        samples: int | None,
-        batch_size: int | None,
-        eval_s: float = 0.0,
-    ) -> None:
+    def on_step(self, done: StepDone) -> None:
         try:
+            step, duration, samples, batch_size, eval_s, phases = done
             bucket = self._bucket
             if bucket.batch_size != batch_size:
                 if bucket.steps:  # a span has one batch size: a change closes it
@@ -202,6 +200,8 @@ class Recorder:
                 else:
                     bucket.timed_samples += samples
                 bucket.step_time.add(duration)
+                if phases is not None:
+                    bucket.phases.add(duration, phases)
                 index = step_bin(duration)
                 bucket.hist[index] = bucket.hist.get(index, 0) + 1
         except Exception as exc:  # never into the agent's tick
@@ -274,6 +274,7 @@ class Recorder:
             throughput=single(throughput(bucket.timed_samples, bucket.timed_s, bucket.uncounted_s)),
             scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
             b_simple=single(self.telemetry.noise.b_simple),
+            phases=bucket.phases if bucket.phases.steps else None,
             devices=devices,
             host=host,
         )

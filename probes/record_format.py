@@ -10,7 +10,7 @@ when the job closed cleanly, one ``end`` line. Readers ignore line types they do
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -77,6 +77,72 @@ class HostSpan(msgspec.Struct, omit_defaults=True):
     rss: Stat | None = None  # bytes
 
 
+class Phases(NamedTuple):
+    """One step's seconds in each phase (None: not measured); see ``anatomy.phases``."""
+
+    data: float | None
+    forward: float
+    backward: float
+    optimizer: float | None
+    other: float
+    comm: float | None = None  # the all-reduce wait, taken out of backward (DDP)
+
+
+class StepDone(NamedTuple):
+    """One resolved training step, as the telemetry hands it to its tap (the recorder)."""
+
+    step: int
+    duration: float | None  # training seconds (evaluation taken out); None: not timed
+    samples: int | None  # None: not counted
+    batch_size: int | None
+    eval_s: float = 0.0
+    phases: Phases | None = None
+
+
+class PhaseTotals(msgspec.Struct, omit_defaults=True):
+    """Summed seconds of each step phase over ``steps`` steps (the step anatomy). A phase
+    that none of the steps measured stays None. Merges exactly."""
+
+    steps: int = 0
+    step_s: float = 0.0  # the steps' training time
+    data_s: float | None = None
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float | None = None
+    other_s: float = 0.0
+    comm_s: float | None = None
+
+    def add(self, step_s: float, phases: Phases, *, steps: int = 1) -> None:
+        """Count ``steps`` steps with these summed seconds in (-1: take one out again)."""
+        sign = 1 if steps > 0 else -1
+        self.steps += steps
+        self.step_s += sign * step_s
+        self.forward_s += sign * phases.forward
+        self.backward_s += sign * phases.backward
+        self.other_s += sign * phases.other
+        if phases.data is not None:
+            self.data_s = (self.data_s or 0.0) + sign * phases.data
+        if phases.optimizer is not None:
+            self.optimizer_s = (self.optimizer_s or 0.0) + sign * phases.optimizer
+        if phases.comm is not None:
+            self.comm_s = (self.comm_s or 0.0) + sign * phases.comm
+
+    def merged(self, other: PhaseTotals | None) -> PhaseTotals:
+        """These steps followed by ``other``'s, as a new total."""
+        out = msgspec.structs.replace(self)
+        if other is not None:
+            sums = Phases(
+                other.data_s,
+                other.forward_s,
+                other.backward_s,
+                other.optimizer_s,
+                other.other_s,
+                other.comm_s,
+            )
+            out.add(other.step_s, sums, steps=other.steps)
+        return out
+
+
 class Span(RecordLine, tag="span"):
     """Metrics over the wall-clock interval [t0, t1]; ``n`` base spans merged."""
 
@@ -97,6 +163,7 @@ class Span(RecordLine, tag="span"):
     throughput: Stat | None = None  # samples/s, over base spans
     scalars: dict[str, Stat] = msgspec.field(default_factory=dict)
     b_simple: Stat | None = None
+    phases: PhaseTotals | None = None  # where the timed steps' time went
     devices: list[DeviceSpan] = msgspec.field(default_factory=list)
     host: HostSpan | None = None
 

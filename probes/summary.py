@@ -18,14 +18,17 @@ from typing import Any
 
 import msgspec
 
+from .anatomy.verdict import anatomy_notes, judge
+from .anatomy.window import anatomy_of
 from .buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_value
 from .history import DecimatingHistory
-from .protocol import Event
+from .protocol import Event, StepAnatomy
 from .recommend import recommendations
 from .record_format import (
     DeviceSpan,
     End,
     Header,
+    PhaseTotals,
     ProbeResult,
     Span,
     Stat,
@@ -151,6 +154,7 @@ class SummaryBuilder:
         self.end: End | None = None
         self.series = {name: _Series() for name in ("step_time_ms", "samples_per_s", "b_simple")}
         self.util_series: dict[int, _Series] = {}
+        self.phases = PhaseTotals()
 
     # -- lines --------------------------------------------------------------------------------
 
@@ -214,6 +218,8 @@ class SummaryBuilder:
         if span.timed_steps:  # None: no counted samples, a corrupt span, or a coarse clock
             self.series["samples_per_s"].add(span.step, span_throughput(span), span.timed_steps)
         self._scalar_series(span)
+        if span.phases is not None:
+            self.phases = self.phases.merged(span.phases)
         if span.steps:
             self._batch(span)
 
@@ -312,9 +318,23 @@ class SummaryBuilder:
                 other_s=_round(max(0.0, duration_s - self.timed_s - self.eval_s)),
             ),
         )
+        summary.anatomy = self._anatomy(summary.devices)
         summary.warnings = self._warnings(summary, torn, unknown)
         summary.recommendations = recommendations(summary)
         return summary
+
+    def _anatomy(self, devices: list[Device]) -> StepAnatomy | None:
+        """The whole run's step anatomy and its verdict (GPU utilization: the busiest
+        device's mean)."""
+        reading = anatomy_of(self.phases)
+        if reading is None:
+            return None
+        utils = [d.util_mean_percent for d in devices if d.util_mean_percent is not None]
+        reading.notes = anatomy_notes(reading, self.header.session.world_size)
+        judgement = judge(reading, max(utils) if utils else None)
+        if judgement is not None:
+            reading.verdict, reading.evidence, reading.advice = judgement
+        return reading
 
     def _run(self, end_time: float) -> Run:
         s = self.header.session

@@ -21,6 +21,7 @@ def render_markdown(s: Summary) -> str:
         _run_table(s),
         _numbers_table(s),
         _devices(s),
+        _anatomy(s),
         _batch_sizes(s),
         _charts(s),
         _scalars(s),
@@ -141,6 +142,35 @@ def _devices(s: Summary) -> str:
         "power mean",
     )
     return "## Devices\n\n" + _table(rows, header)
+
+
+PHASE_NAMES = {
+    "data": "waiting for data",
+    "forward": "forward (and loss)",
+    "backward": "backward",
+    "comm": "all-reduce wait",
+    "optimizer": "optimizer step",
+    "other": "other (logging, syncs, zero_grad)",
+}
+
+
+def _anatomy(s: Summary) -> str:
+    a = s.anatomy
+    if a is None or not a.step_s:
+        return ""
+    rows = []
+    for phase, name in PHASE_NAMES.items():
+        seconds = getattr(a, f"{phase}_s")
+        share = pct(100 * seconds / a.step_s) if seconds is not None else "not measured"
+        rows.append((name, ms(seconds), share))
+    verdict = f"**{a.verdict}**: {a.evidence}; try: {a.advice}.\n\n" if a.verdict else ""
+    notes = "".join(f"- {note}\n" for note in a.notes)
+    return (
+        f"## Where the step time went\n\n{verdict}"
+        f"Per step, averaged over {a.steps:,} steps ({a.clock or 'wall clock'}):\n\n"
+        + _table(rows, ("phase", "per step", "share"))
+        + (f"\n{notes}" if notes else "")
+    )
 
 
 def _batch_sizes(s: Summary) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from .protocol import StepAnatomy
+
 SUMMARY_VERSION = 1
 
 Point = tuple[float, float]
@@ -164,3 +166,4 @@ class Summary(msgspec.Struct):
     recommendations: list[Note]
     series: dict[str, list[Point]]  # bounded chart data: (step or seconds, value)
     time: TimeSplit = msgspec.field(default_factory=TimeSplit)
+    anatomy: StepAnatomy | None = None  # where the steps' time went, with the verdict

@@ -13,8 +13,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .anatomy.marks import StepMarks
+from .anatomy.phases import phases_of, with_comm
+from .anatomy.window import PhaseWindow, anatomy_of
 from .history import DecimatingHistory, metrics_history
 from .protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
+from .record_format import StepDone
 from .timing import Captured, DurationResolver, read_scalar
 
 STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
@@ -33,14 +37,7 @@ def training_time(duration: float | None, eval_s: float) -> float | None:
 
 
 class StepTap(Protocol):
-    def on_step(
-        self,
-        step: int,
-        duration: float | None,
-        samples: int | None,
-        batch_size: int | None,
-        eval_s: float,
-    ) -> None: ...
+    def on_step(self, done: StepDone) -> None: ...
     def on_scalar(self, name: str, value: float) -> None: ...
 
 
@@ -95,8 +92,13 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self._resolver = DurationResolver()
-        # (step, samples, batch size, evaluation seconds) of the steps whose marks are pending
-        self._step_meta: deque[tuple[int, int | None, int | None, float]] = deque()
+        # (step, samples, batch size, evaluation seconds, phase marks) of the steps whose
+        # marks are pending
+        self._step_meta: deque[tuple[int, int | None, int | None, float, StepMarks | None]] = (
+            deque()
+        )
+        self.anatomy = PhaseWindow()
+        self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
         self._pending_scalars: deque[tuple[str, Captured]] = deque()
         self._window = _Window()
@@ -107,8 +109,8 @@ class Telemetry:
         self.new_events: list[Event] = []
         self.flushes: list = []  # threading.Events to set once this tick's output is sent
         self.handlers: dict[int, Callable[[Any], None]] = {}  # other inbox record kinds
-        # Sees every resolved step and scalar (agent thread): on_step(step, duration_s or None,
-        # samples, batch_size) and on_scalar(name, value). The session recorder uses it.
+        # Sees every resolved step and scalar (agent thread): on_step(StepDone) and
+        # on_scalar(name, value). The session recorder uses it.
         self.tap: StepTap | None = None
 
     # -- ingest (agent thread) ----------------------------------------------------------------
@@ -129,8 +131,9 @@ class Telemetry:
                 handler(record[1])
 
     def _add_step(self, record: tuple) -> None:
-        """``(STEP, step, wall time, mark, samples or None, batch size, evaluation s)``."""
-        _, step, wall, mark, samples, batch_size, eval_s = record
+        """``(STEP, step, wall time, mark, samples or None, batch size, evaluation s, phase
+        marks or None)``."""
+        _, step, wall, mark, samples, batch_size, eval_s, marks = record
         self.step = step
         if samples is not None:
             self.samples = (self.samples or 0) + samples
@@ -139,7 +142,7 @@ class Telemetry:
         self.batch_size = batch_size
         self.last_step_time = wall
         self._resolver.add(mark)
-        self._step_meta.append((step, samples, batch_size, eval_s))
+        self._step_meta.append((step, samples, batch_size, eval_s, marks))
         self.eval_s += eval_s
 
     def add_event(self, event: Event) -> None:
@@ -153,13 +156,19 @@ class Telemetry:
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
         tap = self.tap
-        for whole in self._resolver.resolve():
-            step, samples, batch_size, eval_s = self._step_meta.popleft()
-            duration = training_time(whole, eval_s)
+        for resolved in self._resolver.resolve():
+            step, samples, batch_size, eval_s, marks = self._step_meta.popleft()
+            duration = training_time(resolved.duration, eval_s)
             self._window.add_step(duration, samples)
             self._second.add_step(duration, samples)
+            phases = None
+            if marks is not None and duration is not None:
+                phases = phases_of(marks, resolved.begin, resolved.end, duration)
+                if phases is not None:
+                    phases = with_comm(phases, self.comm_sample())
+                    self.anatomy.add(duration, phases)
             if tap is not None:
-                tap.on_step(step, duration, samples, batch_size, eval_s)
+                tap.on_step(StepDone(step, duration, samples, batch_size, eval_s, phases))
         while self._pending_scalars:
             name, captured = self._pending_scalars[0]
             value = read_scalar(captured)
@@ -224,6 +233,7 @@ class Telemetry:
         second = self._second
         if now - self._second_started < HISTORY_INTERVAL_S or second.steps == 0:
             return
+        interval = self.anatomy.take_interval()
         self.history.append(
             MetricsPoint(
                 t=now,
@@ -235,6 +245,7 @@ class Telemetry:
                 samples=self.samples,
                 scalars=second.scalars(),
                 noise=self.noise if self.noise.b_simple is not None else None,
+                anatomy=anatomy_of(interval, self.anatomy.clock) if interval else None,
             )
         )
         self._second = _Window()

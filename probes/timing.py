@@ -16,7 +16,7 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -49,6 +49,14 @@ class StepClock:
         return CudaMark(event, now)
 
 
+class Resolved(NamedTuple):
+    """A step whose end mark is complete: its duration (None for the first) and bounds."""
+
+    duration: float | None
+    begin: Mark | None
+    end: Mark
+
+
 class DurationResolver:
     """Turns marks into per-step durations in order, waiting (without blocking) on CUDA."""
 
@@ -59,15 +67,15 @@ class DurationResolver:
     def add(self, mark: Mark) -> None:
         self._pending.append(mark)
 
-    def resolve(self) -> list[float | None]:
-        """Durations of the marks that are complete; ``None`` for the very first step."""
-        out: list[float | None] = []
+    def resolve(self) -> list[Resolved]:
+        """The steps whose end marks are complete, in order (the very first one untimed)."""
+        out: list[Resolved] = []
         while self._pending:
             mark = self._pending[0]
             if isinstance(mark, CudaMark) and not mark.event.query():
                 break
             self._pending.popleft()
-            out.append(_elapsed(self._previous, mark))
+            out.append(Resolved(elapsed(self._previous, mark), self._previous, mark))
             self._previous = mark
         return out
 
@@ -76,7 +84,9 @@ class DurationResolver:
         return len(self._pending)
 
 
-def _elapsed(previous: Mark | None, mark: Mark) -> float | None:
+def elapsed(previous: Mark | None, mark: Mark) -> float | None:
+    """Seconds from ``previous`` to ``mark``: device time between two CUDA events, else host
+    time (None without a ``previous``). Both CUDA events must have completed."""
     if previous is None:
         return None
     if isinstance(mark, CudaMark):

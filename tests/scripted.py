@@ -106,6 +106,30 @@ def batch_reading(gpu: bool) -> BatchReading:
     )
 
 
+def anatomy_reading(step: int, step_time: float, final: bool = False) -> protocol.StepAnatomy:
+    """A job that turns input-bound after step 2,000 (its DataLoader has no workers)."""
+    data = 0.06 if step < 2000 else 0.31
+    rest = 1.0 - data
+    anatomy = protocol.StepAnatomy(
+        steps=100,
+        step_s=step_time,
+        data_s=data * step_time,
+        forward_s=0.30 * rest * step_time,
+        backward_s=0.58 * rest * step_time,
+        optimizer_s=0.08 * rest * step_time,
+        other_s=0.04 * rest * step_time,
+        clock="CUDA events",
+    )
+    if final:
+        anatomy.verdict = "input-bound"
+        anatomy.evidence = f"{data:.0%} of each step waits for data (12.7 ms of 41.0 ms)"
+        anatomy.advice = (
+            "DataLoader(num_workers=4 or more): batches are made on the training thread; "
+            "pin_memory=True; persistent_workers=True"
+        )
+    return anatomy
+
+
 def points(steps: int = 3000, every: int = 25, noise: bool = True) -> list[MetricsPoint]:
     out = []
     for step in range(every, steps + 1, every):
@@ -125,6 +149,7 @@ def points(steps: int = 3000, every: int = 25, noise: bool = True) -> list[Metri
                     "accuracy": 1 - math.exp(-step / 500),
                 },
                 noise=noise_reading(step) if noise else None,
+                anatomy=anatomy_reading(step, step_time),
             )
         )
     return out
@@ -177,6 +202,7 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
         idle_s=0.1,
         scalars={},
         noise=last.noise or NoiseScaleReading(),
+        anatomy=anatomy_reading(last.step, last.step_time_s or 0.041, final=True),
         devices=devices,
         gpu=gpu_cap,
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
@@ -291,6 +317,7 @@ def ranks_reading(world: int = 64, per_node: int = 8) -> protocol.RanksReading:
                 forward_s=0.021 if slow else 0.0122 + 0.0002 * (rank % 4),
                 backward_s=0.0205,
                 comm_wait_s=0.0021 if slow else 0.0095,
+                verdict="compute-bound" if slow else "communication-bound",
                 age_s=14.0 if late else 0.8,
                 late=late,
             )

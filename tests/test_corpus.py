@@ -133,6 +133,11 @@ def test_bsmon_changes_nothing_and_measures_right(case, mode, bsmon_dir, bare_di
         assert expected in (summary.b_simple.note or ""), summary.b_simple.note
     stalls = [w for w in summary.warnings if "stall" in w.message]
     assert not stalls, stalls
+    anatomy = summary.anatomy  # every step has a backward pass to split it at
+    assert anatomy is not None and anatomy.steps >= case.steps // 2, anatomy
+    phases = (anatomy.data_s, anatomy.forward_s, anatomy.backward_s, anatomy.optimizer_s)
+    parts = sum(p or 0.0 for p in (*phases, anatomy.comm_s, anatomy.other_s))
+    assert parts == pytest.approx(anatomy.step_s, rel=1e-3)
 
 
 def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir):
@@ -145,6 +150,9 @@ def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir):
     assert summary.time.evaluation_s > 0
     assert summary.time.steps_s + summary.time.evaluation_s <= summary.duration_s
     assert summary.step_time_s.p99 < 20 * summary.step_time_s.p50
+    anatomy = summary.anatomy  # Lightning's closure steps: forward and backward are not optimizer
+    assert anatomy is not None and anatomy.data_s is not None and anatomy.optimizer_s is not None
+    assert anatomy.optimizer_s < anatomy.forward_s + anatomy.backward_s
 
 
 def test_a_script_without_an_optimizer_is_not_monitored_and_says_why(bsmon_dir, bare_dir):

@@ -16,7 +16,7 @@ from bsmon.probes.client import JobConnection
 from bsmon.probes.devices import DeviceSample
 from bsmon.probes.protocol import Capability, DeviceReading, Event, HostReading
 from bsmon.probes.record import Recorder
-from bsmon.probes.record_format import ProbeResult, Span
+from bsmon.probes.record_format import ProbeResult, Span, StepDone
 from bsmon.probes.record_reader import open_record
 from bsmon.probes.summary import paths_beside, summarize_record
 from bsmon.probes.summary_schema import Summary
@@ -205,7 +205,7 @@ def test_the_writer_compacts_a_long_record_and_keeps_it_exact(tmp_path):
             step += 1
             duration = 0.1 + 0.001 * ((k + i) % 17)
             durations.append(duration)
-            recorder.on_step(step, duration, 16, 16)
+            recorder.on_step(StepDone(step, duration, 16, 16))
         new_events = (
             [Event(t=START + k * 0.5, step=step, kind="tick", message=str(k))]
             if (k % 1000 == 0)

@@ -83,3 +83,28 @@ def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_pat
     finally:
         tmux.kill()
         kill_run_processes(bsmon_dir)
+
+
+def test_the_time_view_of_an_unmodified_script_says_it_waits_for_data(bsmon_dir):
+    tmux = start(bsmon_dir, f"{BSMON} run --name ta -- {sys.executable} tests/anatomy_job.py")
+    try:
+        screen = tmux.wait_for(
+            lambda s: live_step(s) > 0 and "input-bound" in s,
+            timeout=90,
+            what="the dashboard's one-line verdict",
+        )
+        assert re.search(r"why\s+input-bound", screen)
+        tmux.send("t")
+        screen = tmux.wait_for(
+            lambda s: "waiting for data" in s and "try:" in s, what="the time view"
+        )
+        assert re.search(r"input-bound: \d+% of each step waits for data", screen)
+        assert "num_workers" in screen
+        assert re.search(r"waiting for data\s+[\d.]+ ms\s+\d+%", screen)
+        tmux.send("t")
+        tmux.wait_for(lambda s: "Loss" in s, what="back on the dashboard")
+        tmux.send("q")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)

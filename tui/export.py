@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bsmon.probes.anatomy.window import totals_of
 from bsmon.probes.buckets import single, step_bin
 from bsmon.probes.protocol import MetricsPoint
 from bsmon.probes.record import device_span
@@ -151,6 +152,7 @@ def spans_from_points(points: tuple[MetricsPoint, ...], start: float) -> list[Sp
                 throughput=single(p.samples_per_s),
                 scalars={k: Stat(1, v, v, v) for k, v in p.scalars.items()},
                 b_simple=single(p.noise.b_simple) if p.noise else None,
+                phases=totals_of(p.anatomy) if p.anatomy is not None else None,
             )
         )
         t0 = p.t

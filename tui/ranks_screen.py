@@ -11,12 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.markup import escape
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from bsmon.probes.protocol import RankReading, RanksReading
 
 from .session import Snapshot
+from .view_screen import ViewScreen
 from .widgets.header import JobHeader
 
 CELL_WIDTH = 29
@@ -66,7 +66,18 @@ def summary_line(reading: RanksReading) -> str:
         parts.append(f"[$error]late: {', '.join(late)}[/]")
     if reading.global_batch_size is not None:
         parts.append(f"global batch {reading.global_batch_size:,}")
-    return " · ".join(parts)
+    return " · ".join(parts) + verdicts_line(reading)
+
+
+def verdicts_line(reading: RanksReading) -> str:
+    """Each rank's step-anatomy verdict, ranks grouped by verdict (empty: none yet)."""
+    by_verdict: dict[str, list[str]] = {}
+    for rank in reading.ranks:
+        if rank.verdict is not None and not rank.late:
+            by_verdict.setdefault(rank.verdict, []).append(f"r{rank.rank}")
+    if not by_verdict:
+        return ""
+    return "\n" + " · ".join(f"{v}: {', '.join(ranks)}" for v, ranks in by_verdict.items())
 
 
 def grid_lines(reading: RanksReading, width: int) -> list[str]:
@@ -88,17 +99,13 @@ def grid_lines(reading: RanksReading, width: int) -> list[str]:
     return lines
 
 
-class RanksScreen(Screen[None]):
+class RanksScreen(ViewScreen):
     DEFAULT_CSS = """
     RanksScreen #ranks-summary { height: auto; padding: 0 1; }
     RanksScreen #ranks-grid { padding: 0 1; }
     RanksScreen #ranks-timing { height: auto; padding: 0 1; color: $text-muted; }
     """
     BINDINGS = [Binding("escape,r,q", "close", "Back", id="ranks_back")]
-
-    def __init__(self, snapshot: Snapshot | None = None) -> None:
-        super().__init__()
-        self._first = snapshot
 
     def compose(self) -> ComposeResult:
         yield JobHeader()
@@ -108,12 +115,7 @@ class RanksScreen(Screen[None]):
         yield Static("", id="ranks-timing")
         yield Footer()
 
-    def on_mount(self) -> None:
-        if self._first is not None:
-            self.show(self._first)
-
-    def show(self, snap: Snapshot) -> None:
-        self.query_one(JobHeader).show(snap)
+    def show_view(self, snap: Snapshot) -> None:
         reading = snap.latest.ranks if snap.latest is not None else None
         summary, grid, timing = (
             self.query_one("#ranks-summary", Static),
@@ -129,6 +131,3 @@ class RanksScreen(Screen[None]):
             f"compute and wait in ms per step; wait = all-reduce time not hidden behind "
             f"backward; {escape(reading.timing)}"
         )
-
-    def action_close(self) -> None:
-        self.dismiss(None)

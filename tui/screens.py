@@ -17,6 +17,7 @@ from bsmon.probes.discovery import JobEntry
 from bsmon.probes.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from . import format as fmt
+from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
 from .messages import SnapshotArrived
@@ -58,6 +59,7 @@ class DashboardScreen(Screen):
         Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
         Binding("minus", "batch('down')", "Batch −", id="batch_down"),
         Binding("p", "probe", "Probe", id="probe"),
+        Binding("t", "anatomy", "Time", id="anatomy"),
         Binding("r", "ranks", "Ranks", id="ranks"),
         Binding("e", "export", "Export", id="export"),
     ]
@@ -111,8 +113,9 @@ class DashboardScreen(Screen):
             widget.show(snap)  # type: ignore[attr-defined]
         name = ScalarChart.scalar_name(snap)
         self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
-        if isinstance(self.app.screen, (ProbeScreen, RanksScreen)) and self.app.screen.is_mounted:
-            self.app.screen.show(snap)
+        screen = self.app.screen
+        if isinstance(screen, (ProbeScreen, RanksScreen, AnatomyScreen)) and screen.is_mounted:
+            screen.show(snap)
         for reply in update.replies:
             self._answer(reply)
         for notice in update.notices:
@@ -159,6 +162,9 @@ class DashboardScreen(Screen):
 
     def action_ranks(self) -> None:
         self.app.push_screen(RanksScreen(self.snapshot))
+
+    def action_anatomy(self) -> None:
+        self.app.push_screen(AnatomyScreen(self.snapshot))
 
     def apply_batch_size(self, size: int) -> None:
         self.commands.send(SetBatchSize(value=size, reason="the probe's recommendation"))
@@ -209,6 +215,10 @@ HELP_TEXT = """\
 - **Loss**: the scalars the job logs with `mon.log(loss=...)`; under `bsmon run`, the value
   the script calls `backward()` on (divided for accumulation, or scaled by AMP, if it is).
 - **Events**: what happened, with the time into the run and the step.
+- **Time** (`t`): where each step's time goes — waiting for data, forward, backward, the
+  all-reduce wait (DDP), the optimizer step and the rest — over the last 100 steps and over
+  the run, and the verdict: input-, communication-, host- or compute-bound, with what to try.
+  Wall clock on a CPU, CUDA events on a GPU; a phase bsmon cannot see is "not measured".
 
 **Keys**
 
@@ -218,6 +228,7 @@ HELP_TEXT = """\
 | `+` / `=` | step the batch size up (double by default; applied at the next step) |
 | `-` | step the batch size down |
 | `p` | probe the largest batch size in a sidecar process (asks first) |
+| `t` | where the step time goes (step anatomy) and the verdict |
 | `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
 | `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
 | `ctrl+p` | command palette |

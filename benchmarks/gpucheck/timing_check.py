@@ -21,10 +21,13 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .procs import Deadline
 from .report import Criterion, Finding, Table
+
+if TYPE_CHECKING:
+    from bsmon.probes.record_format import StepDone
 
 MIN_STEP_S = 0.004
 MAX_BATCH = 8192
@@ -41,16 +44,9 @@ class Durations:
     def __init__(self) -> None:
         self.values: list[float] = []
 
-    def on_step(
-        self,
-        step: int,
-        duration: float | None,
-        samples: int | None,
-        batch: int | None,
-        eval_s: float = 0.0,
-    ) -> None:
-        if duration is not None:
-            self.values.append(duration)
+    def on_step(self, done: StepDone) -> None:
+        if done.duration is not None:
+            self.values.append(done.duration)
 
     def on_scalar(self, name: str, value: float) -> None:
         pass

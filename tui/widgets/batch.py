@@ -8,6 +8,7 @@ from textual.widgets import Static
 from bsmon.probes.protocol import BatchChange, BatchReading, Metrics
 
 from .. import format as fmt
+from ..anatomy_screen import headline
 from ..session import ConnState, Snapshot
 
 HISTORY_LINES = 3
@@ -84,14 +85,13 @@ class BatchPanel(Static):
         if m is None:
             self.update("[$text-muted]no steps yet[/]")
             return
-        lines = [
-            f"batch   {size_line(m)}",
-            f"step    {fmt.duration(m.step_time_s)}",
-            f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}",
-            f"seen    {fmt.count(m.samples)} samples",
-        ]
+        speed = f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}"
         if m.samples_note:
-            lines[2] += " [$text-muted](samples not counted: see Events)[/]"
+            speed += " [$text-muted](samples not counted: see Events)[/]"
+        lines = [f"batch   {size_line(m)}", f"step    {fmt.duration(m.step_time_s)}"]
+        if (why := headline(m.anatomy)) is not None:
+            lines.append(f"why     {why}")
+        lines += [speed, f"seen    {fmt.count(m.samples)} samples"]
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:

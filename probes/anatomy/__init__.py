@@ -1,0 +1,16 @@
+"""Step anatomy: where each training step's time goes — waiting for data, forward, backward,
+the optimizer, the all-reduce wait and the rest — live, on every step, and a verdict in words.
+
+Modules, one job each:
+
+- ``marks``: the training thread's O(1) signals (DataLoader batches, backward passes, the
+  optimizer step) as timing marks: wall clock on a CPU, CUDA events on a GPU;
+- ``phases``: one step's marks turned into seconds per phase (agent thread);
+- ``window``: the last steps' totals and each history interval's;
+- ``verdict``: input-, communication-, host- or compute-bound, with evidence and advice;
+- ``extension``: the reading and its verdict in each metrics message, an event on change.
+
+Never imports textual or rich.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,70 @@
+"""The step anatomy on the agent thread: the reading in each metrics message, its verdict,
+and an event when the verdict changes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ..protocol import Event, Metrics, StepAnatomy
+from ..service import Extension
+from ..telemetry import Telemetry
+from .verdict import Judgement, LoaderFacts, VerdictKeeper, anatomy_notes, judge
+
+
+class AnatomyExtension(Extension):
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        world_size: int,
+        loader: Callable[[], LoaderFacts | None],
+        device_index: int | None,
+        step: Callable[[], int],
+    ) -> None:
+        self._telemetry = telemetry
+        self._world_size = world_size
+        self._loader = loader
+        self._device_index = device_index
+        self._step = step
+        self.keeper = VerdictKeeper()
+        self.latest: StepAnatomy | None = None  # the last reading sent
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        reading = self._telemetry.anatomy.recent()
+        if reading is None:
+            return
+        reading.notes = anatomy_notes(reading, self._world_size)
+        judgement = judge(reading, self._gpu_util(metrics), self._loader())
+        if self.keeper.update(judgement) and judgement is not None:
+            self._announce(judgement)
+        if (current := self.keeper.current) is not None:
+            reading.verdict, reading.evidence, reading.advice = current
+        metrics.anatomy = self.latest = reading
+
+    def latest_dict(self) -> dict[str, Any] | None:
+        return msgspec.to_builtins(self.latest) if self.latest is not None else None
+
+    def _gpu_util(self, metrics: Metrics) -> float | None:
+        if self._device_index is None:
+            return None
+        for device in metrics.devices:
+            if device.index == self._device_index:
+                return device.util_percent
+        return None
+
+    def _announce(self, judgement: Judgement) -> None:
+        verdict, evidence, advice = judgement
+        self._telemetry.add_event(
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="step_anatomy",
+                level="info" if verdict == "compute-bound" else "warning",
+                message=f"{verdict}: {evidence}; try: {advice}",
+                data={"verdict": verdict},
+            )
+        )

@@ -1,0 +1,111 @@
+"""The training thread's side: the boundaries of each step's phases, O(1) per signal.
+
+Four signals mark a step: a training batch arriving from a DataLoader (``loader_watch``), a
+backward pass starting and ending (``torch.autograd.backward`` wrapped once for the process:
+``loss.backward()`` goes through it), and the optimizer step starting (its pre-hook). The step
+ends at the optimizer's post-hook. Each boundary is a timing mark (``timing.StepClock``): a
+``perf_counter`` reading on a CPU, a CUDA event recorded on the current stream on a GPU, so
+the phases come out in device time there without the training thread ever waiting.
+
+Only the training thread's signals count (the thread that steps the optimizer): a backward
+pass run by another thread is someone else's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, NamedTuple
+
+import torch
+
+from ..call_watch import CallWatch
+from ..timing import Mark, StepClock
+
+backward_calls = CallWatch(lambda: (torch.autograd, "backward"))
+
+
+class PassMarks(NamedTuple):
+    """One backward pass and the forward before it."""
+
+    batch: Mark | None  # the last training batch that arrived since the previous pass
+    start: Mark
+    end: Mark
+    start_t: float  # host time of the start (ordering against the optimizer step)
+
+
+class StepMarks(NamedTuple):
+    """One step's boundaries, handed to the agent thread with the step."""
+
+    passes: tuple[PassMarks, ...]
+    optimizer: Mark | None  # the optimizer step's start
+    optimizer_t: float | None
+    data_s: float  # host seconds inside DataLoader.__next__ for this step's training batches
+    batches: int  # training batches drawn from a DataLoader in this step
+
+
+class PhaseMarks:
+    """Collects one step's marks at a time (training thread)."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock = clock
+        self._thread: int | None = None
+        self._passes: list[PassMarks] = []
+        self._batch: Mark | None = None
+        self._data_s = 0.0
+        self._batches = 0
+        self._optimizer: Mark | None = None
+        self._optimizer_t: float | None = None
+        self._pending_start: Mark | None = None
+        self.installed = False
+        self.why_not: str | None = None  # why backward passes are not seen
+
+    def install(self) -> None:
+        starting = self._backward_starting if self._clock.device is not None else None
+        self.why_not = backward_calls.subscribe(self._backward, starting)
+        self.installed = self.why_not is None
+
+    def remove(self) -> None:
+        starting = self._backward_starting if self._clock.device is not None else None
+        backward_calls.unsubscribe(self._backward, starting)
+        self.installed = False
+
+    def batch(self, start: float, end: float) -> None:
+        """A training batch arrived (its ``__next__`` ran from ``start`` to ``end``)."""
+        self._data_s += end - start
+        self._batches += 1
+        self._batch = self._clock.mark(end)
+
+    def optimizer_starting(self, now: float) -> None:
+        self._thread = threading.get_ident()
+        self._optimizer_t = now
+        self._optimizer = self._clock.mark(now)
+
+    def take(self) -> StepMarks:
+        """The step that just ended; the next one starts empty."""
+        marks = StepMarks(
+            tuple(self._passes), self._optimizer, self._optimizer_t, self._data_s, self._batches
+        )
+        self._passes = []
+        self._batch = self._optimizer = self._optimizer_t = None
+        self._data_s = 0.0
+        self._batches = 0
+        return marks
+
+    def discard(self) -> None:
+        """Forget the step so far (it will run again: the OOM guard)."""
+        self.take()
+
+    def _own_thread(self) -> bool:
+        return self._thread is None or self._thread == threading.get_ident()
+
+    def _backward_starting(self) -> None:
+        if self._own_thread():
+            self._pending_start = self._clock.mark(time.perf_counter())
+
+    def _backward(self, _tensors: Any, _result: Any, start: float, end: float) -> None:
+        if not self._own_thread():
+            return
+        pending, self._pending_start = self._pending_start, None
+        self._passes.append(PassMarks(self._batch, pending or start, self._clock.mark(end), start))
+        self._batch = None
