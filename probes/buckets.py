@@ -178,6 +178,8 @@ def merge_spans(a: Span, b: Span) -> Span:
         throughput=merge_stat(a.throughput, b.throughput),
         scalars=_merge_named(a.scalars, b.scalars),
         b_simple=merge_stat(a.b_simple, b.b_simple),
+        b_simple_at_least=b.b_simple_at_least,
+        noise_steps=b.noise_steps if b.noise_steps is not None else a.noise_steps,
         phases=a.phases.merged(b.phases) if a.phases is not None else b.phases,
         devices=_merge_device_lists(a.devices, b.devices),
         host=_merge_host(a.host, b.host),

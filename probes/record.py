@@ -257,6 +257,7 @@ class Recorder:
             self._last_sample = sample
             devices = [device_span(d) for d in sample.devices]
             host = HostSpan(cpu=single(sample.host.cpu_percent), rss=single(sample.host.rss_bytes))
+        noise = self.telemetry.noise
         span = Span(
             t0=bucket.t0,
             t1=max(now, bucket.t0),
@@ -273,7 +274,9 @@ class Recorder:
             step_hist=bucket.hist,
             throughput=single(throughput(bucket.timed_samples, bucket.timed_s, bucket.uncounted_s)),
             scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
-            b_simple=single(self.telemetry.noise.b_simple),
+            b_simple=single(noise.b_simple),
+            b_simple_at_least=noise.lower_bound if noise.b_simple is None else None,
+            noise_steps=noise.samples or None,
             phases=bucket.phases if bucket.phases.steps else None,
             devices=devices,
             host=host,

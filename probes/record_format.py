@@ -163,6 +163,8 @@ class Span(RecordLine, tag="span"):
     throughput: Stat | None = None  # samples/s, over base spans
     scalars: dict[str, Stat] = msgspec.field(default_factory=dict)
     b_simple: Stat | None = None
+    b_simple_at_least: float | None = None  # no estimate yet: B_simple is at least this
+    noise_steps: int | None = None  # steps the noise scale has measured and used so far
     phases: PhaseTotals | None = None  # where the timed steps' time went
     devices: list[DeviceSpan] = msgspec.field(default_factory=list)
     host: HostSpan | None = None

@@ -56,6 +56,7 @@ from .summary_schema import (
 )
 
 SERIES_POINTS = 256
+NOISE_STEPS_NEEDED = 30  # the noise reading's ``needed`` at its defaults
 MAX_SEGMENTS = 1000
 MAX_LISTED = 100  # warnings from events, probe results
 
@@ -139,6 +140,8 @@ class SummaryBuilder:
         self.scalars: dict[str, tuple[Stat, float, float]] = {}  # stat, first, last
         self.noise: Stat | None = None
         self.noise_first: float | None = None
+        self.noise_steps = 0  # steps the noise scale had measured and used, at the last span
+        self.noise_at_least: float | None = None
         self.noise_last: float | None = None
         self.segments: list[_Segment] = []
         self.segments_left_out = 0
@@ -205,6 +208,9 @@ class SummaryBuilder:
                 self.scalars[name] = (stat, stat.mean, stat.mean)
             else:
                 self.scalars[name] = (merge_stat(old[0], stat), old[1], stat.mean)  # type: ignore[assignment]
+        if span.noise_steps is not None:
+            self.noise_steps = span.noise_steps
+            self.noise_at_least = span.b_simple_at_least
         if span.b_simple is not None:
             self.noise = merge_stat(self.noise, span.b_simple)
             if self.noise_first is None:
@@ -416,8 +422,15 @@ class SummaryBuilder:
     def _noise_note(self) -> str:
         if self.noise_reason:
             return self.noise_reason
-        estimator = f": {self.noise_source}" if self.noise_source else ""
-        return f"not enough measured steps for an estimate{estimator}"
+        estimator = f" ({self.noise_source})" if self.noise_source else ""
+        if self.noise_steps >= NOISE_STEPS_NEEDED:
+            bound = f": B_simple ≥ {self.noise_at_least:,.3g}" if self.noise_at_least else ""
+            return (
+                f"no estimate yet after {self.noise_steps:,} measured steps: the gradient "
+                f"is not yet resolved from the noise at this batch size{bound}{estimator}"
+            )
+        measured = f" ({self.noise_steps} so far)" if self.noise_steps else ""
+        return f"not enough measured steps for an estimate{measured}{estimator}"
 
     def _segment(self, s: _Segment) -> BatchSegment:
         return BatchSegment(

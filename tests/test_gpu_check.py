@@ -186,7 +186,7 @@ def test_a_finding_passes_with_a_passing_criterion_and_none_failing():
 
 def test_the_budgets_add_up_to_under_nine_minutes_and_every_check_resolves():
     assert sum(c.budget_s for c in CHECKS) < TOTAL_BUDGET_S == 540
-    assert len({c.name for c in CHECKS}) == len(CHECKS) == 6
+    assert len({c.name for c in CHECKS}) == len(CHECKS) == 7
     for check in CHECKS:
         module, _, function = check.target.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), check.target
@@ -233,3 +233,15 @@ def test_a_check_over_its_budget_is_stopped_with_everything_it_started(tmp_path)
     except psutil.NoSuchProcess:
         status = "gone"
     assert status in ("gone", psutil.STATUS_ZOMBIE)
+
+
+def test_the_anatomy_check_agrees_with_the_profiler_on_a_cpu():
+    """The anatomy check's own method, run where it can be: the CNN on the CPU, its forward,
+    backward and optimizer shares against torch.profiler's wall time of the same steps."""
+    from gpucheck import anatomy_check
+
+    measured = anatomy_check.measure("cpu", batch=8, steps=anatomy_check.STEPS)
+    assert measured["anatomy"]["steps"] == anatomy_check.STEPS  # the same steps, all of them
+    criteria, rows = anatomy_check.compare(measured)
+    assert [row[0] for row in rows] == list(anatomy_check.PHASES)
+    assert all(c.ok for c in criteria), criteria

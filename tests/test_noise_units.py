@@ -14,7 +14,7 @@ from bsmon.probes.noise.controller import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.record import capture, read
 from bsmon.probes.noise.sequential import pair_terms
-from bsmon.probes.noise.smoothing import RatioEMA
+from bsmon.probes.noise.smoothing import MEASURED_MEMORY, RatioEMA
 
 
 def test_per_example_form_is_the_u_statistic():
@@ -134,13 +134,25 @@ def test_ratio_of_averages_not_average_of_ratios():
 
 
 def test_the_horizon_is_in_training_steps_when_steps_are_skipped():
-    every, sparse = RatioEMA(window=100), RatioEMA(window=100)
-    for i in range(400):
-        every.update(1.0 if i < 300 else 2.0, 10.0)
-        if i % 4 == 3:
-            sparse.update(1.0 if i < 300 else 2.0, 10.0, steps=4)
-    # both forget the first 300 steps at the same rate
+    every, sparse = RatioEMA(window=1000), RatioEMA(window=1000)
+    for i in range(4000):
+        every.update(1.0 if i < 3000 else 2.0, 10.0)
+        if i % 4 == 3:  # 250 measured steps per window: more than MEASURED_MEMORY
+            sparse.update(1.0 if i < 3000 else 2.0, 10.0, steps=4)
+    # both forget the first 3000 steps at the same rate
     assert sparse.estimate().g2 == pytest.approx(every.estimate().g2, rel=0.05)
+
+
+def test_a_sparse_estimate_remembers_enough_measured_steps_to_stay():
+    """Measured once in 50 steps (a tight cost budget), a 1000-step window would hold 20
+    measured steps and the estimate would vanish; it keeps MEASURED_MEMORY instead."""
+    rng = np.random.default_rng(5)
+    ema = RatioEMA(window=1000)
+    for _ in range(400):
+        ema.update(1.0 + 0.3 * rng.standard_normal(), 50.0 + 5 * rng.standard_normal(), steps=50)
+    estimate = ema.estimate()
+    assert estimate.effective_steps > 0.9 * MEASURED_MEMORY
+    assert estimate.b_simple == pytest.approx(50, rel=0.1)
 
 
 def test_the_standard_error_is_calibrated():

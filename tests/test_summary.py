@@ -320,3 +320,29 @@ def test_no_estimate_says_why_when_every_measured_step_was_skipped(tmp_path):
         == "measured steps were skipped (the micro-batch estimator needs gradient accumulation)"
     )
     assert note in (tmp_path / "summary.md").read_text()
+
+
+def test_no_estimate_after_many_measured_steps_says_the_gradient_is_not_resolved(tmp_path):
+    """A small batch against a large noise scale: 200 steps measured, |G|² still within its
+    noise. The summary says that (and the bound), not that too few steps were measured."""
+    early = msgspec.structs.replace(timed_span(0, 5, samples=12), noise_steps=5)
+    late = msgspec.structs.replace(
+        timed_span(1, 5, samples=12), noise_steps=200, b_simple_at_least=480.0
+    )
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 12, START),
+            early,
+            late,
+            End(t=START + 2, reason="x", step=10, samples=120),
+        ],
+    )
+    assert summary.b_simple.end is None
+    assert summary.b_simple.note.startswith("no estimate yet after 200 measured steps")
+    assert "B_simple ≥ 480" in summary.b_simple.note
+    short = write_record(
+        tmp_path / "s.jsonl",
+        [header_for(session(), 12, START), early, End(t=START + 1, reason="x", step=5, samples=60)],
+    )
+    assert short.b_simple.note.startswith("not enough measured steps for an estimate (5 so far)")

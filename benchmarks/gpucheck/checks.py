@@ -35,7 +35,7 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "probe",
         "The probe against the real out-of-memory boundary",
-        240,
+        220,
         "for a ResNet-style CNN and a GPT-style transformer the probe runs ≤ 3 sizes; its "
         "predicted largest batch (before the 5% margin) is within 5% of the boundary found by "
         "brute force in fresh processes, and within the boundary with the margin; its measured "
@@ -53,9 +53,18 @@ CHECKS: tuple[Check, ...] = (
         "gpucheck.noise_check:run",
     ),
     Check(
+        "anatomy",
+        "The step anatomy against torch.profiler",
+        30,
+        "on the CNN with CUDA, the anatomy's forward, backward and optimizer shares of the "
+        "step over its last 100 steps are each within 5 points of the profiler's device-side "
+        "spans of the same steps.",
+        "gpucheck.anatomy_check:run",
+    ),
+    Check(
         "dashboard",
         "The dashboard creates no CUDA context",
-        45,
+        40,
         "`bsmon attach` on a CUDA job shows it LIVE while NVML's process list holds the job "
         "and not the dashboard, the count of GPU processes does not change, no CUDA library is "
         "mapped in the dashboard's processes, and q quits it.",

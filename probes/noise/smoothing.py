@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 Z95 = 1.959963984540054
 MIN_EFFECTIVE_STEPS = 30
+MEASURED_MEMORY = 100  # the averages always remember about this many measured steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +38,17 @@ class Estimate:
 
 
 class RatioEMA:
-    """EMAs of |G|² and tr Σ with horizon ``window`` steps (decay β = 1 − 1/window)."""
+    """EMAs of |G|² and tr Σ with horizon ``window`` training steps (decay β = 1 − 1/window
+    per step), or ``MEASURED_MEMORY`` measured steps when fewer than that fall in the window:
+    a sparsely measured estimate keeps its precision and follows drift more slowly, instead of
+    forgetting what it measured and vanishing."""
 
     def __init__(self, window: int, min_effective_steps: float = MIN_EFFECTIVE_STEPS) -> None:
         if window < 1:
             raise ValueError("window must be at least 1 step")
         self.window = window
         self.beta = 1.0 - 1.0 / window if window > 1 else 0.0
+        self.slowest = 1.0 - 1.0 / MEASURED_MEMORY  # the least decay per measured step
         # at most (1+β)/(1−β) effective steps can ever be reached
         reachable = (1 + self.beta) / (1 - self.beta)
         self.needed = min(min_effective_steps, 0.9 * reachable)
@@ -61,8 +66,9 @@ class RatioEMA:
 
     def update(self, g2: float, trace: float, steps: int = 1) -> None:
         """Fold in one measured step; ``steps`` training steps passed since the last one, so
-        the horizon stays ``window`` training steps when not every step is measured."""
-        beta = self.beta ** max(1, steps)
+        the horizon stays ``window`` training steps when not every step is measured (and at
+        least ``MEASURED_MEMORY`` measured steps)."""
+        beta = max(self.beta ** max(1, steps), min(self.beta, self.slowest))
         self.steps += 1
         self.w = beta * self.w + 1.0
         self.w2 = beta * beta * self.w2 + 1.0
