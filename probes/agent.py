@@ -474,10 +474,10 @@ class Monitor:
         """A step given a closure runs its backward pass inside ``step()`` (Lightning's way):
         its measurement is taken when the step ends, not before the closure has run."""
         self._closure_step = closure
-        if self._phases is not None:
-            self._phases.optimizer_starting(time.perf_counter())
         if not closure:
             self._noise.on_step()
+        if self._phases is not None:
+            self._phases.optimizer_starting(time.perf_counter())
 
     def _on_step_end(self) -> None:
         if self._closure_step:
