@@ -18,7 +18,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SIZES = [(120, 40), (80, 24)]
+SHOTS = [  # (name, terminal size, keys pressed first)
+    ("dashboard-120x40", (120, 40), ()),
+    ("dashboard-80x24", (80, 24), ()),
+    ("time-80x24", (80, 24), ("t",)),
+]
 
 
 def to_png(svg: Path) -> Path | None:
@@ -34,7 +38,7 @@ def to_png(svg: Path) -> Path | None:
     return png
 
 
-async def capture(socket: Path, size: tuple[int, int], name: str) -> Path:
+async def capture(socket: Path, size: tuple[int, int], name: str, keys: tuple[str, ...]) -> Path:
     from bsmon.tui.app import BsmonApp, follow_job
     from bsmon.tui.screens import DashboardScreen
 
@@ -48,6 +52,8 @@ async def capture(socket: Path, size: tuple[int, int], name: str) -> Path:
             await pilot.pause(0.1)
         else:
             raise SystemExit("the dashboard got no data from the demo job within 30 s")
+        for key in keys:
+            await pilot.press(key)
         await pilot.pause(1.0)
         path = app.save_screenshot(filename=f"{name}.svg", path=str(HERE))
     return Path(path)
@@ -73,8 +79,8 @@ def main() -> int:
                 raise SystemExit("the demo job did not start")
             time.sleep(0.2)
         time.sleep(args.warmup)
-        for width, height in SIZES:
-            svg = asyncio.run(capture(socket, (width, height), f"dashboard-{width}x{height}"))
+        for name, size, keys in SHOTS:
+            svg = asyncio.run(capture(socket, size, name, keys))
             png = to_png(svg)
             print(f"wrote {svg.relative_to(HERE.parent)}" + (f" and {png.name}" if png else ""))
     finally:

@@ -93,7 +93,7 @@ def test_the_time_view_of_an_unmodified_script_says_it_waits_for_data(bsmon_dir)
             timeout=90,
             what="the dashboard's one-line verdict",
         )
-        assert re.search(r"why\s+input-bound", screen)
+        assert re.search(r"step\s+[\d.]+ ms · input-bound", screen)
         tmux.send("t")
         screen = tmux.wait_for(
             lambda s: "waiting for data" in s and "try:" in s, what="the time view"

@@ -41,7 +41,9 @@ class Tmux:
             str(self.height),
             "-c",
             str(cwd),
-            f"env {exports} {command}; echo BSMON-EXITED-$?; sleep 600",
+            # COLUMNS and LINES from the test process (pytest plugins set them) would
+            # override the pane's own size in the program
+            f"env -u COLUMNS -u LINES {exports} {command}; echo BSMON-EXITED-$?; sleep 600",
         )
         self.run("set", "-sg", "escape-time", "0")
 

@@ -41,11 +41,12 @@ def shares(anatomy: StepAnatomy) -> list[float | None]:
 
 
 def headline(anatomy: StepAnatomy | None) -> str | None:
-    """The verdict in one short line for the dashboard (None: no verdict yet)."""
+    """The verdict in a few words for the Batch panel's step line (None: no verdict yet)."""
     if anatomy is None or anatomy.verdict is None:
         return None
     colour = "$success" if anatomy.verdict == "compute-bound" else "$warning"
-    return f"[{colour}]{anatomy.verdict}[/] [$text-muted](t)[/]"
+    short = anatomy.verdict.replace("communication", "comm")
+    return f"[{colour}]{short}[/]"  # the footer's `t Time` opens the breakdown
 
 
 def bar_lines(anatomy: StepAnatomy, width: int) -> list[str]:
@@ -115,7 +116,7 @@ class PhaseChart(PlotextPlot):
         for k in reversed(range(len(PHASES))):
             top = running[k + 1]
             if top != running[k]:  # a phase with no time at all is not drawn
-                plt.plot(steps, top, fillx=True, marker="hd", color=PHASES[k][2])  # type: ignore[attr-defined]
+                plt.plot(steps, top, fillx=True, marker="braille", color=PHASES[k][2])  # type: ignore[attr-defined]
         plt.ylim(0, 100)  # type: ignore[attr-defined]
         plt.xticks(step_ticks(steps[0], steps[-1]))  # type: ignore[attr-defined]
 

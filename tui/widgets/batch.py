@@ -88,10 +88,10 @@ class BatchPanel(Static):
         speed = f"speed   {fmt.rate(m.samples_per_s, ' samples/s')}"
         if m.samples_note:
             speed += " [$text-muted](samples not counted: see Events)[/]"
-        lines = [f"batch   {size_line(m)}", f"step    {fmt.duration(m.step_time_s)}"]
+        step = f"step    {fmt.duration(m.step_time_s)}"
         if (why := headline(m.anatomy)) is not None:
-            lines.append(f"why     {why}")
-        lines += [speed, f"seen    {fmt.count(m.samples)} samples"]
+            step += f" · {why}"
+        lines = [f"batch   {size_line(m)}", step, speed, f"seen    {fmt.count(m.samples)} samples"]
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:
