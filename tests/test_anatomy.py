@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from bsmon.probes import attach
 from bsmon.probes.anatomy import marks as anatomy_marks
@@ -208,9 +208,13 @@ def test_an_input_bound_job_shows_its_injected_data_share_within_five_points():
 
 def test_a_compute_heavy_job_is_compute_bound():
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(8192, FEATURES), torch.randint(0, 10, (8192,)))
-    loader = DataLoader(data, batch_size=256)
-    model = nn.Sequential(mlp(2048), nn.Linear(10, 10))
+    # whole batches made ahead (collating 256 samples one by one would itself take a share)
+    batches = [(torch.randn(256, FEATURES), torch.randint(0, 10, (256,))) for _ in range(30)]
+    loader = DataLoader(batches, batch_size=None)
+    model = nn.Sequential(
+        nn.Linear(FEATURES, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+        nn.Linear(1024, 10),
+    )  # fmt: skip
     reading, _ = train(loader, model, steps=30)
     assert reading["verdict"] == "compute-bound", reading
     model_share = (reading["forward_s"] + reading["backward_s"]) / reading["step_s"]
