@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -263,17 +263,43 @@ def warm_up(step: Step, mon: object) -> int:
     return WARMUP_CAP
 
 
+@contextlib.contextmanager
+def only(mon: object | None, monitors: list[object]) -> Iterator[None]:
+    """Every monitor's forward watch but ``mon``'s suspended while inside."""
+    with contextlib.ExitStack() as stack:
+        for other in monitors:
+            if other is not mon:
+                stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
+        yield
+
+
+def warm_all(
+    copies: dict[str, tuple[Step, object | None]],
+    monitors: list[object],
+    args: argparse.Namespace,
+    defaults: str,
+) -> int:
+    """Untimed steps for every copy, each alone; the ``defaults`` copy first until its noise
+    scale tracks. Returns how many steps that warm-up took."""
+    warmed = 0
+    for variant, (step, mon) in copies.items():
+        with only(mon, monitors):
+            if variant == defaults:
+                warmed = warm_up(step, mon)
+            for _ in range(args.warmup):
+                step(mon)
+    return warmed
+
+
 def alone(
     step: Step,
     mon: object | None,
-    others: list[object],
+    monitors: list[object],
     steps: int,
     sync: Callable[[], None] | None = None,
 ) -> Sample:
     """A timed block of one copy, with every other copy's forward watch suspended."""
-    with contextlib.ExitStack() as stack:
-        for other in others:
-            stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
+    with only(mon, monitors):
         return time_block(step, steps, mon, sync)
 
 
@@ -297,19 +323,10 @@ def bench_noise(
         )
         copies[variant] = (step, mon)
     monitors = [mon for _, mon in copies.values()]
-    for variant, (step, mon) in copies.items():
-        others = [m for m in monitors if m is not mon]
-        with contextlib.ExitStack() as stack:
-            for other in others:
-                stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
-            if variant == "noise":
-                args.warmed_up = warm_up(step, mon)
-            for _ in range(args.warmup):
-                step(mon)
+    args.warmed_up = warm_all(copies, monitors, args, "noise")
 
     def block(step: Step, mon: object) -> Block:
-        others = [m for m in monitors if m is not mon]
-        return lambda: alone(step, mon, others, args.block, sync)
+        return lambda: alone(step, mon, monitors, args.block, sync)
 
     times = interleave({v: block(*copy) for v, copy in copies.items()}, args.rounds)
     share = copies["noise"][1]._noise.budget.share  # type: ignore[attr-defined]
@@ -355,20 +372,10 @@ def bench_compare(name: str, args: argparse.Namespace, directory: Path) -> tuple
         mon = attach(model, optimizer, batch_size=examples, name=variant, **options)
         steps[variant] = (step, mon)
         monitors.append(mon)
-    warmed = 0
-    for variant, (step, mon) in steps.items():
-        others = [m for m in monitors if m is not mon]
-        with contextlib.ExitStack() as stack:
-            for other in others:
-                stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
-            if variant == "bsmon defaults":
-                warmed = warm_up(step, mon)
-            for _ in range(args.warmup):
-                step(mon)
+    warmed = warm_all(steps, monitors, args, "bsmon defaults")
 
     def block(step: Step, mon: object | None) -> Block:
-        others = [m for m in monitors if m is not mon]
-        return lambda: alone(step, mon, others, args.block)
+        return lambda: alone(step, mon, monitors, args.block)
 
     try:
         return interleave({v: block(*pair) for v, pair in steps.items()}, args.rounds), warmed

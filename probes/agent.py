@@ -240,9 +240,9 @@ class Monitor:
             NoiseExtension(self._noise, self.telemetry),
             ProbeExtension(self.prober),
         ]
-        self._ddp_timing = DdpTiming(self.model) if world_size > 1 else None
-        if self._ddp_timing is not None:
-            self.telemetry.comm_sample = self._ddp_timing.comm_wait
+        # reads nothing unless the job is distributed and its model DistributedDataParallel
+        self._ddp_timing = DdpTiming(self.model if world_size > 1 else None)
+        self.telemetry.comm_sample = self._ddp_timing.comm_wait
         self._ranks_exchange: RankExchange | None = None
         self._anatomy: AnatomyExtension | None = None
         if self._phases is not None:
@@ -342,8 +342,7 @@ class Monitor:
                 "accumulation (micro_batch_size) or fewer ranks",
             )
         placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
-        timing = self._ddp_timing or DdpTiming(None)
-        return RanksExtension(self._ranks_exchange, placement, rank_summary, timing)
+        return RanksExtension(self._ranks_exchange, placement, rank_summary, self._ddp_timing)
 
     def _anatomy_extension(self, world_size: int) -> AnatomyExtension:
         device = self._clock.device
@@ -517,8 +516,7 @@ class Monitor:
         )
         if control is not None:
             control.at_step_boundary()
-        if self._ddp_timing is not None:
-            self._ddp_timing.at_step(self._step)
+        self._ddp_timing.at_step(self._step)
         if not self._watch.armed:
             self._watch.arm()
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import msgspec
 
-from .anatomy.verdict import anatomy_notes, judge
-from .anatomy.window import anatomy_of
+from .anatomy.verdict import judged
 from .buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_value
 from .history import DecimatingHistory
 from .protocol import Event, StepAnatomy
@@ -332,15 +331,9 @@ class SummaryBuilder:
     def _anatomy(self, devices: list[Device]) -> StepAnatomy | None:
         """The whole run's step anatomy and its verdict (GPU utilization: the busiest
         device's mean)."""
-        reading = anatomy_of(self.phases)
-        if reading is None:
-            return None
         utils = [d.util_mean_percent for d in devices if d.util_mean_percent is not None]
-        reading.notes = anatomy_notes(reading, self.header.session.world_size)
-        judgement = judge(reading, max(utils) if utils else None)
-        if judgement is not None:
-            reading.verdict, reading.evidence, reading.advice = judgement
-        return reading
+        world_size = self.header.session.world_size
+        return judged(self.phases, world_size, max(utils) if utils else None)
 
     def _run(self, end_time: float) -> Run:
         s = self.header.session

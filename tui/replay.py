@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 from textual.binding import Binding
 
-from bsmon.probes.anatomy.verdict import anatomy_notes, judge
+from bsmon.probes.anatomy.verdict import judged
 from bsmon.probes.anatomy.window import anatomy_of
 from bsmon.probes.protocol import (
     CLIENT_COMMANDS,
@@ -35,7 +35,6 @@ from bsmon.probes.protocol import (
     Metrics,
     MetricsPoint,
     NoiseScaleReading,
-    StepAnatomy,
 )
 from bsmon.probes.record_format import DeviceSpan, End, Header, Span, Status, span_throughput
 from bsmon.probes.record_reader import open_record
@@ -106,19 +105,6 @@ def point_of(span: Span) -> MetricsPoint:
         noise=recorded_noise(span),
         anatomy=anatomy_of(span.phases) if span.phases is not None else None,
     )
-
-
-def recorded_anatomy(span: Span, world_size: int) -> StepAnatomy | None:
-    """A span's step anatomy with the verdict its figures give (no GPU utilization: a
-    record keeps it per span, not per step)."""
-    reading = anatomy_of(span.phases) if span.phases is not None else None
-    if reading is None:
-        return None
-    reading.notes = anatomy_notes(reading, world_size)
-    judgement = judge(reading)
-    if judgement is not None:
-        reading.verdict, reading.evidence, reading.advice = judgement
-    return reading
 
 
 def recorded_noise(span: Span) -> NoiseScaleReading | None:
@@ -307,7 +293,7 @@ class RecordSource(Source):
             samples_per_s=point.samples_per_s if point else None,
             b_simple=span.b_simple.mean if span.b_simple else None,
             noise=recorded_noise(span) or NoiseScaleReading(),
-            anatomy=recorded_anatomy(timed, self.data.header.session.world_size) if timed else None,
+            anatomy=judged(timed.phases, self.data.header.session.world_size) if timed else None,
             samples=span.samples,
             devices=[device_reading(d) for d in devices],
             gpu=status.gpu if status else Capability(False, "not recorded"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .procs import Deadline
-from .report import Criterion, Finding, Table
+from .report import Criterion, Finding, Table, missed
 
 STEPS = 100  # the anatomy's window (anatomy.window.RECENT_STEPS)
 WARMUP = 20
@@ -119,7 +119,7 @@ def run(deadline: Deadline) -> Finding:
         title=f"CNN, batch {GPU_BATCH}, {anatomy['steps']} steps, {anatomy['clock']}; "
         f"step {1e3 * anatomy['step_s']:.2f} ms, verdict {anatomy.get('verdict')}",
     )
-    off = [c.what.split(":")[0] for c in criteria if c.ok is False]
+    off = missed(criteria)
     return Finding(
         summary="every phase within 5 points of the profiler"
         if not off

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from .procs import Deadline
-from .report import Criterion, Finding, Table
+from .report import Criterion, Finding, Table, missed
 
 GPU_BATCHES = {"mlp": 2048, "cnn": 256, "transformer": 64}
 GOAL = 1.03  # the noise scale at its default budget, against the agent alone
@@ -72,7 +72,7 @@ def run(deadline: Deadline) -> Finding:
         rows,
         title=f"{ARGS.rounds} rounds × {ARGS.block} steps per block, wall time",
     )
-    over = [c.what.split(":")[0] for c in criteria if c.ok is False]
+    over = missed(criteria)
     return Finding(
         summary="default budget ≤ 1.03× on every model"
         if not over

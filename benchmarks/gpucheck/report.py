@@ -29,6 +29,11 @@ class Table:
     title: str = ""
 
 
+def missed(criteria: list[Criterion]) -> list[str]:
+    """The subjects (the text before the colon) of the criteria that failed."""
+    return [c.what.split(":")[0] for c in criteria if c.ok is False]
+
+
 @dataclass
 class Finding:
     """What a check function returns: its criteria, tables, figures and notes."""

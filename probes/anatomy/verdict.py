@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..protocol import StepAnatomy, Verdict
+from ..record_format import PhaseTotals
+from .window import anatomy_of
 
 INPUT_SHARE = 0.20
 COMM_SHARE = 0.20
@@ -140,6 +142,21 @@ def _input_advice(loader: LoaderFacts | None, on_gpu: bool) -> str:
         tips.append("pin_memory=True")
     tips.append("persistent_workers=True; decode and augment once, not every epoch")
     return "; ".join(tips)
+
+
+def judged(
+    totals: PhaseTotals | None, world_size: int, gpu_util: float | None = None
+) -> StepAnatomy | None:
+    """Recorded phases read as a step anatomy with its notes and the verdict its figures
+    give at once (no settling: a record or a summary, not a live reading)."""
+    reading = anatomy_of(totals) if totals is not None else None
+    if reading is None:
+        return None
+    reading.notes = anatomy_notes(reading, world_size)
+    judgement = judge(reading, gpu_util)
+    if judgement is not None:
+        reading.verdict, reading.evidence, reading.advice = judgement
+    return reading
 
 
 class VerdictKeeper:
