@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bsmon.probes import attach
+from bsmon.probes.noise import ddp as ddp_source
 from tests.noise_jobs import ANISO, ISO_BIAS, Regression, train
 
 CASES = {"iso+bias": ISO_BIAS, "aniso": ANISO}
@@ -49,7 +50,12 @@ def main() -> int:
     parser.add_argument(
         "--defaults", action="store_true", help="bsmon's default cost budget and window"
     )
+    parser.add_argument(
+        "--no-copy", action="store_true", help="as if the device had no room for a local copy"
+    )
     args = parser.parse_args()
+    if args.no_copy:
+        ddp_source.COPY_ROOM = 0.0
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=2)
     case = CASES[args.case]

@@ -20,7 +20,7 @@ ARGS = argparse.Namespace(rounds=30, block=25, warmup=30)
 
 def run(deadline: Deadline) -> Finding:
     import torch
-    from overhead import MODELS, bench_noise, summary
+    from overhead import FLOOR, MODELS, bench_noise, summary
 
     rows, criteria, figures = [], [], {}
     for name, batch in GPU_BATCHES.items():
@@ -28,6 +28,7 @@ def run(deadline: Deadline) -> Finding:
         times, share = bench_noise(name, ARGS, "cuda", batch, torch.cuda.synchronize)
         rates = summary(times, "agent")
         default, every = rates["noise"], rates["noise-every-step"]
+        vs_floor = summary(times, FLOOR)["noise-every-step"]
         label = MODELS[name][2].format(batch=batch)
         rows.append(
             [
@@ -35,6 +36,7 @@ def run(deadline: Deadline) -> Finding:
                 f"{rates['agent'][0] * 1e3:.2f} ms",
                 f"{default[1]:.3f} ({default[2]})",
                 f"{every[1]:.3f} ({every[2]})",
+                f"{vs_floor[1]:.3f} ({vs_floor[2]})",
                 f"{share:.1%}",
             ]
         )
@@ -44,6 +46,14 @@ def run(deadline: Deadline) -> Finding:
                 f"{default[1]:.3f}",
                 f"≤ {GOAL}",
                 default[1] <= GOAL,
+            )
+        )
+        criteria.append(
+            Criterion(
+                f"{name}: every step / the floor (minimal hooks, same formulas)",
+                f"{vs_floor[1]:.3f}",
+                "information (CPU goal ≤ 1.03)",
+                None,
             )
         )
         criteria.append(
@@ -59,6 +69,7 @@ def run(deadline: Deadline) -> Finding:
             "agent_step_s": rates["agent"][0],
             "default_ratio": default[1],
             "every_step_ratio": every[1],
+            "every_step_vs_floor": vs_floor[1],
             "share_measured": share,
         }
     table = Table(
@@ -67,6 +78,7 @@ def run(deadline: Deadline) -> Finding:
             "agent alone, per step",
             "default budget: ratio of medians (paired [IQR])",
             "every step: ratio of medians (paired [IQR])",
+            "every step / floor",
             "steps measured",
         ],
         rows,

@@ -2,15 +2,23 @@
 
 bsmon registers a DDP communication hook (the official API, research note §8.3 and
 factcheck §3). For every gradient bucket it takes the squared norm of the bucket as this rank
-computed it (``bucket.buffer()`` before the all-reduce: the local gradient, summed over any
-``no_sync`` micro-steps), then hands the bucket to the real communication hook unchanged; at
-the end of the backward pass, after DDP has written the averaged gradient into ``p.grad``,
-the squared norm of that (what the optimizer will see) is taken like every source's. No
-Python runs on the communication's completion: a callback chained to its future would need
-the interpreter lock on gloo's thread, which made measured steps wait. The local batch of
-B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2), estimated
-on every rank from its own local norm: no extra collective, so a rank that runs without
-bsmon cannot be left waiting.
+computed it (``bucket.buffer()`` before the all-reduce: the local gradient ``l``, summed over
+any ``no_sync`` micro-steps), then hands the bucket to the real communication hook unchanged;
+at the end of the backward pass, after DDP has written the averaged gradient ``ḡ`` into
+``p.grad``, the squared norm of that (what the optimizer will see) is taken like every
+source's. No Python runs on the communication's completion: a callback chained to its future
+would need the interpreter lock on gloo's thread, which made measured steps wait. The local
+batch of B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2),
+estimated on every rank from its own gradients: no extra collective, so a rank that runs
+without bsmon cannot be left waiting.
+
+The rank's unit enters the estimator as ``|ḡ|² + |l − ḡ|²`` rather than ``|l|²``: they differ
+by ``2ḡ·(l − ḡ)``, whose expectation is zero, but whose spread grows with the signal |G|² and
+swamped the estimate (two ranks at the default budget read 23% low and 26% high after 3,000
+steps; with two ranks, ``l − ḡ`` is the same on both up to sign, so this is exactly the
+estimate pooled over the ranks). It needs a copy of the local bucket, kept from the hook to
+the end of backward — one more gradient's worth of memory on measured steps, taken only while
+the device has room for it (``COPY_ROOM``); otherwise that step uses ``|l|²``.
 
 DDP allows one communication hook per model. bsmon's hook calls the *real* one: DDP's default
 all-reduce, or the hook the user registers later — ``register_comm_hook`` and
@@ -31,14 +39,17 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .autograd import ExampleCounter
+from .autograd import ExampleCounter, total_squared_norm
 from .record import StepRecord
 from .source import Source, hook
+
+COPY_ROOM = 0.25  # the local copy may take at most this share of the device's free memory
 
 
 class CommHookTaken(RuntimeError):
@@ -153,7 +164,10 @@ class DDPSource(Source):
             hooks.pop()
         self._ddp = ddp
         _redirects.watch(ddp, self)
-        self._local: list[Tensor] = []  # this step's local bucket norms
+        self._copy_bytes = sum(p.numel() * p.element_size() for p in params)
+        self._copies: list[tuple[Tensor, list[Tensor]]] = []  # this step's local buckets
+        self._local: list[Tensor] = []  # this step's |l|² per bucket, when there is no copy
+        self._deviation: Tensor | None = None  # |l − ḡ|², at the end of backward
 
     def set_inner(self, state: object, hook: Callable, name: str) -> None:
         """The communication hook bsmon's hook calls (a registration redirected here)."""
@@ -163,45 +177,77 @@ class DDPSource(Source):
 
     @hook("DDP comm hook (local norm)")
     def measure_local(self, bucket: dist.GradBucket) -> None:
-        self._local.append(self._bucket_sq(bucket, [bucket.buffer()]))
-        self._end.touch()  # the averaged |p.grad|² is taken once DDP has written it
+        buffer = bucket.buffer().detach()
+        first = not self._copies and not self._local
+        if self._copies or (first and self._room_for_a_copy(buffer.device)):
+            self._copies.append((buffer.clone(), bucket.parameters()))
+        else:
+            self._local.append(self._squared(buffer.reshape(-1), bucket.parameters()))
+        self._end.touch()  # the averaged gradient is read once DDP has written it
 
-    def _bucket_sq(self, bucket: dist.GradBucket, flat: list[Tensor]) -> Tensor:
-        data = flat[0].detach()
-        if self.precond is None:
-            return data.float().square().sum()
-        params = bucket.parameters()
-        pieces = torch.split(data.reshape(-1), [p.numel() for p in params])
-        total = data.new_zeros((), dtype=torch.float32)
-        for piece, param in zip(pieces, params, strict=True):
-            w2 = self.precond.w2(param)
-            if w2 is None:
-                self._problem = "Adam state not initialised yet (first step)"
-                continue
-            total = total + (piece.float().square() * w2.reshape(-1)).sum()
-        return total
+    def _room_for_a_copy(self, device: torch.device) -> bool:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            room = free + cached
+        else:
+            room = psutil.virtual_memory().available
+        return self._copy_bytes <= COPY_ROOM * room
+
+    def _squared(self, flat: Tensor, params: list[Tensor]) -> Tensor:
+        """Σ|piece|² of a bucket's flat values, weighted like |p.grad|² (Adam's preconditioner)."""
+        pieces = list(torch.split(flat, [p.numel() for p in params]))
+        w2 = [self.precond.w2(p) for p in params] if self.precond is not None else None
+        if w2 is not None and any(w is None for w in w2):
+            self._problem = "Adam state not initialised yet (first step)"
+            w2 = None
+        return total_squared_norm(pieces, w2)  # type: ignore[arg-type]
+
+    def _on_backward_end(self) -> None:
+        super()._on_backward_end()
+        if not self._copies:
+            return
+        deviations = []
+        for copy, params in self._copies:
+            flat = copy.reshape(-1)
+            pieces = torch.split(flat, [p.numel() for p in params])
+            pairs = [
+                (x, p.grad.reshape(-1))
+                for x, p in zip(pieces, params, strict=True)
+                if p.grad is not None
+            ]
+            if pairs:
+                torch._foreach_sub_([x for x, _ in pairs], [g for _, g in pairs])
+            deviations.append(self._squared(flat, params))
+        self._copies = []
+        self._deviation = torch.stack(deviations).sum()
 
     # -- step ----------------------------------------------------------------------------------
 
     def _record(self, step: int) -> StepRecord | None:
-        if not self._local or self._total is None:
+        if self._total is None:
             return None
-        device = self._local[0].device
-        local = torch.stack([t.to(device) for t in self._local]).sum()
+        if self._deviation is not None:
+            unit = self._total + self._deviation.to(self._total.device)
+        elif self._local:
+            device = self._local[0].device
+            unit = torch.stack([t.to(device) for t in self._local]).sum()
+        else:
+            return None
         examples = self.take_examples() or self._examples_hint() or 0
         if not examples:
             self._problem = "unknown local batch size (pass batch_size= to attach)"
         world = self.world
         return self._make(
             step,
-            [local],
+            [unit],
             examples=examples * world,
             units=((1, float(examples or 1), 1.0 / (world * world)),),
         )
 
     def _clear(self) -> None:
         self.take_examples()
-        self._local = []
+        self._copies, self._local, self._deviation = [], [], None
 
     def detail(self) -> str:
         return f"local vs all-reduced gradient, {self.world} ranks (around {self.inner_name})"
