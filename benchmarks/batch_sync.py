@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def rank_main(rank: int, world: int, init: str, rounds: int, steps: int) -> None:
-    from bsmon.probes.distributed import StepSync
+    from bsmon.probes.runtime.distributed import StepSync
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)

@@ -34,7 +34,7 @@ BATCH = 64
 
 
 def session(start: float):
-    from bsmon.probes.protocol import SessionInfo
+    from bsmon.probes.wire.protocol import SessionInfo
 
     return SessionInfo(
         name="bench", pid=1, host="bench", argv=["bench.py"], start_time=start,
@@ -43,8 +43,8 @@ def session(start: float):
 
 
 def device_sample(k: int):
-    from bsmon.probes.devices import DeviceSample
-    from bsmon.probes.protocol import Capability, DeviceReading, HostReading
+    from bsmon.probes.runtime.devices import DeviceSample
+    from bsmon.probes.wire.protocol import Capability, DeviceReading, HostReading
 
     util = float(60 + (k * 7) % 41)
     return DeviceSample(
@@ -60,10 +60,10 @@ def device_sample(k: int):
 
 def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
     """Drive the real Recorder: ``per_bucket`` steps every half second of fake time."""
-    from bsmon.probes.protocol import Capability, Event
-    from bsmon.probes.record import Recorder
-    from bsmon.probes.record_format import StepDone
-    from bsmon.probes.telemetry import Telemetry
+    from bsmon.probes.record.format import StepDone
+    from bsmon.probes.record.writer import Recorder
+    from bsmon.probes.runtime.telemetry import Telemetry
+    from bsmon.probes.wire.protocol import Capability, Event
 
     telemetry = Telemetry()
     telemetry.batch_size = BATCH
@@ -111,9 +111,9 @@ def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
 
 def flat_record(path: Path, steps: int, per_span: int = 10) -> None:
     """No compaction: one span line per ``per_span`` steps, straight from the format."""
-    from bsmon.probes.buckets import StatAcc, single, step_bin
-    from bsmon.probes.record import device_span
-    from bsmon.probes.record_format import End, HostSpan, Span, encode_line, header_for
+    from bsmon.probes.record.buckets import StatAcc, single, step_bin
+    from bsmon.probes.record.conversions import device_span
+    from bsmon.probes.record.format import End, HostSpan, Span, encode_line, header_for
 
     with open(path, "wb") as f:
         f.write(encode_line(header_for(session(START), BATCH, START)))
@@ -143,8 +143,8 @@ def flat_record(path: Path, steps: int, per_span: int = 10) -> None:
 def export_in_a_fresh_process(record: Path, out: Path, trace: bool) -> dict:
     code = (
         "import json, resource, sys, time, tracemalloc\n"
-        "from bsmon.probes.summary import export_record\n"
-        "from bsmon.probes import summary_md\n"
+        "from bsmon.probes.summary.build import export_record\n"
+        "from bsmon.probes.summary import markdown as summary_md\n"
         f"trace = {trace}\n"
         "if trace: tracemalloc.start()\n"
         "t = time.perf_counter()\n"

@@ -58,7 +58,7 @@ from torch import nn
 
 READER = """
 import os, sys, time
-from bsmon.probes.client import JobConnection
+from bsmon.probes.wire.client import JobConnection
 path, received, parent = sys.argv[1], 0, os.getppid()
 while os.getppid() == parent:  # a benchmark killed by a timeout must not leave this behind
     try:

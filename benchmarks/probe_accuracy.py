@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from bsmon.probes import attach
-from bsmon.probes.probe import recipe as recipes
-from bsmon.probes.probe.runner import sidecar_environment
-from bsmon.probes.protocol import ProbePoint, ProbeResult
+from bsmon.probes.maxbatch import recipe as recipes
+from bsmon.probes.maxbatch.runner import sidecar_environment
+from bsmon.probes.wire.protocol import ProbePoint, ProbeResult
 
 
 class TransformerBlock(nn.Module):
@@ -83,7 +83,7 @@ def measure_once(recipe: recipes.Recipe, size: int, directory: Path) -> ProbePoi
     path = recipes.write(recipe, directory)
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "bsmon.probes.sidecar", str(path)],
+            [sys.executable, "-m", "bsmon.probes.maxbatch.sidecar", str(path)],
             capture_output=True,
             env=sidecar_environment(),
             timeout=600,

@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bsmon.probes import discovery, protocol  # noqa: E402
-from bsmon.probes.client import JobConnection  # noqa: E402
-from bsmon.probes.summary import summarize_record  # noqa: E402
+from bsmon.probes.summary.build import summarize_record  # noqa: E402
+from bsmon.probes.wire import discovery, protocol  # noqa: E402
+from bsmon.probes.wire.client import JobConnection  # noqa: E402
 from tests.reliability_kit import JobProcess, kill_attached_monitors, raw_client  # noqa: E402
 
 REDRAW_GAP_S = 0.005

@@ -24,36 +24,37 @@ from typing import Any
 
 import torch
 
-from . import discovery, distributed, loader_watch, protocol, sigterm
 from .anatomy.extension import AnatomyExtension
 from .anatomy.marks import PhaseMarks
 from .anatomy.verdict import LoaderFacts, loader_facts
-from .batch_control import BatchController, BatchExtension, Pending
-from .batch_control import register_commands as register_batch_commands
-from .batch_policy import BatchPolicy, StepRule
-from .commands import CommandRouter
-from .data import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
-from .devices import DeviceSampler
-from .forward_watch import ForwardWatch, RootPass
-from .guard import is_out_of_memory, release_memory
-from .hooks import StepHooks
-from .lr_scaling import POLICIES as LR_POLICIES
+from .batch.control import BatchController, BatchExtension, Pending
+from .batch.control import register_commands as register_batch_commands
+from .batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
+from .batch.lr_scaling import POLICIES as LR_POLICIES
+from .batch.oom import is_out_of_memory, release_memory
+from .batch.policy import BatchPolicy, StepRule
+from .maxbatch.job import ProbeSource, device_free
+from .maxbatch.runner import ProbeExtension, ProbeRunner
 from .noise import DEFAULT_BUDGET as NOISE_BUDGET
 from .noise import MODES as NOISE_SCALE_MODES
 from .noise import NoiseExtension, NoiseScale
 from .noise.autograd import ExampleCounter
 from .noise.shared_backward import SharedBackward
-from .phases import EvalClock
-from .probe.job import ProbeSource, device_free
-from .probe.runner import ProbeExtension, ProbeRunner
-from .protocol import Capability, Event, ProbeResult, SessionInfo
-from .ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
-from .record import Recorder, claim_record_path, default_record_path
-from .safety import FaultGuard
-from .samples import StepSamples
-from .service import AgentService, Extension, PeriodicSampler
-from .telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
-from .timing import ScalarError, StepClock, capture_scalar
+from .record.writer import Recorder, claim_record_path, default_record_path
+from .runtime import distributed, loader_watch, signals
+from .runtime.devices import DeviceSampler
+from .runtime.evaluation import EvalClock
+from .runtime.fault_guard import FaultGuard
+from .runtime.forward_watch import ForwardWatch, RootPass
+from .runtime.hooks import StepHooks
+from .runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
+from .runtime.samples import StepSamples
+from .runtime.service import AgentService, Extension, PeriodicSampler
+from .runtime.telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
+from .runtime.timing import ScalarError, StepClock, capture_scalar
+from .wire import discovery, protocol
+from .wire.protocol import Capability, Event, ProbeResult, SessionInfo
+from .wire.routing import CommandRouter
 
 INBOX_CAPACITY = 1 << 16
 REEVALUATES = (
@@ -271,7 +272,7 @@ class Monitor:
         self._start_service()
         _live_monitors.add(self)
         atexit.register(self._close_at_exit)
-        sigterm.install(live_monitors)
+        signals.install(live_monitors)
         self._emit_event(
             Event(
                 t=time.time(),
@@ -818,7 +819,7 @@ class Monitor:
             discovery.remove_job_files(self.socket_path)
         if self.recorder is not None:
             self.recorder.close(reason, self._step)
-        sigterm.uninstall_if_idle()
+        signals.uninstall_if_idle()
 
     @property
     def closed(self) -> bool:

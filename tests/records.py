@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bsmon.probes.buckets import StatAcc, single, step_bin
-from bsmon.probes.protocol import Capability, Event, SessionInfo
-from bsmon.probes.record_format import (
+from bsmon.probes.record.buckets import StatAcc, single, step_bin
+from bsmon.probes.record.format import (
     DeviceSpan,
     End,
     HostSpan,
@@ -18,6 +17,7 @@ from bsmon.probes.record_format import (
     encode_line,
     header_for,
 )
+from bsmon.probes.wire.protocol import Capability, Event, SessionInfo
 
 START = 1_700_000_000.0
 GIB = 2**30

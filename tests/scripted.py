@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from bsmon.probes import protocol
-from bsmon.probes.protocol import (
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.protocol import (
     BatchChange,
     BatchReading,
     Capability,

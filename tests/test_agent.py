@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.timing import StepClock
+from bsmon.probes import attach
+from bsmon.probes.runtime.timing import StepClock
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import wait_until
 from .jobs import TinyJob

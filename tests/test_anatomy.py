@@ -21,8 +21,8 @@ from bsmon.probes.anatomy.verdict import (
     judge,
 )
 from bsmon.probes.anatomy.window import RECENT_STEPS, PhaseWindow
-from bsmon.probes.protocol import StepAnatomy
-from bsmon.probes.record_format import Phases, PhaseTotals
+from bsmon.probes.record.format import Phases, PhaseTotals
+from bsmon.probes.wire.protocol import StepAnatomy
 
 # -- phases from marks (pure) -------------------------------------------------------------------
 
@@ -255,8 +255,8 @@ def test_a_backward_on_another_thread_is_not_this_jobs():
 
 
 def test_the_record_summary_and_replay_carry_the_breakdown(tmp_path):
-    from bsmon.probes.summary import summarize_record
-    from bsmon.probes.summary_md import render_markdown
+    from bsmon.probes.summary.build import summarize_record
+    from bsmon.probes.summary.markdown import render_markdown
     from bsmon.tui.replay import RecordSource, load_replay
 
     torch.manual_seed(0)

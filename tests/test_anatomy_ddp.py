@@ -3,8 +3,8 @@ the all-reduce, and their anatomy says so (2 real gloo processes on the CPU)."""
 
 from __future__ import annotations
 
-from bsmon.probes import protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import ROOT, wait_until
 

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from bsmon.probes import attach, loader_watch, protocol
-from bsmon.probes.autoattach import AutoAttach, find_model
-from bsmon.probes.batch_control import BatchController
-from bsmon.probes.batch_policy import BatchPolicy
-from bsmon.probes.safety import FaultGuard
+from bsmon.probes import attach
+from bsmon.probes.batch.control import BatchController
+from bsmon.probes.batch.policy import BatchPolicy
+from bsmon.probes.launch.autoattach import AutoAttach, find_model
+from bsmon.probes.runtime import loader_watch
+from bsmon.probes.runtime.fault_guard import FaultGuard
+from bsmon.probes.wire import protocol
 
 from .helpers import ROOT
 

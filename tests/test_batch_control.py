@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.batch_policy import BatchPolicy
-from bsmon.probes.client import JobConnection
-from bsmon.probes.lr_scaling import NoFactor, lr_factor, rescale
-from bsmon.probes.memory_model import MemoryModel
+from bsmon.probes import attach
+from bsmon.probes.batch.lr_scaling import NoFactor, lr_factor, rescale
+from bsmon.probes.batch.memory_model import MemoryModel
+from bsmon.probes.batch.policy import BatchPolicy
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import wait_until
 
@@ -302,7 +303,7 @@ def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_
 
 
 def test_what_a_change_bought_is_reported(bsmon_dir, monkeypatch):
-    from bsmon.probes import batch_control
+    from bsmon.probes.batch import control as batch_control
 
     monkeypatch.setattr(batch_control, "AFTER_STEPS", 4)
     monkeypatch.setattr(batch_control, "WARMUP_STEPS", 1)

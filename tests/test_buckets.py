@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bsmon.probes.buckets import (
+from bsmon.probes.record.buckets import (
     StatAcc,
     compact,
     merge_spans,
@@ -18,7 +18,7 @@ from bsmon.probes.buckets import (
     step_bin_value,
     target_level,
 )
-from bsmon.probes.protocol import Event
+from bsmon.probes.wire.protocol import Event
 
 from .records import make_span
 

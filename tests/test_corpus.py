@@ -14,9 +14,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bsmon.probes import autoattach
-from bsmon.probes.summary import paths_beside
-from bsmon.probes.summary_schema import Summary
+from bsmon.probes.launch import autoattach
+from bsmon.probes.summary.build import paths_beside
+from bsmon.probes.summary.schema import Summary
 
 from .helpers import ROOT, Processes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bsmon.probes.devices import DeviceSampler, Nvml
+from bsmon.probes.runtime.devices import DeviceSampler, Nvml
 
 from .fakes import FakeCuda, FakeGpu, FakeNvml
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bsmon.probes import discovery
+from bsmon.probes.wire import discovery
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to chown to another uid")
 

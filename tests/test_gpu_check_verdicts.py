@@ -3,7 +3,7 @@ reported (no GPU needed: the readings are given)."""
 
 from __future__ import annotations
 
-from bsmon.probes.protocol import Capability, DeviceReading, ProbePoint, ProbeResult, WhatIf
+from bsmon.probes.wire.protocol import Capability, DeviceReading, ProbePoint, ProbeResult, WhatIf
 
 from .gpu_check_kit import BENCHMARKS  # noqa: F401 (puts benchmarks/ on the import path)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bsmon.probes.history import DecimatingHistory, merge_points, metrics_history
-from bsmon.probes.protocol import MetricsPoint
+from bsmon.probes.record.history import DecimatingHistory, merge_points, metrics_history
+from bsmon.probes.wire.protocol import MetricsPoint
 
 
 def test_history_stays_bounded_and_reaches_back_to_the_start():

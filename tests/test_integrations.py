@@ -13,10 +13,10 @@ import transformers
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from bsmon.probes import protocol
-from bsmon.probes.client import JobConnection
 from bsmon.probes.integrations import hf, lightning
-from bsmon.probes.probe.recipe import RecipeError
+from bsmon.probes.maxbatch.recipe import RecipeError
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .watch import events_of, metrics_until
 

@@ -20,7 +20,7 @@ def imported_modules(code: str) -> set[str]:
 
 def test_probes_never_import_textual_or_rich():
     modules = imported_modules(
-        "import bsmon.probes, bsmon.probes.agent, bsmon.probes.demo, bsmon.probes.client"
+        "import bsmon.probes, bsmon.probes.agent, bsmon.probes.demo, bsmon.probes.wire.client"
     )
     assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "textual_plotext")}
 

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from bsmon.probes.forward_watch import ForwardWatch
 from bsmon.probes.noise.autograd import ExampleCounter
 from bsmon.probes.noise.microbatch import MicrobatchSource
 from bsmon.probes.noise.per_example import PerExampleSource
 from bsmon.probes.noise.record import read
 from bsmon.probes.noise.scaling import AdamPreconditioner, LossScale
-from bsmon.probes.safety import FaultGuard
+from bsmon.probes.runtime.fault_guard import FaultGuard
+from bsmon.probes.runtime.forward_watch import ForwardWatch
 
 TOKENS = 5
 

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes import attach
 from bsmon.probes.noise import pernorms
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import wait_until
 from .noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train

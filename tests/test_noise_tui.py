@@ -8,9 +8,10 @@ import time
 
 import torch
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.protocol import Capability, NoiseScaleReading
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import Capability, NoiseScaleReading
 from bsmon.tui.app import BsmonApp, follow_job
 from bsmon.tui.sources import ScriptedSource
 from bsmon.tui.widgets.noise import NoiseChart, describe, fit, log_ticks

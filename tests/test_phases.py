@@ -1,12 +1,12 @@
-"""Evaluation inside the training loop is time of its own (probes/phases.py), and each step's
-samples come from the best source there is (probes/samples.py)."""
+"""Evaluation inside the training loop is time of its own (probes/runtime/evaluation.py), and
+each step's samples come from the best source there is (probes/runtime/samples.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bsmon.probes.phases import EvalClock
-from bsmon.probes.samples import StepSamples
+from bsmon.probes.runtime.evaluation import EvalClock
+from bsmon.probes.runtime.samples import StepSamples
 
 
 def test_no_evaluation_no_time_taken():

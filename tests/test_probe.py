@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.probe import plan, recipe
-from bsmon.probes.protocol import ProbePoint
+from bsmon.probes import attach
+from bsmon.probes.maxbatch import plan, recipe
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import ProbePoint
 
 from .helpers import ROOT
 

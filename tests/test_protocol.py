@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bsmon.probes import protocol
-from bsmon.probes.protocol import ProtocolError
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.protocol import ProtocolError
 
 
 def test_every_server_message_round_trips():

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch.distributed as dist
 
-from bsmon.probes import discovery, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.protocol import RankReading
-from bsmon.probes.ranks import DdpTiming, straggler
+from bsmon.probes.runtime.ranks import DdpTiming, straggler
+from bsmon.probes.wire import discovery, protocol
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import RankReading
 
 from .helpers import ROOT, wait_until
 
@@ -22,8 +22,8 @@ SLOW = 2
 
 
 def test_summaries_travel_through_a_store_and_silence_means_late(tmp_path, monkeypatch):
-    from bsmon.probes import ranks as ranks_module
-    from bsmon.probes.ranks import RankExchange, RanksExtension
+    from bsmon.probes.runtime import ranks as ranks_module
+    from bsmon.probes.runtime.ranks import RankExchange, RanksExtension
 
     monkeypatch.setattr(ranks_module, "SEND_INTERVAL_S", 0.05)
     monkeypatch.setattr(ranks_module, "LATE_AFTER_S", 0.5)

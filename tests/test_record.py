@@ -12,15 +12,15 @@ import msgspec
 import pytest
 
 from bsmon.probes import attach
-from bsmon.probes.client import JobConnection
-from bsmon.probes.devices import DeviceSample
-from bsmon.probes.protocol import Capability, DeviceReading, Event, HostReading
-from bsmon.probes.record import Recorder
-from bsmon.probes.record_format import ProbeResult, Span, StepDone
-from bsmon.probes.record_reader import open_record
-from bsmon.probes.summary import paths_beside, summarize_record
-from bsmon.probes.summary_schema import Summary
-from bsmon.probes.telemetry import Telemetry
+from bsmon.probes.record.format import ProbeResult, Span, StepDone
+from bsmon.probes.record.reader import open_record
+from bsmon.probes.record.writer import Recorder
+from bsmon.probes.runtime.devices import DeviceSample
+from bsmon.probes.runtime.telemetry import Telemetry
+from bsmon.probes.summary.build import paths_beside, summarize_record
+from bsmon.probes.summary.schema import Summary
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import Capability, DeviceReading, Event, HostReading
 
 from .helpers import wait_until
 from .jobs import TinyJob
@@ -271,7 +271,7 @@ def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
 
 
 def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
-    import bsmon.probes.record as record_module
+    import bsmon.probes.record.writer as record_module
 
     def broken(_seconds):
         raise ZeroDivisionError("injected")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bsmon.probes.record_format import RECORD_VERSION
+from bsmon.probes.record.format import RECORD_VERSION
 
 from .helpers import ROOT
 from .records import two_phase

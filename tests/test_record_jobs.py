@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from bsmon.probes.summary import paths_beside, summarize_record
-from bsmon.probes.summary_schema import Summary
+from bsmon.probes.summary.build import paths_beside, summarize_record
+from bsmon.probes.summary.schema import Summary
 
 from .helpers import wait_until
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bsmon.probes.record_format import Span
-from bsmon.probes.record_reader import RecordError, open_record
-from bsmon.probes.summary import summarize_record
+from bsmon.probes.record.format import Span
+from bsmon.probes.record.reader import RecordError, open_record
+from bsmon.probes.summary.build import summarize_record
 
 from .records import two_phase
 

@@ -8,8 +8,9 @@ import socket
 
 import pytest
 
-from bsmon.probes import attach, pacing, protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes import attach
+from bsmon.probes.wire import pacing, protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import wait_until
 from .jobs import TinyJob

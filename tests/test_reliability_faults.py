@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-from bsmon.probes import agent, attach, discovery, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.devices import DeviceSampler, Nvml
-from bsmon.probes.summary import summarize_record
+from bsmon.probes import agent, attach
+from bsmon.probes.runtime.devices import DeviceSampler, Nvml
+from bsmon.probes.summary.build import summarize_record
+from bsmon.probes.wire import discovery, protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .fakes import FakeCuda, FakeGpu, FakeNvml
 from .helpers import wait_until

@@ -14,8 +14,9 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .jobs import TinyJob
 from .reliability_kit import raw_client, read_to_eof

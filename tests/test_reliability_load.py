@@ -8,8 +8,9 @@ import tracemalloc
 
 import torch
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 BATCH = 4
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bsmon.probes.record_reader import RecordError
-from bsmon.probes.summary import summarize_record
+from bsmon.probes.record.reader import RecordError
+from bsmon.probes.summary.build import summarize_record
 from bsmon.tui.replay import load_replay
 
 from .records import two_phase

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import JobConnection
-from bsmon.probes.probe import recipe as recipes
+from bsmon.probes import attach
+from bsmon.probes.maxbatch import recipe as recipes
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import ROOT
 from .jobs import TinyJob

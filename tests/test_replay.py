@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 
-from bsmon.probes.summary_schema import Summary
+from bsmon.probes.summary.schema import Summary
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.replay import RecordSource, ReplayScreen, load_replay
 from bsmon.tui.session import ConnState

@@ -11,8 +11,11 @@ import sys
 import psutil
 import pytest
 
-from bsmon.probes import autoattach, launch, protocol, run_notes
-from bsmon.probes.client import JobConnection
+from bsmon.probes.launch import autoattach
+from bsmon.probes.launch import environment as launch
+from bsmon.probes.launch import notes as run_notes
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 from bsmon.tui.run import exit_status
 
 from .helpers import ROOT, wait_until

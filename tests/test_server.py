@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from bsmon.probes import attach, protocol
-from bsmon.probes.client import ConnectionLost, JobConnection
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import ConnectionLost, JobConnection
 
 from .helpers import wait_until
 from .jobs import TinyJob
@@ -117,7 +118,7 @@ def test_an_oversized_line_closes_only_its_own_connection(served):
 
 
 def test_a_client_that_never_reads_cannot_stall_the_job_or_the_others(served, monkeypatch):
-    from bsmon.probes import server
+    from bsmon.probes.wire import server
 
     monkeypatch.setattr(server, "SLOW_CLIENT_BYTES", 16 << 10)
     monkeypatch.setattr(server, "MAX_CONSECUTIVE_DROPS", 5)

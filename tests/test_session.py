@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bsmon.probes import protocol
+from bsmon.probes.wire import protocol
 from bsmon.tui.session import ConnState, SessionModel
 
 from .scripted import messages, session

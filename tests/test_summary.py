@@ -9,9 +9,8 @@ import statistics
 import msgspec
 import pytest
 
-from bsmon.probes.buckets import compact, step_bin
-from bsmon.probes.protocol import Capability, Event
-from bsmon.probes.record_format import (
+from bsmon.probes.record.buckets import compact, step_bin
+from bsmon.probes.record.format import (
     End,
     ProbeResult,
     Span,
@@ -20,8 +19,9 @@ from bsmon.probes.record_format import (
     header_for,
     line_decoder,
 )
-from bsmon.probes.summary import export_record, summarize_record
-from bsmon.probes.summary_schema import Summary
+from bsmon.probes.summary.build import export_record, summarize_record
+from bsmon.probes.summary.schema import Summary
+from bsmon.probes.wire.protocol import Capability, Event
 
 from .records import GIB, START, session, two_phase
 
@@ -204,7 +204,8 @@ def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
     from .test_layout import imported_modules
 
     modules = imported_modules(
-        "import bsmon.probes.summary, bsmon.probes.summary_md, bsmon.probes.record_reader"
+        "import bsmon.probes.summary.build, bsmon.probes.summary.markdown, "
+        "bsmon.probes.record.reader"
     )
     assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "torch")}
     modules = imported_modules(
@@ -214,7 +215,7 @@ def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
 
 
 def test_a_sidecar_probe_result_reads_as_a_sentence_and_its_recommendation_is_kept(tmp_path):
-    from bsmon.probes.summary_md import probe_text
+    from bsmon.probes.summary.markdown import probe_text
 
     synthetic = two_phase()
     lines = synthetic.lines()

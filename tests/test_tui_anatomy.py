@@ -8,7 +8,7 @@ import re
 import pytest
 from textual.widgets import Static
 
-from bsmon.probes import protocol
+from bsmon.probes.wire import protocol
 from bsmon.tui.anatomy_screen import AnatomyScreen, PhaseChart, bar_lines, headline
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.sources import ScriptedSource

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from bsmon.probes import attach, protocol
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp, follow_job
 from bsmon.tui.confirm import ConfirmScreen
 from bsmon.tui.sources import ScriptedSource

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from bsmon.probes import protocol
+from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.confirm import ConfirmScreen
 from bsmon.tui.probe_screen import ProbeScreen

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bsmon.probes import protocol
+from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.commands import describe_success
 from bsmon.tui.sources import ScriptedSource

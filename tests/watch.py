@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from bsmon.probes import discovery, protocol
-from bsmon.probes.client import JobConnection
+from bsmon.probes.wire import discovery, protocol
+from bsmon.probes.wire.client import JobConnection
 
 from .helpers import wait_until
 

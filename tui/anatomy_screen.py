@@ -11,7 +11,7 @@ from textual.markup import escape
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from bsmon.probes.protocol import MetricsPoint, StepAnatomy
+from bsmon.probes.wire.protocol import MetricsPoint, StepAnatomy
 
 from .session import Snapshot
 from .view_screen import ViewScreen

@@ -10,7 +10,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from bsmon.probes import discovery
+from bsmon.probes.wire import discovery
 
 from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
 from .sources import SocketSource, Source

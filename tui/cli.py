@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from bsmon.probes import __version__, discovery
-from bsmon.probes.client import JobConnection
+from bsmon.probes import __version__
+from bsmon.probes.wire import JobConnection, discovery
 
 from . import format as fmt
 from .errors import EXIT_USAGE, CliError

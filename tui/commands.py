@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Literal
 
-from bsmon.probes.protocol import Command, ProbeCommand, Reply, SetBatchSize, StepBatchSize
+from bsmon.probes.wire.protocol import Command, ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from .sources import Source
 

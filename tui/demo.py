@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bsmon.probes import discovery
+from bsmon.probes.wire import discovery
 
 STOP_GRACE_S = 10.0
 

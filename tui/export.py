@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bsmon.probes.anatomy.window import totals_of
-from bsmon.probes.buckets import single, step_bin
-from bsmon.probes.protocol import MetricsPoint
-from bsmon.probes.record import device_span
-from bsmon.probes.record_format import RECORD_VERSION, End, Header, HostSpan, Span, Stat
-from bsmon.probes.record_reader import RecordError
-from bsmon.probes.summary import summarize_items, summarize_record, write_summary
-from bsmon.probes.summary_schema import Note, Source, Summary
+from bsmon.probes.record import RECORD_VERSION, End, Header, RecordError, conversions
+from bsmon.probes.summary import (
+    Note,
+    Source,
+    Summary,
+    summarize_items,
+    summarize_record,
+    write_summary,
+)
 
 from .session import ConnState, Snapshot
 
@@ -103,23 +104,11 @@ def summary_from_snapshot(snap: Snapshot) -> Summary:
         session=session,
         capabilities=dict(snap.capabilities),
     )
-    items: list[object] = list(spans_from_points(snap.points, session.start_time))
+    items: list[object] = list(conversions.spans_from_points(snap.points, session.start_time))
     latest = snap.latest
     if latest is not None:
         t = max(latest.t, items[-1].t1 if items else session.start_time)  # type: ignore[attr-defined]
-        items.append(
-            Span(
-                t0=t,
-                t1=t,
-                step=latest.step,
-                samples=latest.samples or 0,
-                batch_size=latest.batch_size,
-                devices=[device_span(d) for d in latest.devices],
-                host=HostSpan(
-                    cpu=single(latest.host.cpu_percent), rss=single(latest.host.rss_bytes)
-                ),
-            )
-        )
+        items.append(conversions.latest_span(latest, t))
     items.extend(snap.events)
     if snap.state is ConnState.FINISHED:
         step = latest.step if latest else 0
@@ -127,33 +116,3 @@ def summary_from_snapshot(snap: Snapshot) -> Summary:
             End(t=snap.now, reason=snap.detail, step=step, samples=(latest and latest.samples) or 0)
         )
     return summarize_items(header, Source(kind="dashboard"), items)
-
-
-def spans_from_points(points: tuple[MetricsPoint, ...], start: float) -> list[Span]:
-    """The dashboard's history as spans, each point standing for its window's steps."""
-    spans, t0 = [], start
-    for p in points:
-        timed_s = p.step_time_s * p.steps if p.step_time_s else 0.0
-        st = p.step_time_s
-        spans.append(
-            Span(
-                t0=t0,
-                t1=p.t,
-                step=p.step,
-                steps=p.steps,
-                samples=p.samples or 0,
-                batch_size=p.batch_size,
-                timed_steps=p.steps if st else 0,
-                timed_s=timed_s,
-                timed_samples=round(p.samples_per_s * timed_s) if p.samples_per_s else 0,
-                uncounted_s=timed_s if p.samples_per_s is None else 0.0,
-                step_time=Stat(p.steps, st, st, st) if st else None,
-                step_hist={step_bin(st): p.steps} if st and st > 0 else {},
-                throughput=single(p.samples_per_s),
-                scalars={k: Stat(1, v, v, v) for k, v in p.scalars.items()},
-                b_simple=single(p.noise.b_simple) if p.noise else None,
-                phases=totals_of(p.anatomy) if p.anatomy is not None else None,
-            )
-        )
-        t0 = p.t
-    return spans

@@ -8,10 +8,14 @@ import time
 
 import msgspec
 
-from bsmon.probes import discovery
-from bsmon.probes.client import ConnectionLost, JobConnection
-from bsmon.probes.probe import plan
-from bsmon.probes.protocol import Metrics, ProbeCommand, ProbeResult
+from bsmon.probes.wire import (
+    ConnectionLost,
+    JobConnection,
+    describe_prediction,
+    describe_what_if,
+    discovery,
+)
+from bsmon.probes.wire.protocol import Metrics, ProbeCommand, ProbeResult
 
 from . import format as fmt
 from .errors import CliError
@@ -78,9 +82,9 @@ def describe(result: ProbeResult) -> str:
             f"{fmt.rate(p.samples_per_s, ''):>10}  {p.note or ''}"
         )
     lines.append(f"largest batch that ran: {result.max_batch_size:,} on {result.device}")
-    if (prediction := plan.describe_prediction(result)) is not None:
+    if (prediction := describe_prediction(result)) is not None:
         lines.append(prediction)
-    lines.extend(f"  {plan.describe_what_if(w)}" for w in result.what_ifs)
+    lines.extend(f"  {describe_what_if(w)}" for w in result.what_ifs)
     if result.recommendation is not None:
         lines.append(
             f"recommended: {result.recommendation.batch_size:,} — "

@@ -11,8 +11,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual_plotext import PlotextPlot
 
-from bsmon.probes.probe import plan
-from bsmon.probes.protocol import ProbePoint, ProbeReading, ProbeResult
+from bsmon.probes.wire import describe_prediction, describe_what_if
+from bsmon.probes.wire.protocol import ProbePoint, ProbeReading, ProbeResult
 
 from . import format as fmt
 from .session import Snapshot
@@ -56,9 +56,9 @@ def findings_text(result: ProbeResult | None) -> str:
     if result is None or result.status != "ok":
         return ""
     lines = [f"largest batch that ran: [b]{result.max_batch_size:,}[/b]"]
-    if (prediction := plan.describe_prediction(result)) is not None:
+    if (prediction := describe_prediction(result)) is not None:
         lines.append(escape(prediction))
-    lines.extend(f"  {escape(plan.describe_what_if(w))}" for w in result.what_ifs)
+    lines.extend(f"  {escape(describe_what_if(w))}" for w in result.what_ifs)
     if result.recommendation is not None:
         rec = result.recommendation
         lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")

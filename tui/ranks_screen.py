@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.markup import escape
 from textual.widgets import Footer, Static
 
-from bsmon.probes.protocol import RankReading, RanksReading
+from bsmon.probes.wire.protocol import RankReading, RanksReading
 
 from .session import Snapshot
 from .view_screen import ViewScreen

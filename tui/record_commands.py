@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bsmon.probes.record_reader import RecordError
+from bsmon.probes.record import RecordError
 from bsmon.probes.summary import paths_beside, summarize_record, write_summary
 
 

@@ -20,24 +20,19 @@ from pathlib import Path
 import msgspec
 from textual.binding import Binding
 
-from bsmon.probes.anatomy.verdict import judged
-from bsmon.probes.anatomy.window import anatomy_of
-from bsmon.probes.protocol import (
+from bsmon.probes.record import End, Header, Span, Status, conversions, open_record
+from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
     PROTOCOL_VERSION,
     Bye,
     Capability,
-    DeviceReading,
     Event,
     Hello,
     History,
     HostReading,
     Metrics,
-    MetricsPoint,
     NoiseScaleReading,
 )
-from bsmon.probes.record_format import DeviceSpan, End, Header, Span, Status, span_throughput
-from bsmon.probes.record_reader import open_record
 
 from .screens import DashboardScreen
 from .session import ReplayState, SessionModel, Snapshot
@@ -90,44 +85,6 @@ def load_replay(path: Path | str) -> ReplayData:
     moments = [s.t1 for s in data.spans[-1:]] + [e.t for e in data.events[-1:]]
     data.stop = max([data.start, *moments, *([data.end.t] if data.end else [])])
     return data
-
-
-def point_of(span: Span) -> MetricsPoint:
-    return MetricsPoint(
-        t=span.t1,
-        step=span.step,
-        steps=span.steps,
-        batch_size=span.batch_size,
-        step_time_s=span.timed_s / span.timed_steps if span.timed_steps else None,
-        samples_per_s=span_throughput(span),
-        samples=span.samples if span.samples or not span.uncounted_s else None,
-        scalars={name: stat.mean for name, stat in span.scalars.items()},
-        noise=recorded_noise(span),
-        anatomy=anatomy_of(span.phases) if span.phases is not None else None,
-    )
-
-
-def recorded_noise(span: Span) -> NoiseScaleReading | None:
-    """A record keeps B_simple's min/mean/max per span, not the live reading's uncertainty."""
-    if span.b_simple is None:
-        return None
-    return NoiseScaleReading(b_simple=span.b_simple.mean, detail="as recorded: the span's mean")
-
-
-def device_reading(d: DeviceSpan) -> DeviceReading:
-    return DeviceReading(
-        index=d.index,
-        name=d.name,
-        util_percent=d.util.mean if d.util else None,
-        memory_used_bytes=int(d.mem_used.max) if d.mem_used else None,
-        memory_total_bytes=d.mem_total,
-        temperature_c=d.temperature.mean if d.temperature else None,
-        power_w=d.power.mean if d.power else None,
-        torch_peak_bytes=d.torch_peak,
-        torch_allocated_bytes=int(d.torch_allocated.mean) if d.torch_allocated else None,
-        torch_reserved_bytes=d.torch_reserved,
-        error=d.error,
-    )
 
 
 def _last_index(spans: list[Span], has: Callable[[Span], object]) -> list[int]:
@@ -262,7 +219,7 @@ class RecordSource(Source):
             self._status, self._status_i = data.statuses[statuses - 1], statuses
             model.feed(self._hello())  # the same pid: keeps what was fed
         spans = bisect.bisect_right(self._t1s, position)
-        new = [point_of(s) for s in data.spans[self._span_i : spans] if s.steps]
+        new = [conversions.point_of(s) for s in data.spans[self._span_i : spans] if s.steps]
         if new:
             model.feed(History(points=new))
         self._span_i = spans
@@ -281,7 +238,7 @@ class RecordSource(Source):
         spans = self.data.spans
         span = spans[index]
         timed = spans[self._timed[index]] if self._timed[index] >= 0 else None
-        point = point_of(timed) if timed else None
+        point = conversions.point_of(timed) if timed else None
         devices = spans[self._devices[index]].devices if self._devices[index] >= 0 else []
         host = spans[self._host[index]].host if self._host[index] >= 0 else None
         status = self._status
@@ -292,10 +249,12 @@ class RecordSource(Source):
             step_time_s=point.step_time_s if point else None,
             samples_per_s=point.samples_per_s if point else None,
             b_simple=span.b_simple.mean if span.b_simple else None,
-            noise=recorded_noise(span) or NoiseScaleReading(),
-            anatomy=judged(timed.phases, self.data.header.session.world_size) if timed else None,
+            noise=conversions.recorded_noise(span) or NoiseScaleReading(),
+            anatomy=conversions.recorded_anatomy(timed, self.data.header.session.world_size)
+            if timed
+            else None,
             samples=span.samples,
-            devices=[device_reading(d) for d in devices],
+            devices=[conversions.device_reading(d) for d in devices],
             gpu=status.gpu if status else Capability(False, "not recorded"),
             host=HostReading(
                 cpu_percent=host.cpu.mean if host and host.cpu else None,

@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bsmon.probes import discovery, launch, run_notes
+from bsmon.probes import launch
+from bsmon.probes.launch import notes as run_notes
+from bsmon.probes.wire import discovery
 
 from .errors import EXIT_USAGE, CliError
 

@@ -13,8 +13,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
-from bsmon.probes.discovery import JobEntry
-from bsmon.probes.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
+from bsmon.probes.wire import JobEntry
+from bsmon.probes.wire.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
 
 from . import format as fmt
 from .anatomy_screen import AnatomyScreen

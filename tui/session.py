@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bsmon.probes.history import DecimatingHistory, merge_points, metrics_history
-from bsmon.probes.protocol import (
+from bsmon.probes.record import DecimatingHistory, merge_points, metrics_history
+from bsmon.probes.wire.protocol import (
     Bye,
     Capability,
     Event,

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bsmon.probes.client import ConnectionLost, JobConnection
-from bsmon.probes.protocol import Command, Message, Metrics, Notice, Reply
+from bsmon.probes.wire import ConnectionLost, JobConnection
+from bsmon.probes.wire.protocol import Command, Message, Metrics, Notice, Reply
 
 from .session import SessionModel, Snapshot
 

@@ -72,7 +72,7 @@ def probe_job(args: argparse.Namespace) -> int:
     import msgspec
 
     from bsmon.probes import attach
-    from bsmon.probes.protocol import ProbeResult
+    from bsmon.probes.wire.protocol import ProbeResult
 
     spec = SPECS[args.model]
     torch.manual_seed(0)
@@ -139,7 +139,7 @@ def probe_job(args: argparse.Namespace) -> int:
 
 
 def trial(args: argparse.Namespace) -> int:
-    from bsmon.probes.guard import is_out_of_memory
+    from bsmon.probes.batch.oom import is_out_of_memory
 
     spec = SPECS[args.model]
     torch.manual_seed(0)

@@ -12,8 +12,8 @@ import statistics
 import time
 from typing import Any
 
-from bsmon.probes.client import JobConnection
-from bsmon.probes.protocol import DeviceReading, Metrics
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import DeviceReading, Metrics
 
 from .outside import Nvml, number, query_gpu, start_busy_job
 from .procs import Children, Deadline

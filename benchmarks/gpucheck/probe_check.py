@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from bsmon.probes.protocol import ProbeResult
+from bsmon.probes.wire.protocol import ProbeResult
 
 from .procs import Children, Deadline, OutOfTime, read_json_line, run_json
 from .report import Criterion, Finding, Table

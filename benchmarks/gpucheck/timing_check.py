@@ -27,7 +27,7 @@ from .procs import Deadline
 from .report import Criterion, Finding, Table
 
 if TYPE_CHECKING:
-    from bsmon.probes.record_format import StepDone
+    from bsmon.probes.record.format import StepDone
 
 MIN_STEP_S = 0.004
 MAX_BATCH = 8192

@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from ..protocol import Event, Metrics, StepAnatomy
-from ..service import Extension
-from ..telemetry import Telemetry
+from ..runtime.service import Extension
+from ..runtime.telemetry import Telemetry
+from ..wire.protocol import Event, Metrics, StepAnatomy
 from .verdict import Judgement, LoaderFacts, VerdictKeeper, anatomy_notes, judge
 
 

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..call_watch import CallWatch
-from ..timing import Mark, StepClock
+from ..runtime.call_watch import CallWatch
+from ..runtime.timing import Mark, StepClock
 
 backward_calls = CallWatch(lambda: (torch.autograd, "backward"))
 

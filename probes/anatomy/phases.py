@@ -19,8 +19,8 @@ forward pass (an evaluation loop without a DataLoader) is taken out of the forwa
 
 from __future__ import annotations
 
-from ..record_format import Phases
-from ..timing import Mark, elapsed
+from ..record.format import Phases
+from ..runtime.timing import Mark, elapsed
 from .marks import StepMarks
 
 __all__ = ["Phases", "phases_of", "with_comm"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..protocol import StepAnatomy, Verdict
-from ..record_format import PhaseTotals
+from ..record.format import PhaseTotals
+from ..wire.protocol import StepAnatomy, Verdict
 from .window import anatomy_of
 
 INPUT_SHARE = 0.20

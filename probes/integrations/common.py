@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..protocol import Event
+from ..wire.protocol import Event
 
 BATCH_COMMANDS = ("set_batch_size", "step_batch_size")
 

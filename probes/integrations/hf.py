@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler
 
-from ..data import batch_length
+from ..batch.loader import batch_length
 from .common import disable_batch_control, guarded, loss_of, note, rank_name, require
 
 transformers = require("transformers", "hf", "transformers")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..data import batch_length
+from ..batch.loader import batch_length
 from .common import disable_batch_control, guarded, loss_of, note, rank_name, require
 
 APPLY_AT = "at the end of the epoch"

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..forward_watch import ForwardWatch, RootPass
-from ..safety import FaultGuard
+from ..runtime.fault_guard import FaultGuard
+from ..runtime.forward_watch import ForwardWatch, RootPass
 
 _engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
 

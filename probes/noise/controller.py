@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import DeviceSample
-from ..forward_watch import ForwardWatch
-from ..protocol import Capability, Event, NoiseScaleReading
-from ..safety import FaultGuard
-from ..service import Extension
-from ..telemetry import Telemetry
+from ..runtime.devices import DeviceSample
+from ..runtime.fault_guard import FaultGuard
+from ..runtime.forward_watch import ForwardWatch
+from ..runtime.service import Extension
+from ..runtime.telemetry import Telemetry
+from ..wire.protocol import Capability, Event, NoiseScaleReading
 from .autograd import ExampleCounter
 from .ddp import CommHookTaken, DDPSource
 from .layers import SUPPORTED_NAMES

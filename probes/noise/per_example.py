@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..forward_watch import ForwardWatch
+from ..runtime.forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..timing import PendingScalar
+from ..runtime.timing import PendingScalar
 
 Captured = torch.Tensor | PendingScalar
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ..safety import FaultGuard
+from ..runtime.fault_guard import FaultGuard
 
 
 class SharedBackward:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from ..safety import FaultGuard
+from ..runtime.fault_guard import FaultGuard
 from .autograd import BackwardEnd, ExampleCounter, total_squared_norm
 from .record import StepRecord, capture
 from .scaling import AdamPreconditioner, LossScale

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..protocol import NoiseScaleReading
-from ..timing import finite_or_none as _finite
+from ..runtime.timing import finite_or_none as _finite
+from ..wire.protocol import NoiseScaleReading
 from .estimators import EstimateError, Units, components, finite
 from .record import StepRecord
 from .smoothing import Estimate, RatioEMA

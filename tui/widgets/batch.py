@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from bsmon.probes.protocol import BatchChange, BatchReading, Metrics
+from bsmon.probes.wire.protocol import BatchChange, BatchReading, Metrics
 
 from .. import format as fmt
 from ..anatomy_screen import headline

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from textual_plotext import PlotextPlot
 
-from bsmon.probes.protocol import MetricsPoint
+from bsmon.probes.wire.protocol import MetricsPoint
 
 from .. import format as fmt
 from ..session import Snapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.markup import escape
 from textual.widgets import Static
 
-from bsmon.probes.protocol import DeviceReading, HostReading
+from bsmon.probes.wire.protocol import DeviceReading, HostReading
 
 from .. import format as fmt
 from ..session import Snapshot

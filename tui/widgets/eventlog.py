@@ -7,7 +7,7 @@ from rich.text import Text
 from textual import events
 from textual.widgets import RichLog
 
-from bsmon.probes.protocol import Event
+from bsmon.probes.wire.protocol import Event
 
 from .. import format as fmt
 from ..session import Snapshot

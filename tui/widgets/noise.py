@@ -19,7 +19,7 @@ from textual.containers import Vertical
 from textual.markup import escape
 from textual.widgets import Static
 
-from bsmon.probes.protocol import Capability, MetricsPoint, NoiseScaleReading
+from bsmon.probes.wire.protocol import Capability, MetricsPoint, NoiseScaleReading
 
 from .. import format as fmt
 from ..session import Snapshot

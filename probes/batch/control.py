@@ -1,0 +1,461 @@
+"""Batch-size control: requests are checked on the agent thread (or the caller's), and the
+switch happens on the training thread at the next step boundary.
+
+A request that passes the policy but that the memory model predicts above 90% of the device
+budget, or that is above the size a probe found to fit, or at a size that already ran out of
+memory, is refused until it is sent again with ``confirm``. Every switch is an event; once
+enough steps have run at the new size, a second event says what it bought in throughput.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..runtime.devices import DeviceSample
+from ..runtime.distributed import StepSync
+from ..runtime.fault_guard import FaultGuard
+from ..runtime.service import Extension
+from ..runtime.telemetry import BATCH, Telemetry
+from ..wire.protocol import (
+    BatchChange,
+    BatchReading,
+    Command,
+    Event,
+    Hello,
+    Metrics,
+    SetBatchSize,
+    StepBatchSize,
+)
+from ..wire.routing import CommandRefused, CommandRouter
+from .lr_scaling import NoFactor, is_adam_like, lr_factor, rescale
+from .memory_model import MemoryModel
+from .policy import BatchPolicy
+
+BEFORE_STEPS = 50  # throughput "before" a change: the last this many steps at the old size
+WARMUP_STEPS = 5  # steps after a switch not counted in "after" (allocator, cudnn warm-up)
+AFTER_STEPS = 20  # steps at the new size before "after" is reported
+CHANGE_HISTORY = 50
+
+BatchCallback = Callable[[int, int], None]
+
+
+class NeedsConfirmation(CommandRefused):
+    """A size that is allowed but risky: the reply asks the user to confirm."""
+
+    def __init__(self, message: str, value: int) -> None:
+        super().__init__(f"{message}; send again with confirm to apply it")
+        self.result = {"needs_confirmation": True, "value": value, "why": message}
+
+
+@dataclass(frozen=True)
+class Pending:
+    value: int
+    reason: str
+    source: str
+
+
+@dataclass
+class _Window:
+    step: int
+    batch_size: int
+    samples_per_s: float
+    steps: int
+
+
+class BatchController:
+    def __init__(
+        self,
+        *,
+        initial: int,
+        policy: BatchPolicy,
+        micro_batch_size: int | None,
+        optimizer: torch.optim.Optimizer,
+        lr_scaling: str | None,
+        scheduler: Any,
+        emit: Callable[[Event], None],
+        record: Callable[[BatchChange], None],
+        guard: FaultGuard,
+        step: Callable[[], int],
+        noise_scale: Callable[[], float | None],
+        sync: StepSync | None = None,
+        rank: int = 0,
+    ) -> None:
+        self.size = initial
+        self.micro = micro_batch_size
+        self.policy = policy
+        self.last_good = initial
+        self.pending: Pending | None = None
+        # Where a change is applied when not at the next step boundary (an integration whose
+        # loader is rebuilt only between epochs): it then calls apply_deferred() there.
+        self.apply_at: str | None = None
+        self.held: Pending | None = None  # decided (all ranks agree), waiting for apply_deferred
+        self.probe_max: int | None = None
+        self.memory = MemoryModel()
+        self.memory_budget: int | None = None
+        self.oom_sizes: dict[int, int] = {}  # size -> step it ran out of memory at
+        self.changes: deque[BatchChange] = deque(maxlen=CHANGE_HISTORY)
+        self._optimizer = optimizer
+        self._lr_scaling = lr_scaling
+        self._scheduler = scheduler
+        self._emit = emit
+        self._record = record
+        self._guard = guard
+        self._step = step
+        self._noise_scale = noise_scale
+        self._sync = sync
+        self._rank = rank
+        self._in_flight: Pending | None = None
+        self._callbacks: list[BatchCallback] = []
+        self._lock = threading.Lock()
+        self._switch_time = time.time()
+        self._switch_step = 0
+        self._windows: deque[_Window] = deque(maxlen=4096)
+
+    # -- sizes ------------------------------------------------------------------------------
+
+    @property
+    def loader_size(self) -> int:
+        """What each DataLoader batch holds: the micro-batch in accumulation mode."""
+        return self.micro if self.micro is not None else self.size
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.size // self.micro if self.micro is not None else 1
+
+    def add_callback(self, callback: BatchCallback) -> None:
+        if not callable(callback):
+            raise TypeError("on_batch_size_change() needs a callable taking (old, new)")
+        self._callbacks.append(callback)
+
+    # -- requests (agent thread, or the caller of mon.request_batch_size) -------------------
+
+    def request(self, value: int, *, confirm: bool, reason: str, source: str) -> dict[str, Any]:
+        with self._lock:
+            if self._rank != 0:
+                raise CommandRefused("in a distributed job, send batch-size commands to rank 0")
+            if (refusal := self.policy.refusal(value)) is not None:
+                raise CommandRefused(refusal)
+            current = self._next_size()
+            if value == current:
+                raise CommandRefused(f"the batch size is already {value}")
+            if not confirm and (why := self.confirmation_reason(value)) is not None:
+                raise NeedsConfirmation(why, value)
+            self.pending = Pending(value, reason or "requested", source)
+            step = self._step()
+            result = {"old": self.size, "new": value, "step": step}
+            if self.apply_at is None:
+                result["applies_after_step"] = self._applies_after(step)
+            else:
+                result["applies_at"] = self.apply_at
+            return result
+
+    def _next_size(self) -> int:
+        """The size the job will have once what is pending or held is applied."""
+        upcoming = self.pending or self.held
+        return upcoming.value if upcoming else self.size
+
+    def _applies_after(self, step: int) -> int:
+        """The boundary at which a change asked for now is applied."""
+        if self._sync is None:
+            return step + 1
+        every = self._sync.every
+        proposed_at = (step // every + 1) * every  # the next exchange carries it ...
+        return proposed_at + every  # ... and the one after applies it everywhere
+
+    def request_step(self, direction: str, *, confirm: bool, source: str) -> dict[str, Any]:
+        base = self._next_size()
+        value = self.policy.next_size(base, direction)
+        if value is None:
+            limit = "largest" if direction == "up" else "smallest"
+            raise CommandRefused(f"{base} is already the {limit} batch size the policy allows")
+        return self.request(value, confirm=confirm, reason=f"step {direction}", source=source)
+
+    def confirmation_reason(self, value: int) -> str | None:
+        ooms = [size for size in self.oom_sizes if size <= value]
+        if ooms:
+            size = min(ooms)
+            return f"batch {size} ran out of memory at step {self.oom_sizes[size]}"
+        if self.probe_max is not None and value > self.probe_max:
+            return f"{value} is above the largest batch the probe found to fit ({self.probe_max})"
+        if self.micro is None:
+            return self.memory.needs_confirmation(value, self.memory_budget)
+        return None  # accumulation mode: a larger batch takes more micro-batches, not memory
+
+    # -- the switch (training thread, at a step boundary) ------------------------------------
+
+    def at_step_boundary(self) -> None:
+        self.last_good = self.size
+        if self._sync is not None:
+            self._exchange()
+            return
+        pending = self.pending
+        if pending is not None and self.apply_at is None:
+            self.pending = None
+            self.switch(pending)
+
+    def apply_deferred(self) -> None:
+        """Apply the change held for ``apply_at`` (training thread; all ranks at one point)."""
+        if self._sync is not None:  # only what the ranks agreed on: the same change everywhere
+            change, self.held = self.held, None
+        else:
+            change, self.pending = self.pending, None
+        if change is not None:
+            self.switch(change)
+
+    def _exchange(self) -> None:
+        if not self._sync.due():  # type: ignore[union-attr]
+            return
+        proposal = 0
+        if self._rank == 0 and self.pending is not None and self._in_flight is None:
+            self._in_flight, self.pending = self.pending, None
+            proposal = self._in_flight.value
+        decided = self._sync.exchange(proposal)  # type: ignore[union-attr]
+        if decided:
+            chosen = self._in_flight or Pending(decided, "decided on rank 0", "rank 0")
+            self._in_flight = None
+            change = Pending(decided, chosen.reason, chosen.source)
+            if self.apply_at is None:
+                self.switch(change)
+            else:
+                self.held = change
+
+    def switch(self, change: Pending) -> None:
+        old, new = self.size, change.value
+        if new == old:
+            return
+        factor = self._rescale_lr(old, new)
+        self.size = new
+        self._switch_time = time.time()
+        self._switch_step = self._step()
+        reset_peak_memory()
+        for callback in self._callbacks:
+            try:
+                callback(old, new)
+            except Exception as exc:
+                self._guard.report("an on_batch_size_change callback", exc)
+        record = BatchChange(
+            step=self._switch_step,
+            t=self._switch_time,
+            old=old,
+            new=new,
+            reason=change.reason,
+            source=change.source,
+            lr_factor=factor,
+        )
+        self._record(record)
+        lr_note = f"; learning rate ×{factor:.3g} ({self._lr_scaling})" if factor else ""
+        self._emit(
+            Event(
+                t=record.t,
+                step=record.step,
+                kind="batch_size",
+                message=f"batch size {old} → {new} ({change.reason}, {change.source}){lr_note}",
+                data={"old": old, "new": new, "lr_factor": factor},
+            )
+        )
+
+    def shrink_after_oom(self, step: int) -> int | None:
+        """The size to fall back to after an OOM at the current size (None: nothing smaller)."""
+        failed = self.loader_size
+        self.oom_sizes[self.size] = step
+        if self.micro is not None:
+            smaller = failed // 2
+            if smaller < 1 or self.size % smaller:
+                return None
+            self.micro = smaller  # same effective batch, twice the micro-batches
+            return self.size
+        fallback = self.last_good if self.last_good < self.size else self.size // 2
+        return fallback if fallback >= self.policy.min_size else None
+
+    def _rescale_lr(self, old: int, new: int) -> float | None:
+        if self._lr_scaling is None:
+            return None
+        adam = is_adam_like(self._optimizer)
+        try:
+            factor = lr_factor(self._lr_scaling, old, new, self._noise_scale(), adam)
+        except NoFactor as exc:
+            self._emit(
+                Event(
+                    t=time.time(),
+                    step=self._step(),
+                    kind="lr_unchanged",
+                    level="warning",
+                    message=f"learning rate unchanged: {exc}",
+                )
+            )
+            return None
+        changes = rescale(self._optimizer, factor, self._scheduler)
+        olds = ", ".join(f"{a:.3g}→{b:.3g}" for a, b in changes)
+        root = ", square root for Adam" if adam and self._lr_scaling == "noise" else ""
+        self._emit(
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="lr_rescaled",
+                message=f"learning rate ×{factor:.3g} ({self._lr_scaling}{root}): {olds}",
+                data={"factor": factor, "groups": changes},
+            )
+        )
+        return factor
+
+    # -- what changes bought, and the memory model (agent thread) ----------------------------
+
+    def add_change(self, change: BatchChange) -> None:
+        change.samples_per_s_before = self._throughput(
+            lambda w: w.batch_size == change.old and w.step <= change.step, newest=True
+        )
+        self.changes.append(change)
+
+    def observe_metrics(self, metrics: Metrics) -> list[Event]:
+        """Feed one metrics window; returns the "what it bought" events now complete."""
+        if metrics.steps_in_window and metrics.samples_per_s and metrics.batch_size:
+            self._windows.append(
+                _Window(
+                    metrics.step, metrics.batch_size, metrics.samples_per_s, metrics.steps_in_window
+                )
+            )
+        done = []
+        for i, change in enumerate(self.changes):
+            superseded = i + 1 < len(self.changes)
+            if change.samples_per_s_after is not None or superseded:
+                continue
+            after = self._throughput(
+                lambda w, c=change: w.batch_size == c.new and w.step > c.step + WARMUP_STEPS,
+                minimum_steps=AFTER_STEPS,
+            )
+            if after is None:
+                continue
+            change.samples_per_s_after = after
+            done.append(self._bought_event(change))
+        return done
+
+    def _throughput(
+        self, keep: Callable[[_Window], bool], newest: bool = False, minimum_steps: int = 1
+    ) -> float | None:
+        windows = [w for w in self._windows if keep(w)]
+        if newest:
+            picked, steps = [], 0
+            for window in reversed(windows):
+                picked.append(window)
+                steps += window.steps
+                if steps >= BEFORE_STEPS:
+                    break
+            windows = picked
+        steps = sum(w.steps for w in windows)
+        if steps < minimum_steps or not windows:
+            return None
+        return sum(w.samples_per_s * w.steps for w in windows) / steps
+
+    def _bought_event(self, change: BatchChange) -> Event:
+        before, after = change.samples_per_s_before, change.samples_per_s_after
+        if before and after:
+            gain = after / before - 1
+            text = (
+                f"batch {change.old} → {change.new} bought {gain:+.0%} throughput "
+                f"({before:,.0f} → {after:,.0f} samples/s)"
+            )
+        else:
+            text = f"batch {change.new} runs at {after:,.0f} samples/s"
+        return Event(
+            t=time.time(),
+            step=self._step(),
+            kind="batch_size_result",
+            message=text,
+            data={"old": change.old, "new": change.new, "before": before, "after": after},
+        )
+
+    def observe_sample(self, sample: DeviceSample, step: int) -> None:
+        peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
+        if not peaks or sample.t <= self._switch_time:
+            return
+        self.memory.observe(self.loader_size, max(peaks), step - self._switch_step)
+        self.memory_budget = device_budget(sample)
+
+    def reading(self) -> BatchReading:
+        next_up = self.policy.next_size(self.size, "up")
+        predicted_up = self.memory.predicted_peak(next_up) if next_up and not self.micro else None
+        return BatchReading(
+            control=True,
+            min_size=self.policy.min_size,
+            max_size=self.policy.max_size,
+            next_up=next_up,
+            next_down=self.policy.next_size(self.size, "down"),
+            pending=upcoming.value if (upcoming := self.pending or self.held) else None,
+            applies_at=self.apply_at,
+            accumulation_steps=self.accumulation_steps if self.micro else None,
+            micro_batch_size=self.micro,
+            lr_scaling=self._lr_scaling,
+            memory=self.memory.points(),
+            memory_budget_bytes=self.memory_budget,
+            predicted_max=self.memory.predicted_max(self.memory_budget),
+            predicted_peak_next_up=int(predicted_up) if predicted_up else None,
+            probe_max=self.probe_max,
+            changes=list(self.changes),
+        )
+
+
+def device_budget(sample: DeviceSample) -> int | None:
+    """Memory the job's allocator can use on its fullest device: the total, less what NVML
+    sees used outside the allocator (the CUDA context, other processes)."""
+    budgets = []
+    for device in sample.devices:
+        total = device.memory_total_bytes
+        if not total:
+            continue
+        outside = 0
+        if device.memory_used_bytes is not None and device.torch_reserved_bytes is not None:
+            outside = max(0, device.memory_used_bytes - device.torch_reserved_bytes)
+        budgets.append(total - outside)
+    return min(budgets) if budgets else None
+
+
+def reset_peak_memory() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+
+
+class BatchExtension(Extension):
+    """The agent-thread side of batch control: memory readings, what changes bought, and the
+    batch reading in every metrics message and hello."""
+
+    def __init__(self, controller: BatchController, telemetry: Telemetry) -> None:
+        self._controller = controller
+        self._telemetry = telemetry
+        telemetry.handlers[BATCH] = controller.add_change
+
+    def on_tick(self, sample: DeviceSample) -> None:
+        self._controller.observe_sample(sample, self._telemetry.step)
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        for event in self._controller.observe_metrics(metrics):
+            self._telemetry.add_event(event)
+        metrics.batch = self._controller.reading()
+
+    def on_hello(self, hello: Hello) -> None:
+        hello.batch = self._controller.reading()
+
+
+def register_commands(router: CommandRouter, controller: BatchController) -> None:
+    def set_size(command: Command) -> dict[str, Any]:
+        assert isinstance(command, SetBatchSize)
+        return controller.request(
+            command.value,
+            confirm=command.confirm,
+            reason=command.reason or "set from the monitor",
+            source="monitor",
+        )
+
+    def step_size(command: Command) -> dict[str, Any]:
+        assert isinstance(command, StepBatchSize)
+        return controller.request_step(command.direction, confirm=command.confirm, source="monitor")
+
+    router.register("set_batch_size", set_size)
+    router.register("step_batch_size", step_size)

@@ -1,0 +1,349 @@
+"""Zero-code attach: the agent ``bsmon run`` loads into a training script nobody changed.
+
+``boot/sitecustomize.py`` calls ``install()`` right after the process imports torch.
+``install()`` starts nothing; it
+
+- registers PyTorch's global optimizer step pre-hook, which fires for every optimizer,
+  including ones created before it was registered. The first ``optimizer.step()`` of the
+  process attaches a normal ``Monitor`` (so whatever the Monitor does, e.g. the noise scale,
+  works here too) to that optimizer and to the model found through its parameters;
+- watches DataLoader iteration (``loader_watch``), so the samples of the training batches
+  each step draws are counted (batches drawn with gradients off or the model in ``eval()``
+  mode are evaluation, not counted), with the loader's own batch size as the job's;
+- wraps ``Tensor.backward``, so the scalar the script calls ``backward()`` on is shown as its
+  loss (as the script computed it: divided for accumulation, or scaled by AMP, if it is).
+
+A process that never steps an optimizer (torchrun's launcher, DataLoader workers, tools)
+never attaches: no thread, no socket. It leaves ``bsmon run`` a note (``run_notes``) saying
+why — a script that calls ``backward()`` but updates its parameters by hand is told apart
+from one that never trained — and a process that trained without attaching also leaves a
+record that says so. Nothing is written to the job's own output. Batch-size control is off,
+with the reason and how to turn it on: the script's own DataLoaders cannot be resized from
+outside.
+
+Rules of the house: every callback is O(1) on the training thread, apart from the one-time
+attach at the first step (which also scans the heap once for the model, ~0.1 s per 200k
+objects); every exception inside bsmon code is caught, counted and shown as an event.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..batch.loader import batch_length
+from ..integrations.common import disable_batch_control, note, rank_name
+from ..record.writer import import_summary_writer, write_unattached
+from ..runtime import distributed, loader_watch
+from ..runtime.fault_guard import FaultGuard
+from ..wire import discovery
+from ..wire.protocol import Event
+from . import notes as run_notes
+
+CONTROL_REASON = (
+    "bsmon run cannot resize the script's own loaders; "
+    "attach(..., batch_size=N) and mon.dataloader() in the script enable it"
+)
+PROBE_REASON = (
+    "bsmon run cannot give the probe a batch size or a loss; "
+    "attach(..., batch_size=N, loss_fn=...) in the script enables it"
+)
+EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
+UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
+HAND_UPDATES = (
+    "it calls backward() but steps no torch.optim optimizer (parameters updated by hand?); "
+    "bsmon attaches at the first optimizer.step()"
+)
+NOTHING_TRAINED = "it stepped no torch.optim optimizer (nothing trained)"
+
+_installed: list[AutoAttach] = []  # this process's agent, once installed
+
+
+def install(name: str) -> AutoAttach | None:
+    """Install the zero-code agent in this process (once); returns it, or None if it was
+    already installed."""
+    if _installed:
+        return None
+    agent = AutoAttach(name or _script_name())
+    agent.install()
+    _installed.append(agent)
+    return agent
+
+
+def installed() -> AutoAttach | None:
+    return _installed[0] if _installed else None
+
+
+def _script_name() -> str:
+    from ..agent import _default_name
+
+    return _default_name()
+
+
+class AutoAttach:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.monitor: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.model: nn.Module | None = None
+        self.stood_down: str | None = None  # why this process is not monitored, if it is not
+        self.guard = FaultGuard(self._emit, lambda: self.monitor.step if self.monitor else 0)
+        self._early: list[Event] = []
+        self._early_loss: torch.Tensor | None = None
+        self._others: set[int] = set()
+        self._total = 0  # training samples drawn before the first step
+        self._first = 0  # the job's batch size, from the first training batch
+        self._backwards = 0  # backward() calls before the first optimizer step
+        self._unwrap: list[Any] = []  # puts back what install() changed
+        self._hook: Any = None
+        self._notes: tuple[Path, str] | None = None  # (bsmon directory, run id) of bsmon run
+        self._script_attached = False
+        self._started = time.time()
+
+    # -- installation ----------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._hook = register_optimizer_step_pre_hook(self._pre_step)
+        if (why := loader_watch.subscribe(self._on_batch)) is not None:
+            self._note_early(f"{why}: samples are not counted")
+        else:
+            self._unwrap.append(lambda: loader_watch.unsubscribe(self._on_batch))
+        self._wrap_backward()
+        run_id = os.environ.get(run_notes.ENV_RUN_ID)
+        if run_id:
+            self._notes = (discovery.default_dir(), run_id)
+            atexit.register(self._at_exit)
+
+    def _unwrap_all(self) -> None:
+        while self._unwrap:
+            self._unwrap.pop()()
+
+    def _wrap_backward(self) -> None:
+        original = torch.Tensor.backward
+        agent = self
+
+        @functools.wraps(original)
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            agent._on_backward(tensor)
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        self._unwrap.append(lambda: setattr(torch.Tensor, "backward", original))
+
+    # -- training-thread callbacks -------------------------------------------------------------
+
+    def _on_batch(self, iterator: Any, batch: Any, _started: float, _finished: float) -> None:
+        """A DataLoader batch before the monitor exists (loader_watch): a training batch
+        counts toward the first step; the monitor counts the later ones itself."""
+        try:
+            if batch is None or not torch.is_grad_enabled():
+                return  # the end of an epoch, or an evaluation loop
+            n = batch_length(batch)
+            if n is None:
+                return
+            if not self._total:
+                self._first = loader_watch.nominal_batch_size(iterator) or n
+            self._total += n
+        except Exception as exc:
+            self.guard.report("counting a DataLoader batch", exc)
+
+    def _on_backward(self, tensor: torch.Tensor) -> None:
+        try:
+            if tensor.numel() != 1:
+                return
+            if self.monitor is not None:
+                self.monitor.log(loss=tensor)
+                return
+            self._backwards += 1
+            if self.stood_down is None:
+                self._early_loss = tensor.detach()
+            if self._backwards == UNSTEPPED_BACKWARDS and self.optimizer is None:
+                self._leave_note()  # bsmon run can say why while the job runs
+                import_summary_writer()  # before exit, where importing it could fail
+        except Exception as exc:
+            self.guard.report("reading the loss at backward()", exc)
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        try:
+            if self.monitor is not None:
+                if optimizer is not self.optimizer:
+                    self._note_other(optimizer)
+                return
+            if self.stood_down is not None:
+                return
+            try:
+                self._attach(optimizer)
+            except Exception as exc:
+                self._stand_down(f"could not attach ({type(exc).__name__}: {exc})")
+            if self.monitor is not None:
+                self._leave_note()  # said now: a job killed later never reaches its atexit
+                loader_watch.unsubscribe(self._on_batch)  # the batches drawn before it count
+                if self._total:  # toward the first step; the monitor counts the later ones
+                    self.monitor.count_samples(self._total, self._first)
+        except Exception as exc:
+            self.guard.report("the optimizer step pre-hook", exc)
+
+    # -- attach (once, at the first optimizer step) --------------------------------------------
+
+    def _attach(self, optimizer: torch.optim.Optimizer) -> None:
+        from ..agent import attach, live_monitors
+
+        if any(True for _ in live_monitors()):
+            self._script_attached = True
+            self._stand_down("the script attaches bsmon itself; bsmon run leaves it to that")
+            return
+        started = time.perf_counter()
+        try:
+            objects = gc.get_objects()  # one scan of the heap for both
+            model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            del objects
+        except Exception as exc:
+            model = scaler = None
+            self.guard.report("looking for the model", exc)
+        search_s = time.perf_counter() - started
+        rank, world_size = distributed.world()
+        monitor = attach(
+            model, optimizer, name=rank_name(self.name, rank, world_size), grad_scaler=scaler
+        )
+        disable_batch_control(monitor, CONTROL_REASON)
+        monitor.router.disable("probe", PROBE_REASON)
+        self.monitor, self.optimizer, self.model = monitor, optimizer, model
+        for event in self._early:
+            monitor.emit(event)
+        self._early.clear()
+        if self._early_loss is not None:
+            monitor.log(loss=self._early_loss)
+            self._early_loss = None
+        note(
+            monitor,
+            "zero_code",
+            f"bsmon run: watching {describe_optimizer(optimizer)} training "
+            f"{describe_model(model)} (found in {search_s:.2f} s); the loss shown is the "
+            "value backward() is called on; batch-size control is off (see its reason)",
+            optimizer=type(optimizer).__name__,
+            model=type(model).__name__ if model is not None else None,
+            search_s=round(search_s, 4),
+        )
+
+    def _stand_down(self, why: str) -> None:
+        self.stood_down = why
+        self._early.clear()
+        self._early_loss = None
+        self._unwrap_all()  # the hook stays (torch may be iterating over it); it does nothing
+        self._leave_note()
+
+    def _leave_note(self) -> None:
+        """Tell bsmon run whether this process is monitored, and if not, why (never raises)."""
+        if self._notes is None:
+            return
+        attached = self.monitor is not None or self._script_attached
+        trained = self._backwards > 0 or self.optimizer is not None
+        if attached:
+            reason = None
+        elif self.stood_down is not None:
+            reason = self.stood_down
+        else:
+            reason = HAND_UPDATES if trained else NOTHING_TRAINED
+        run_notes.write(*self._notes, run_notes.Note(os.getpid(), attached, trained, reason))
+
+    def _at_exit(self) -> None:
+        """The last word of a process that trained but was never monitored: its note, and a
+        record that says why. Never raises (an exception here would change the exit code)."""
+        try:
+            self._leave_note()
+            if self.monitor is None and not self._script_attached and self._backwards:
+                from ..agent import session_info
+
+                session = session_info(self.name)
+                session.start_time = self._started
+                reason = self.stood_down or HAND_UPDATES
+                write_unattached(discovery.default_dir(), session, reason)
+        except Exception:  # nothing may escape at exit: the note and record are best effort
+            return
+
+    def _note_other(self, optimizer: torch.optim.Optimizer) -> None:
+        key = id(optimizer)
+        if key in self._others or len(self._others) >= 8:
+            return
+        self._others.add(key)
+        note(
+            self.monitor,
+            "zero_code",
+            f"another optimizer steps too ({describe_optimizer(optimizer)}); bsmon counts the "
+            f"steps of the first one that stepped ({describe_optimizer(self.optimizer)})",
+        )
+
+    def _emit(self, event: Event) -> None:
+        if self.monitor is not None:
+            self.monitor.emit(event)
+        elif len(self._early) < EARLY_EVENTS:
+            self._early.append(event)
+
+    def _note_early(self, message: str) -> None:
+        self._emit(Event(t=time.time(), step=0, kind="zero_code", message=message, level="warning"))
+
+
+# -- finding the model -----------------------------------------------------------------------
+
+
+def find_model(
+    optimizer: torch.optim.Optimizer, objects: list[Any] | None = None
+) -> nn.Module | None:
+    """The module the script trains with ``optimizer``: among the outermost modules alive
+    (those no other module holds as a child), the one that holds the most of the optimizer's
+    parameters, then the fewest others. A DDP or ``torch.compile`` wrapper is outermost, so it
+    is the one found (it is what the script calls). None when no module holds any of them."""
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    heap = gc.get_objects() if objects is None else objects
+    modules = [obj for obj in heap if issubclass(type(obj), nn.Module)]
+    children = {id(child) for module in modules for child in module._modules.values()}
+    best: tuple[int, int] | None = None
+    found = None
+    for module in modules:
+        if id(module) in children:
+            continue
+        ids = {id(p) for p in module.parameters()}
+        held = len(ids & wanted)
+        if not held:
+            continue
+        score = (held, -len(ids - wanted))
+        if best is None or score > best:
+            best, found = score, module
+    return found
+
+
+def find_grad_scaler(objects: list[Any] | None = None) -> Any:
+    """The job's ``torch.amp.GradScaler`` when it has exactly one (its loss scale is divided
+    out of the gradients bsmon measures); None otherwise."""
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_class is None:
+        return None
+    heap = gc.get_objects() if objects is None else objects
+    scalers = [
+        obj for obj in heap if issubclass(type(obj), scaler_class)
+    ]  # type(): no __class__ lookups, which warn on some objects
+    return scalers[0] if len(scalers) == 1 else None
+
+
+def describe_model(model: nn.Module | None) -> str:
+    if model is None:
+        return "a model bsmon did not find (no nn.Module holds the optimizer's parameters)"
+    count = sum(p.numel() for p in model.parameters())
+    return f"{type(model).__name__} ({count:,} parameters)"
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer | None) -> str:
+    if optimizer is None:
+        return "none"
+    tensors = sum(len(group["params"]) for group in optimizer.param_groups)
+    return f"{type(optimizer).__name__} over {tensors} tensors"

@@ -1,0 +1,139 @@
+"""What the job contributes to a probe: the batch it used, the precision it runs in, and the
+recipe built from them. Lives in the job; hooks here do O(1) work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+
+from ..batch.control import BatchController
+from ..runtime.forward_watch import ForwardWatch, RootPass
+from ..wire.protocol import ProbeResult
+from . import plan
+from . import recipe as recipes
+
+PRECISION = "the probe: the job's precision"
+CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
+
+
+class ProbeSource:
+    """Keeps what a probe needs from the running job (training thread: O(1) per batch)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Any,
+        probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None,
+        control: BatchController | None,
+        *,
+        watch: ForwardWatch,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.probe_step = probe_step
+        self.control = control
+        self.batch: Any = None
+        self.batch_size = 0
+        self.batch_numel = 0
+        self.autocast_dtype: str | None = None
+        self._watch = watch
+        watch.on_root(self._observe_precision)
+        watch.hold(PRECISION)  # until one training pass has been seen
+
+    def close(self) -> None:
+        self._watch.release(PRECISION)
+        self._watch.off_root(self._observe_precision)
+
+    def offer(self, batch: Any, size: int) -> None:
+        """A batch the job used: kept when it is the largest so far (by samples, then size)."""
+        if size < self.batch_size:
+            return
+        numel = recipes.batch_numel(batch)
+        if size > self.batch_size or numel > self.batch_numel:
+            self.batch, self.batch_size, self.batch_numel = batch, size, numel
+
+    def _observe_precision(self, root_pass: RootPass, _output: Any) -> None:
+        """After a training pass of the model (the autocast state wraps the whole call)."""
+        if not root_pass.grad:
+            return
+        device_type = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        if torch.is_autocast_enabled(device_type):
+            self.autocast_dtype = str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
+        else:
+            self.autocast_dtype = None
+        self._watch.release(PRECISION)
+
+    # -- the recipe (the probe's thread) -------------------------------------------------------
+
+    def check(self) -> None:
+        if self.model is None:
+            raise recipes.RecipeError("the probe needs the model: attach(model, optimizer, ...)")
+        if self.control is None:
+            raise recipes.RecipeError("the probe needs attach(..., batch_size=N)")
+        if self.batch is None:
+            raise recipes.RecipeError(
+                "the probe needs a batch the job has used: train with "
+                "mon.dataloader(...) or call mon.set_probe_batch(batch)"
+            )
+        if self.probe_step is None and self.loss_fn is None and not isinstance(self.batch, dict):
+            raise recipes.RecipeError(
+                "the probe needs attach(..., loss_fn=...) or "
+                "attach(..., probe_step=fn(model, batch) -> loss)"
+            )
+
+    def recipe(self, memory_budget: int | None) -> recipes.Recipe:
+        self.check()
+        model, control = self.model, self.control
+        assert model is not None and control is not None
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        cls, kwargs, groups = recipes.optimizer_spec(self.optimizer, model)
+        if device.type == "cpu" and memory_budget is None:
+            memory_budget = default_cpu_budget()
+        return recipes.Recipe(
+            model=recipes.pickle_structure(model),
+            optimizer_class=cls,
+            optimizer_kwargs=kwargs,
+            param_groups=groups,
+            batch=recipes.to_cpu(self.batch),
+            batch_size=self.batch_size,
+            device=str(device),
+            job_batch_size=control.loader_size,
+            loss_fn=self.loss_fn,
+            probe_step=self.probe_step,
+            autocast_dtype=self.autocast_dtype,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+            memory_budget=memory_budget,
+            max_batch_size=control.policy.max_size,
+            job_points=[(p.batch_size, p.peak_bytes) for p in control.memory.points()],
+            job_budget=control.memory_budget,
+            threads=torch.get_num_threads(),
+        )
+
+    def conclude(self, result: ProbeResult, noise_scale: float | None) -> None:
+        """Add the recommendation and tell batch control the largest size that fits."""
+        control = self.control
+        if control is None or result.status != "ok":
+            return
+        memory_max = result.predicted_max or result.max_batch_size or None
+        if memory_max is not None and control.policy.max_size is not None:
+            memory_max = min(memory_max, control.policy.max_size)
+        result.recommendation = plan.recommend(
+            result.points, memory_max, noise_scale, control.loader_size
+        )
+        control.probe_max = memory_max
+
+
+def default_cpu_budget() -> int:
+    return min(CPU_BUDGET_CAP, psutil.virtual_memory().available // 4)
+
+
+def device_free(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of a CUDA device; reading it does not synchronise the device."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)

@@ -1,0 +1,326 @@
+"""The job's side of the probe: start the sidecar, read its lines, guard the job, conclude.
+
+The runner has its own thread; the training thread is never involved. A watchdog checks every
+50 ms: on a GPU, the device's free memory (the sidecar is killed before the job could run out);
+on the CPU, the sidecar's resident memory against its budget; and the deadline. A sidecar that
+crashes (even with a signal), hangs, or goes over its budget becomes a result that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import psutil
+
+from ..runtime.service import Extension
+from ..wire.describe import extrapolation_note
+from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult
+from ..wire.routing import CommandRefused
+from . import recipe as recipes
+
+WATCH_INTERVAL_S = 0.05
+DEFAULT_TIMEOUT_S = 600.0
+RUNAWAY_FACTOR = 1.5  # on the CPU, a sidecar this far over its budget is killed
+STDERR_TAIL = 2000
+
+
+class _Line(msgspec.Struct):
+    type: str
+    message: str = ""
+    point: ProbePoint | None = None
+    result: ProbeResult | None = None
+
+
+class ProbeRunner:
+    def __init__(
+        self,
+        *,
+        check: Callable[[], None],
+        prepare: Callable[[int | None], recipes.Recipe],
+        directory: Path,
+        emit: Callable[[Event], None],
+        on_result: Callable[[ProbeResult], None],
+        step: Callable[[], int],
+        device_free: Callable[[], tuple[int, int] | None] = lambda: None,
+    ) -> None:
+        self._check = check
+        self._prepare = prepare
+        self._directory = directory
+        self._emit = emit
+        self._on_result = on_result
+        self._step = step
+        self._device_free = device_free
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._done.set()
+        self._reading = ProbeReading()
+        self._decoder = msgspec.json.Decoder(_Line)
+        self._process: subprocess.Popen | None = None
+
+    def reading(self) -> ProbeReading:
+        return self._reading
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def start(self, memory_budget: int | None, timeout_s: float | None) -> dict[str, object]:
+        """Begin a probe in the background; raises CommandRefused when it cannot run."""
+        with self._lock:
+            if self.running:
+                age = time.time() - (self._reading.started or time.time())
+                raise CommandRefused(f"a probe is already running (started {age:.0f} s ago)")
+            if memory_budget is not None and memory_budget <= 0:
+                raise CommandRefused("memory_budget must be a positive number of bytes")
+            if timeout_s is not None and timeout_s <= 0:
+                raise CommandRefused("timeout_s must be positive")
+            try:
+                self._check()
+            except recipes.RecipeError as exc:
+                raise CommandRefused(str(exc)) from None
+            timeout = timeout_s or DEFAULT_TIMEOUT_S
+            self._done.clear()
+            self._reading = ProbeReading(
+                status="running", message="preparing the recipe", started=time.time()
+            )
+            threading.Thread(
+                target=self._run, args=(memory_budget, timeout), name="bsmon-probe", daemon=True
+            ).start()
+        self._emit(
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="probe_started",
+                message=f"probe started (up to {timeout:.0f} s); the job slows while "
+                "the sidecar shares the device",
+            )
+        )
+        return {"started": True, "timeout_s": timeout}
+
+    def wait(self, timeout: float | None = None) -> ProbeResult | None:
+        self._done.wait(timeout)
+        return self._reading.result
+
+    def stop(self) -> None:
+        """Kill a running sidecar (the job is closing); its thread then reports "killed"."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+
+    # -- the probe thread --------------------------------------------------------------------
+
+    def _run(self, memory_budget: int | None, timeout: float) -> None:
+        started = time.monotonic()
+        try:
+            recipe = self._prepare(memory_budget)  # on this thread: pickling takes a while
+            self._reading = msgspec.structs.replace(
+                self._reading, message=f"starting the sidecar on {recipe.device}"
+            )
+            result = self._run_sidecar(recipe, timeout)
+        except recipes.RecipeError as exc:
+            result = ProbeResult(status="refused", error=str(exc))
+        except Exception as exc:  # a bug here must still end the probe with a result
+            result = ProbeResult(status="failed", error=f"{type(exc).__name__}: {exc}")
+        result.duration_s = time.monotonic() - started
+        self._finish(result)
+
+    def _run_sidecar(self, recipe: recipes.Recipe, timeout: float) -> ProbeResult:
+        path = recipes.write(recipe, self._directory)
+        process = None
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bsmon.probes.maxbatch.sidecar", str(path)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=sidecar_environment(),
+                cwd=os.getcwd(),
+                start_new_session=True,
+            )
+            self._process = process
+            return self._follow(process, recipe, time.monotonic() + timeout, timeout)
+        finally:
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+            path.unlink(missing_ok=True)
+
+    def _follow(
+        self, process: subprocess.Popen, recipe: recipes.Recipe, deadline: float, timeout: float
+    ) -> ProbeResult:
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        buffer = b""
+        result: ProbeResult | None = None
+        points: list[ProbePoint] = []
+        stopped: str | None = None
+        while True:
+            for _key, _ in selector.select(WATCH_INTERVAL_S):
+                chunk = os.read(process.stdout.fileno(), 1 << 16)  # type: ignore[union-attr]
+                if not chunk:
+                    selector.unregister(process.stdout)  # type: ignore[arg-type]
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    result = self._take_line(line, points) or result
+            if process.poll() is not None and not selector.get_map():
+                break
+            if process.poll() is not None:
+                continue  # drain what is left
+            stopped = self._watchdog(process, recipe, deadline, timeout)
+            if stopped is not None:
+                process.kill()
+                process.wait()
+                break
+        selector.close()
+        if stopped is not None:
+            return ProbeResult(
+                status="timeout" if "timed out" in stopped else "killed",
+                points=points,
+                error=stopped,
+                max_batch_size=max((p.batch_size for p in points if p.fits), default=0),
+            )
+        if result is not None:
+            return result
+        return crashed(process, points)
+
+    def _take_line(self, line: bytes, points: list[ProbePoint]) -> ProbeResult | None:
+        if not line.strip():
+            return None
+        try:
+            message = self._decoder.decode(line)
+        except msgspec.DecodeError:
+            return None
+        if message.type == "progress":
+            self._reading = msgspec.structs.replace(self._reading, message=message.message)
+        elif message.type == "point" and message.point is not None:
+            points.append(message.point)
+            self._reading = msgspec.structs.replace(self._reading, points=list(points))
+        elif message.type == "result":
+            return message.result
+        return None
+
+    def _watchdog(
+        self, process: subprocess.Popen, recipe: recipes.Recipe, deadline: float, timeout: float
+    ) -> str | None:
+        """Why the sidecar must be stopped now, or None."""
+        if time.monotonic() > deadline:
+            return f"timed out after {timeout:.0f} s"
+        if recipe.device.startswith("cuda"):
+            reading = self._device_free()
+            if reading is not None:
+                free, total = reading
+                floor = max(512 << 20, int(0.02 * total))
+                if free < floor:
+                    return (
+                        f"killed by the watchdog: {recipe.device} free memory fell to "
+                        f"{free / 2**20:.0f} MiB (floor {floor / 2**20:.0f} MiB)"
+                    )
+        elif recipe.memory_budget:
+            try:
+                rss = psutil.Process(process.pid).memory_info().rss
+            except psutil.Error:
+                return None
+            if rss > RUNAWAY_FACTOR * recipe.memory_budget:
+                return (
+                    f"killed by the watchdog: the sidecar used {rss / 2**20:.0f} MiB, over "
+                    f"{RUNAWAY_FACTOR}× its {recipe.memory_budget / 2**20:.0f} MiB budget"
+                )
+        return None
+
+    def _finish(self, result: ProbeResult) -> None:
+        self._reading = ProbeReading(
+            status="done",
+            message=summary(result),
+            started=self._reading.started,
+            points=result.points,
+            result=result,
+        )
+        level = "info" if result.status == "ok" else "warning"
+        try:
+            self._on_result(result)
+        finally:
+            self._emit(
+                Event(
+                    t=time.time(),
+                    step=self._step(),
+                    kind="probe_result",
+                    level=level,
+                    message=summary(result),
+                    data=msgspec.to_builtins(result),
+                )
+            )
+            self._done.set()
+
+
+class ProbeExtension(Extension):
+    """Puts the probe's state into every metrics message."""
+
+    def __init__(self, runner: ProbeRunner) -> None:
+        self._runner = runner
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        metrics.probe = self._runner.reading()
+
+
+def crashed(process: subprocess.Popen, points: list[ProbePoint]) -> ProbeResult:
+    code = process.returncode
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"the sidecar crashed ({name})"
+    else:
+        why = f"the sidecar exited with code {code} without a result"
+    tail = (
+        process.stderr.read()[-STDERR_TAIL:].decode(errors="replace").strip()
+        if (process.stderr)
+        else ""
+    )
+    if tail:
+        why += f": {tail.splitlines()[-1]}"
+    return ProbeResult(
+        status="crashed",
+        points=points,
+        error=why,
+        max_batch_size=max((p.batch_size for p in points if p.fits), default=0),
+    )
+
+
+def summary(result: ProbeResult) -> str:
+    if result.status != "ok":
+        return f"probe {result.status}: {result.error}"
+    predicted = ""
+    if result.predicted_max:
+        predicted = (
+            f"; predicted max ≈{result.predicted_max:,} "
+            f"({extrapolation_note(result.extrapolation)})"
+        )
+    return f"probe: {result.max_batch_size:,} ran on {result.device}{predicted}" + (
+        f"; recommended {result.recommendation.batch_size:,}" if result.recommendation else ""
+    )
+
+
+def sidecar_environment() -> dict[str, str]:
+    """The job's environment, with its import path, so the sidecar imports what it imports."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # glibc: serve blocks of 64 KiB and more with mmap and give them back on free, so the
+    # sidecar's resident memory follows its live memory (the CPU probe measures RSS)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
+    return env

@@ -1,0 +1,50 @@
+"""The record: the session kept on disk, read back, and turned to and from live readings.
+
+Modules, one job each:
+
+- ``format``: the record's lines, format version 1 (JSON Lines; docs/record.md);
+- ``writer``: the recorder — spans built on the agent thread, written by a writer thread;
+- ``reader``: a record read back (export, replay, the summary), a torn last line allowed;
+- ``buckets``: mergeable aggregates (min/mean/max stats, histograms, compaction);
+- ``history``: a bounded history at a uniform, coarsening resolution (agent and dashboard);
+- ``conversions``: live readings ↔ record spans, for export and replay.
+
+This package is the dashboard's face on the record: it imports neither torch nor textual
+(``writer`` runs in the job and is not exported here). ``conversions`` is imported on
+demand (``from bsmon.probes.record import conversions``): it reads the step anatomy, which
+itself builds on ``format``.
+"""
+
+from __future__ import annotations
+
+from .format import (
+    RECORD_VERSION,
+    DeviceSpan,
+    End,
+    Header,
+    HostSpan,
+    Span,
+    Stat,
+    Status,
+    span_throughput,
+)
+from .history import DecimatingHistory, merge_points, metrics_history
+from .reader import RecordError, open_record
+
+__all__ = [
+    "RECORD_VERSION",
+    "DecimatingHistory",
+    "DeviceSpan",
+    "End",
+    "Header",
+    "HostSpan",
+    "RecordError",
+    "Span",
+    "Stat",
+    "Status",
+    "conversions",
+    "merge_points",
+    "metrics_history",
+    "open_record",
+    "span_throughput",
+]

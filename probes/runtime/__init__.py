@@ -1,0 +1,21 @@
+"""The runtime: what runs inside the training job on every step, and the agent thread.
+
+Modules, one job each:
+
+- ``hooks``: optimizer step hooks that count each ``optimizer.step()`` once;
+- ``timing``: step marks on the training thread, resolved into durations on the agent;
+- ``samples``: the samples of each step, and the batch size a person would say;
+- ``evaluation``: evaluation time inside the loop, kept apart from step time;
+- ``forward_watch``, ``loader_watch``, ``call_watch``: the model's forward passes, every
+  DataLoader's batches, and torch functions wrapped once per process with subscribers;
+- ``telemetry``: step records in, metrics windows and history points out (agent thread);
+- ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
+- ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
+- ``fault_guard``: an exception in bsmon's code on the training thread stops there;
+- ``signals``: SIGTERM closes the monitors (end line, summary) before the job exits;
+- ``distributed``: a private gloo group and the step-boundary exchange between ranks;
+- ``ranks``: every rank's summary on rank 0, through torch.distributed's store.
+
+Imported by ``agent`` (the composition root) and the other wings inside the job; never by
+the dashboard.
+"""

@@ -1,0 +1,250 @@
+"""Every rank on one screen: each rank's summary reaches rank 0 through torch.distributed's
+own key-value store (the one the job's process group was set up with).
+
+Every 2 s a bsmon thread on each rank writes its latest summary (a dozen numbers, its host
+and local rank) under its own key, and on rank 0 reads the keys that exist. Nothing waits on
+another rank: no collective, no blocking receive. A rank that stops answering simply stops
+refreshing its key and is shown as late. (Point-to-point over gloo was tried and rejected: a
+blocking receive cannot be interrupted — destroying the process group under it aborts the
+process — and a timed-out one closes the connection for good.)
+
+Where the model is DistributedDataParallel, its runtime statistics give each rank's forward
+and backward compute time and the all-reduce time not hidden behind backward: in synchronous
+data parallelism every rank's step takes as long as the slowest one's, so the straggler shows
+up in compute, and the others in waiting.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from ..wire.protocol import Metrics, RankReading, RanksReading
+from .service import Extension
+
+SEND_INTERVAL_S = 2.0
+VIEW_INTERVAL_S = 1.0
+LATE_AFTER_S = 3 * SEND_INTERVAL_S
+STRAGGLER_FLAG = 1.10  # compute this much above the median marks the slowest rank
+DDP_SAMPLE_EVERY = 20  # steps between DDP's own timing samples (and our reads of them)
+
+FIELDS = (
+    "step",
+    "step_time_s",
+    "samples_per_s",
+    "batch_size",
+    "util_percent",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "forward_s",
+    "backward_s",
+    "comm_wait_s",
+    "data_s",
+    "verdict",
+)
+
+
+class DdpTiming:
+    """Reads a DDP model's runtime statistics on the training thread every few steps (the
+    read is a small C++ call; doing it there avoids racing the reducer)."""
+
+    def __init__(self, model: torch.nn.Module | None) -> None:
+        self.model = model if _is_ddp(model) else None
+        if self.model is not None:
+            self.model._set_ddp_runtime_logging_sample_rate(DDP_SAMPLE_EVERY)
+        self.latest: dict[str, float] = {}
+
+    @property
+    def reason(self) -> str:
+        if self.model is not None:
+            return "compute = forward + backward (DDP runtime statistics)"
+        return "compute per rank needs a DistributedDataParallel model (DDP timing)"
+
+    def comm_wait(self) -> float | None:
+        """The all-reduce wait of DDP's latest sampled step (None: none yet, or not DDP)."""
+        return self.latest.get("comm_wait_s")
+
+    def at_step(self, step: int) -> None:
+        if self.model is None or step % DDP_SAMPLE_EVERY:
+            return
+        data = self.model._get_ddp_logging_data()
+        forward = data.get("forward_compute_time")
+        backward = data.get("backward_compute_time")
+        comm = data.get("backward_comm_time")
+        overlap = data.get("backward_compute_comm_overlap_time", 0)
+        if forward and backward:
+            self.latest = {
+                "forward_s": forward / 1e9,
+                "backward_s": backward / 1e9,
+                "comm_wait_s": max(0, (comm or 0) - (overlap or 0)) / 1e9,
+            }
+
+
+def _is_ddp(model: object) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+class RankExchange:
+    """Carries summaries through the job's store, on one daemon thread per rank."""
+
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._store = store
+        self._outgoing: bytes | None = None
+        self._stop = threading.Event()
+        self._decoder = msgspec.json.Decoder()
+        self.received: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._sequences: dict[int, int] = {}
+        self.failure: str | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bsmon-ranks")
+        self._thread.start()
+
+    def offer(self, summary: dict[str, Any]) -> None:
+        """The latest summary replaces any not yet written (never blocks)."""
+        self._outgoing = msgspec.json.encode(summary)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SEND_INTERVAL_S / 2):
+            try:
+                outgoing, self._outgoing = self._outgoing, None
+                if outgoing is not None:
+                    self._store.set(f"r{self.rank}", outgoing)
+                if self.rank == 0:
+                    self._collect()
+            except Exception as exc:  # the store went away (the job is ending)
+                self.failure = f"{type(exc).__name__}: {exc}"
+                return
+
+    def _collect(self) -> None:
+        for peer in range(1, self.world_size):
+            key = f"r{peer}"
+            if not self._store.check([key]):
+                continue
+            values = self._decoder.decode(self._store.get(key))
+            sequence = values.get("seq")
+            if sequence != self._sequences.get(peer):  # a new summary: heard from it now
+                self._sequences[peer] = sequence
+                self.received[peer] = (time.time(), values)
+
+
+def store_for(serial: int) -> Any:
+    """A namespace in the job's rendezvous store for this monitor's summaries."""
+    from torch.distributed import distributed_c10d
+
+    return dist.PrefixStore(f"bsmon/ranks/{serial}/", distributed_c10d._get_default_store())
+
+
+def straggler(readings: Sequence[RankReading]) -> tuple[int | None, float | None]:
+    """The rank with the most compute per step, and its compute over the median rank's."""
+    timed = [
+        (r.forward_s + r.backward_s, r.rank)
+        for r in readings
+        if r.forward_s is not None and r.backward_s is not None and not r.late
+    ]
+    if len(timed) < 2:
+        return None, None
+    median = statistics.median(compute for compute, _ in timed)
+    compute, rank = max(timed)
+    return rank, compute / median if median > 0 else None
+
+
+class RanksExtension(Extension):
+    """The agent-thread side: every rank builds its summary; rank 0 also builds the view."""
+
+    def __init__(
+        self,
+        exchange: RankExchange,
+        placement: tuple[str, int],
+        summary: Callable[[Metrics], dict[str, Any]],
+        timing: DdpTiming,
+    ) -> None:
+        self._exchange = exchange
+        self._host, self._local_rank = placement
+        self._summary = summary
+        self._timing = timing
+        self._sequence = 0
+        self._own: dict[str, Any] = {}
+        self._last = 0.0
+        self._reading: RanksReading | None = None
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        """Summaries are made every SEND_INTERVAL_S and rank 0's view once a second: the
+        agent thread shares the interpreter with the training thread, so it does little."""
+        now = time.time()
+        interval = VIEW_INTERVAL_S if self._exchange.rank == 0 else SEND_INTERVAL_S
+        if now - self._last >= interval:  # the first call always passes (_last is 0)
+            self._last = now
+            self._sequence += 1
+            self._own = {
+                **self._summary(metrics),
+                **self._timing.latest,
+                "seq": self._sequence,
+                "host": self._host,
+                "local_rank": self._local_rank,
+            }
+            if self._exchange.rank != 0:
+                self._exchange.offer(self._own)
+            else:
+                self._reading = self.reading(now)
+        metrics.ranks = self._reading
+
+    def reading(self, now: float) -> RanksReading:
+        exchange = self._exchange
+        readings = [self._rank_reading(0, self._own, 0.0)]
+        for peer in range(1, exchange.world_size):
+            heard = exchange.received.get(peer)
+            if heard is None:
+                readings.append(RankReading(rank=peer, late=True))
+                continue
+            at, values = heard
+            readings.append(self._rank_reading(peer, values, now - at))
+        slowest, ratio = straggler(readings)
+        sizes = [r.batch_size for r in readings if r.batch_size is not None]
+        return RanksReading(
+            world_size=exchange.world_size,
+            ranks=readings,
+            straggler=slowest,
+            straggler_ratio=ratio,
+            timing=self._timing.reason,
+            global_batch_size=sum(sizes) if len(sizes) == exchange.world_size else None,
+        )
+
+    @staticmethod
+    def _rank_reading(rank: int, values: dict[str, Any], age: float) -> RankReading:
+        fields = {k: values.get(k) for k in FIELDS}
+        return RankReading(
+            rank=rank,
+            host=str(values.get("host", "")),
+            local_rank=int(values.get("local_rank", 0)),
+            age_s=age,
+            late=age > LATE_AFTER_S,
+            **fields,
+        )
+
+
+def rank_summary(metrics: Metrics) -> dict[str, Any]:
+    """This rank's own figures, from the metrics it is about to send to its own monitor."""
+    device = max(metrics.devices, key=lambda d: d.memory_used_bytes or 0, default=None)
+    anatomy = metrics.anatomy
+    return {
+        "data_s": anatomy.data_s if anatomy else None,
+        "verdict": anatomy.verdict if anatomy else None,
+        "step": metrics.step,
+        "step_time_s": metrics.step_time_s,
+        "samples_per_s": metrics.samples_per_s,
+        "batch_size": metrics.batch_size,
+        "util_percent": device.util_percent if device else None,
+        "memory_used_bytes": device.memory_used_bytes if device else None,
+        "memory_total_bytes": device.memory_total_bytes if device else None,
+    }

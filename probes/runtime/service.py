@@ -1,0 +1,237 @@
+"""The agent thread: drains the training thread's inbox, aggregates, serves the socket.
+
+One daemon thread runs an asyncio loop with the socket server and a 10 Hz tick; a second
+daemon thread samples devices once a second (NVML and psutil calls can take milliseconds and
+must not delay the tick). Neither ever takes a lock the training thread holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..record.writer import Recorder
+from ..wire import discovery, protocol
+from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
+from ..wire.routing import CommandRouter
+from ..wire.server import AgentServer
+from .devices import DeviceSample, DeviceSampler
+from .telemetry import Telemetry
+
+TICK_S = 0.1
+SOCKET_CHECK_S = 1.0
+HISTORY_CHUNK = 512
+
+
+class PeriodicSampler(threading.Thread):
+    """Samples devices every ``interval_s`` and keeps the latest reading."""
+
+    def __init__(self, sampler: DeviceSampler, interval_s: float) -> None:
+        super().__init__(name="bsmon-sampler", daemon=True)
+        self._sampler = sampler
+        self._interval = interval_s
+        self._stop_event = threading.Event()
+        self.latest = DeviceSample(
+            devices=[], gpu=Capability(False, "not sampled yet"), host=HostReading()
+        )
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.latest = self._sampler.sample()
+            except Exception as exc:  # a sampler bug must not end the thread
+                self.latest = DeviceSample(
+                    devices=[],
+                    gpu=Capability(False, f"sampler: {exc}"),
+                    host=HostReading(error=str(exc)),
+                )
+            self._stop_event.wait(self._interval)
+        self._sampler.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class Extension:
+    """A part of the agent that works on the agent thread beside the telemetry: it sees each
+    device sample, can add to each metrics message and to the hello."""
+
+    def on_tick(self, sample: DeviceSample) -> None:
+        """Called every tick with the latest device sample."""
+
+    def on_metrics(self, metrics: protocol.Metrics) -> None:
+        """Called for each metrics message before it is sent."""
+
+    def on_hello(self, hello: Hello) -> None:
+        """Called for each hello before it is sent."""
+
+
+class AgentService(threading.Thread):
+    def __init__(
+        self,
+        *,
+        inbox: deque,
+        telemetry: Telemetry,
+        router: CommandRouter,
+        sampler: PeriodicSampler,
+        session: SessionInfo,
+        socket_path: Path | None,
+        fault_count: Callable[[], int],
+        noise_capability: Callable[[], Capability],
+        extensions: Sequence[Extension] = (),
+        recorder: Recorder | None = None,
+        on_rebound: Callable[[], None] = lambda: None,
+    ) -> None:
+        super().__init__(name="bsmon-agent", daemon=True)
+        self._inbox = inbox
+        self.telemetry = telemetry
+        self.router = router
+        self.sampler = sampler
+        self.session = session
+        self._fault_count = fault_count
+        self._noise_capability = noise_capability
+        self.extensions = list(extensions)
+        self.recorder = recorder
+        self._on_rebound = on_rebound
+        self.server = (
+            AgentServer(socket_path, router.handle_line, self._greeting)
+            if socket_path is not None
+            else None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._bye_reason = "closed"
+        self.ready = threading.Event()
+        self.startup_error: BaseException | None = None
+
+    # -- lifecycle (any thread) ---------------------------------------------------------------
+
+    def start_and_wait(self, timeout: float = 10.0) -> None:
+        self.sampler.start()
+        self.start()
+        if not self.ready.wait(timeout):
+            raise TimeoutError("bsmon agent thread did not start in time")
+        if self.startup_error is not None:
+            raise self.startup_error
+
+    def stop(self, reason: str = "closed", timeout: float = 5.0) -> None:
+        self._bye_reason = reason
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopping.set)
+        self.sampler.stop()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self.startup_error = self.startup_error or exc
+        finally:
+            self.ready.set()
+            loop.close()
+
+    async def _main(self) -> None:
+        self._stopping = asyncio.Event()
+        try:
+            if self.server is not None:
+                await self.server.start()
+        except BaseException as exc:
+            self.startup_error = exc
+            self.ready.set()
+            return
+        self.ready.set()
+        next_check = time.monotonic() + SOCKET_CHECK_S
+        while not self._stopping.is_set():
+            self.tick()
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + SOCKET_CHECK_S
+                await self._rebind_if_deleted()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), TICK_S)
+        self.tick(final=True)
+        if self.server is not None:
+            bye = protocol.encode(protocol.Bye(reason=self._bye_reason, t=time.time()))
+            await self.server.stop(farewell=bye)
+
+    async def _rebind_if_deleted(self) -> None:
+        """A socket file deleted under the job (a tmp cleaner, a stray ``rm``) is made again,
+        so a monitor can still attach; connected monitors never notice."""
+        if self.server is None or not self.server.socket_missing():
+            return
+        try:
+            discovery.ensure_private_dir(self.server.path.parent)  # it may have gone too
+            await self.server.start()
+        except (OSError, discovery.BsmonDirError):
+            return  # tried again at the next check
+        self._on_rebound()
+
+    def tick(self, final: bool = False) -> None:
+        """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""
+        telemetry = self.telemetry
+        records = []
+        inbox = self._inbox
+        while inbox:
+            records.append(inbox.popleft())
+        telemetry.ingest(records)
+        telemetry.poll()
+        sample = self.sampler.latest
+        for extension in self.extensions:
+            extension.on_tick(sample)
+        now = time.time()
+        flushes, telemetry.flushes = telemetry.flushes, []
+        metrics = telemetry.take_metrics(now, force=final or bool(flushes))
+        if metrics is not None:
+            metrics.t = now
+            metrics.devices = sample.devices
+            metrics.gpu = sample.gpu
+            metrics.host = sample.host
+            metrics.errors = self._fault_count()
+            for extension in self.extensions:
+                extension.on_metrics(metrics)
+        events = telemetry.take_new_events()
+        if self.server is not None:  # events first: a change is announced before its metrics
+            for event in events:
+                self.server.broadcast(protocol.encode(event), droppable=False)
+            if metrics is not None:
+                self.server.broadcast_metrics(metrics)
+        if self.recorder is not None:
+            self.recorder.tick(now, events, sample, self._noise_capability(), final)
+        for done in flushes:
+            done.set()
+
+    def _greeting(self) -> list[bytes]:
+        telemetry = self.telemetry
+        sample = self.sampler.latest
+        hello = Hello(
+            protocol=protocol.PROTOCOL_VERSION,
+            session=self.session,
+            step=telemetry.step,
+            batch_size=telemetry.batch_size,
+            capabilities=self.router.capabilities(),
+            gpu=sample.gpu,
+            noise_scale=self._noise_capability(),
+            devices=sample.devices,
+        )
+        for extension in self.extensions:
+            extension.on_hello(hello)
+        lines = [protocol.encode(hello)]
+        points = telemetry.history.snapshot()
+        starts = range(0, max(len(points), 1), HISTORY_CHUNK)
+        for start in starts:
+            chunk = list(points[start : start + HISTORY_CHUNK])
+            final = start == starts[-1]
+            lines.append(protocol.encode(protocol.History(points=chunk, final=final)))
+        lines.extend(protocol.encode(event) for event in telemetry.events)
+        return lines

@@ -1,0 +1,252 @@
+"""Aggregation on the agent thread: step records in, metrics windows and history points out.
+
+The training thread only appends small tuples to an inbox (see ``agent.Inbox``); everything
+here runs later, on the agent thread, so its cost never lands on a training step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..anatomy.marks import StepMarks
+from ..anatomy.phases import phases_of, with_comm
+from ..anatomy.window import PhaseWindow, anatomy_of
+from ..record.format import StepDone
+from ..record.history import DecimatingHistory, metrics_history
+from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
+from .timing import Captured, DurationResolver, read_scalar
+
+STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
+HISTORY_INTERVAL_S = 1.0
+HEARTBEAT_INTERVAL_S = 1.0
+EVENT_BACKLOG = 500
+
+
+def training_time(duration: float | None, eval_s: float) -> float | None:
+    """A step's duration without the evaluation inside it (None: not timed; also when the
+    evaluation, timed on the host, takes all of a duration timed on a device)."""
+    if duration is None or not eval_s:
+        return duration
+    rest = duration - eval_s
+    return rest if rest > 0 else None
+
+
+class StepTap(Protocol):
+    def on_step(self, done: StepDone) -> None: ...
+    def on_scalar(self, name: str, value: float) -> None: ...
+
+
+@dataclass
+class _Window:
+    """Steps whose durations have been resolved since the window was last taken."""
+
+    steps: int = 0
+    timed_steps: int = 0
+    duration_s: float = 0.0
+    timed_samples: int = 0
+    counted_s: float = 0.0  # the part of duration_s whose steps' samples were counted
+    scalar_sums: dict[str, float] = field(default_factory=dict)
+    scalar_counts: dict[str, int] = field(default_factory=dict)
+
+    def add_step(self, duration: float | None, samples: int | None) -> None:
+        self.steps += 1
+        if duration is not None and duration > 0:
+            self.timed_steps += 1
+            self.duration_s += duration
+            if samples is not None:
+                self.counted_s += duration
+                self.timed_samples += samples
+
+    def add_scalar(self, name: str, value: float) -> None:
+        self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + value
+        self.scalar_counts[name] = self.scalar_counts.get(name, 0) + 1
+
+    @property
+    def step_time_s(self) -> float | None:
+        return self.duration_s / self.timed_steps if self.timed_steps else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.timed_samples / self.counted_s if self.counted_s > 0 else None
+
+    def scalars(self) -> dict[str, float]:
+        return {k: self.scalar_sums[k] / self.scalar_counts[k] for k in self.scalar_sums}
+
+
+class Telemetry:
+    def __init__(self, history_capacity: int = 2048) -> None:
+        self.step = 0
+        self.samples: int | None = 0  # None once a step's samples could not be counted
+        self.samples_note: str | None = None  # why they are not counted (set by the monitor)
+        self.batch_size: int | None = None
+        self.last_step_time = 0.0
+        self.step_time_s: float | None = None
+        self.samples_per_s: float | None = None
+        self.scalars: dict[str, float] = {}
+        self.noise = NoiseScaleReading()
+        self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
+        self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
+        self._resolver = DurationResolver()
+        # (step, samples, batch size, evaluation seconds, phase marks) of the steps whose
+        # marks are pending
+        self._step_meta: deque[tuple[int, int | None, int | None, float, StepMarks | None]] = (
+            deque()
+        )
+        self.anatomy = PhaseWindow()
+        self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
+        self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
+        self._pending_scalars: deque[tuple[str, Captured]] = deque()
+        self._window = _Window()
+        self._second = _Window()
+        self._second_started = time.time()
+        self._last_emit = 0.0
+        self._nonfinite_reported: set[str] = set()
+        self.new_events: list[Event] = []
+        self.flushes: list = []  # threading.Events to set once this tick's output is sent
+        self.handlers: dict[int, Callable[[Any], None]] = {}  # other inbox record kinds
+        # Sees every resolved step and scalar (agent thread): on_step(StepDone) and
+        # on_scalar(name, value). The session recorder uses it.
+        self.tap: StepTap | None = None
+
+    # -- ingest (agent thread) ----------------------------------------------------------------
+
+    def ingest(self, records: Iterable[tuple]) -> None:
+        for record in records:
+            kind = record[0]
+            if kind == STEP:
+                self._add_step(record)
+            elif kind == LOG:
+                _, _step, values = record
+                self._pending_scalars.extend(values.items())
+            elif kind == EVENT:
+                self.add_event(record[1])
+            elif kind == FLUSH:
+                self.flushes.append(record[1])
+            elif (handler := self.handlers.get(kind)) is not None:
+                handler(record[1])
+
+    def _add_step(self, record: tuple) -> None:
+        """``(STEP, step, wall time, mark, samples or None, batch size, evaluation s, phase
+        marks or None)``."""
+        _, step, wall, mark, samples, batch_size, eval_s, marks = record
+        self.step = step
+        if samples is not None:
+            self.samples = (self.samples or 0) + samples
+        elif not self.samples:
+            self.samples = None  # nothing counted yet: unknown, not zero
+        self.batch_size = batch_size
+        self.last_step_time = wall
+        self._resolver.add(mark)
+        self._step_meta.append((step, samples, batch_size, eval_s, marks))
+        self.eval_s += eval_s
+
+    def add_event(self, event: Event) -> None:
+        self.events.append(event)
+        self.new_events.append(event)
+
+    def take_new_events(self) -> list[Event]:
+        events, self.new_events = self.new_events, []
+        return events
+
+    def poll(self) -> None:
+        """Resolve whatever durations and scalars have become readable."""
+        tap = self.tap
+        for resolved in self._resolver.resolve():
+            step, samples, batch_size, eval_s, marks = self._step_meta.popleft()
+            duration = training_time(resolved.duration, eval_s)
+            self._window.add_step(duration, samples)
+            self._second.add_step(duration, samples)
+            phases = None
+            if marks is not None and duration is not None:
+                phases = phases_of(marks, resolved.begin, resolved.end, duration)
+                if phases is not None:
+                    phases = with_comm(phases, self.comm_sample())
+                    self.anatomy.add(duration, phases)
+            if tap is not None:
+                tap.on_step(StepDone(step, duration, samples, batch_size, eval_s, phases))
+        while self._pending_scalars:
+            name, captured = self._pending_scalars[0]
+            value = read_scalar(captured)
+            if value is None:
+                break
+            self._pending_scalars.popleft()
+            if not math.isfinite(value):
+                self._report_nonfinite(name, value)
+                continue
+            self.scalars[name] = value
+            self._window.add_scalar(name, value)
+            self._second.add_scalar(name, value)
+            if tap is not None:
+                tap.on_scalar(name, value)
+
+    def _report_nonfinite(self, name: str, value: float) -> None:
+        if name in self._nonfinite_reported:
+            return
+        self._nonfinite_reported.add(name)
+        self.add_event(
+            Event(
+                t=time.time(),
+                step=self.step,
+                kind="nonfinite_scalar",
+                level="warning",
+                message=f"{name} is {value} at step {self.step} (shown as a gap in the chart)",
+                data={"name": name},
+            )
+        )
+
+    # -- output -------------------------------------------------------------------------------
+
+    def take_metrics(self, now: float, force: bool = False) -> Metrics | None:
+        """The metrics of the window since the last call; ``None`` when there is nothing new
+        and the last message is younger than the heartbeat interval (unless ``force``)."""
+        window = self._window
+        if not force and window.steps == 0 and now - self._last_emit < HEARTBEAT_INTERVAL_S:
+            return None
+        if window.step_time_s is not None:
+            self.step_time_s = window.step_time_s
+            self.samples_per_s = window.samples_per_s
+        self._window = _Window()
+        self._last_emit = now
+        self._maybe_add_history_point(now)
+        return Metrics(
+            t=now,
+            step=self.step,
+            batch_size=self.batch_size,
+            step_time_s=self.step_time_s,
+            samples_per_s=self.samples_per_s,
+            b_simple=self.noise.b_simple,
+            samples=self.samples,
+            samples_note=self.samples_note if self.samples_per_s is None else None,
+            eval_s=self.eval_s,
+            steps_in_window=window.steps,
+            scalars=window.scalars() or {},
+            noise=self.noise,
+            idle_s=max(0.0, now - self.last_step_time) if self.step else None,
+        )
+
+    def _maybe_add_history_point(self, now: float) -> None:
+        second = self._second
+        if now - self._second_started < HISTORY_INTERVAL_S or second.steps == 0:
+            return
+        interval = self.anatomy.take_interval()
+        self.history.append(
+            MetricsPoint(
+                t=now,
+                step=self.step,
+                steps=second.steps,
+                batch_size=self.batch_size,
+                step_time_s=second.step_time_s,
+                samples_per_s=second.samples_per_s,
+                samples=self.samples,
+                scalars=second.scalars(),
+                noise=self.noise if self.noise.b_simple is not None else None,
+                anatomy=anatomy_of(interval, self.anatomy.clock) if interval else None,
+            )
+        )
+        self._second = _Window()
+        self._second_started = now

@@ -1,0 +1,26 @@
+"""The summary of a session: built from its record, written as summary.json and summary.md.
+
+Modules, one job each:
+
+- ``schema``: the shape of summary.json, version 1 (docs/summary.md);
+- ``build``: the summary computed from a record in one streaming pass, and written;
+- ``recommend``: recommendations drawn from a summary, each with its basis stated;
+- ``markdown``: summary.md, for a person, with text charts drawn by plotext.
+
+This package is the dashboard's face on summaries: it imports neither torch nor textual.
+"""
+
+from __future__ import annotations
+
+from .build import paths_beside, summarize_items, summarize_record, write_summary
+from .schema import Note, Source, Summary
+
+__all__ = [
+    "Note",
+    "Source",
+    "Summary",
+    "paths_beside",
+    "summarize_items",
+    "summarize_record",
+    "write_summary",
+]

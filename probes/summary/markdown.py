@@ -1,0 +1,354 @@
+"""``summary.md``: the summary for a person, with text charts drawn by plotext."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Sequence
+
+import plotext
+
+from .schema import Note, Point, Summary
+
+CHART_WIDTH = 76
+CHART_HEIGHT = 13
+_plotext_lock = threading.Lock()  # plotext draws on one global figure
+
+
+def render_markdown(s: Summary) -> str:
+    parts = [
+        f"# bsmon summary: {s.run.name}\n\n{_story(s)}\n",
+        _run_table(s),
+        _numbers_table(s),
+        _devices(s),
+        _anatomy(s),
+        _batch_sizes(s),
+        _charts(s),
+        _scalars(s),
+        _probes(s),
+        _notes("Warnings", s.warnings, "none"),
+        _notes("Recommendations", s.recommendations, "none: nothing stood out in this run"),
+        f"---\n\nMade by bsmon from {_code(s.source.path or 'a dashboard session')}; "
+        "the numbers are in summary.json (schema: docs/summary.md).\n",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+def _story(s: Summary) -> str:
+    ending = f"ended: {s.run.end_reason}" if s.run.complete else "no clean end (killed?)"
+    return (
+        f"**{s.run.name}** ran **{duration(s.duration_s)}** on {s.run.host} (pid {s.run.pid}): "
+        f"**{s.steps:,} steps**, {_samples(s)}; {ending}."
+    )
+
+
+def _samples(s: Summary) -> str:
+    return f"{count(s.samples)} samples" if s.samples is not None else "samples not counted"
+
+
+def _time_split(s: Summary) -> str:
+    t = s.time
+    evaluation = f" · evaluation {duration(t.evaluation_s)}" if t.evaluation_s else ""
+    return f"steps {duration(t.steps_s)}{evaluation} · other {duration(t.other_s)}"
+
+
+def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _run_table(s: Summary) -> str:
+    run = s.run
+    end = run.end if run.complete else f"{run.end} (last record; no end line)"
+    rank = [("rank", f"{run.rank} of {run.world_size}")] if run.world_size > 1 else []
+    rows = [
+        ("command", _code(shlex.join(run.argv) if run.argv else "?")),
+        ("directory", _code(run.cwd or "?")),
+        ("started", run.start),
+        ("ended", end),
+        *rank,
+        (
+            "versions",
+            f"python {run.python} · torch {run.torch_version} · bsmon {run.bsmon_version}",
+        ),
+    ]
+    return "## Run\n\n" + _table(rows, ("", ""))
+
+
+def _numbers_table(s: Summary) -> str:
+    st, tp, noise = s.step_time_s, s.throughput, s.b_simple
+    step_time = (
+        f"mean {ms(st.mean)} · p50 {ms(st.p50)} · p95 {ms(st.p95)} · p99 {ms(st.p99)} "
+        f"(min {ms(st.min)}, max {ms(st.max)}; {st.timed_steps:,} steps timed)"
+    )
+    rows = [
+        ("duration", duration(s.duration_s)),
+        ("steps", f"{s.steps:,}"),
+        ("samples", f"{s.samples:,}" if s.samples is not None else "n/a (not counted)"),
+        ("time", _time_split(s)),
+        ("step time", step_time if st.timed_steps else "n/a (no step was timed)"),
+        (
+            "throughput",
+            f"{rate(tp.samples_per_s)} samples/s (best half second {rate(tp.best_samples_per_s)}, "
+            f"worst {rate(tp.worst_samples_per_s)})",
+        ),
+        (
+            "B_simple (estimate)",
+            f"{num(noise.start)} at the start → {num(noise.end)} at the end "
+            f"(range {num(noise.min)}–{num(noise.max)})"
+            if noise.end is not None
+            else f"n/a ({noise.note or 'not measured'})",
+        ),
+    ]
+    if s.host.rss_peak_bytes is not None:
+        rows.append(
+            (
+                "job process",
+                f"CPU {pct(s.host.cpu_mean_percent)} mean · RSS peak {gib(s.host.rss_peak_bytes)}",
+            )
+        )
+    return "## Numbers\n\n" + _table(rows, ("", ""))
+
+
+def _devices(s: Summary) -> str:
+    if not s.devices:
+        return f"## Devices\n\nno GPU readings: {s.no_devices_reason}.\n"
+    rows = [
+        (
+            f"GPU{d.index}",
+            d.name or "?",
+            pct(d.util_mean_percent),
+            pct(d.util_p95_percent),
+            f"{gib(d.memory_peak_bytes)} of {gib(d.memory_total_bytes)} "
+            f"({pct(_percent_of(d.memory_peak_fraction))})",
+            gib(d.torch_peak_bytes),
+            f"{d.temperature_max_c:.0f} °C" if d.temperature_max_c is not None else "n/a",
+            f"{d.power_mean_w:.0f} W" if d.power_mean_w is not None else "n/a",
+        )
+        for d in s.devices
+    ]
+    header = (
+        "device",
+        "name",
+        "util mean",
+        "util p95",
+        "memory peak",
+        "torch peak",
+        "temp max",
+        "power mean",
+    )
+    return "## Devices\n\n" + _table(rows, header)
+
+
+PHASE_NAMES = {
+    "data": "waiting for data",
+    "forward": "forward (and loss)",
+    "backward": "backward",
+    "comm": "all-reduce wait",
+    "optimizer": "optimizer step",
+    "other": "other (logging, syncs, zero_grad)",
+}
+
+
+def _anatomy(s: Summary) -> str:
+    a = s.anatomy
+    if a is None or not a.step_s:
+        return ""
+    rows = []
+    for phase, name in PHASE_NAMES.items():
+        seconds = getattr(a, f"{phase}_s")
+        share = pct(100 * seconds / a.step_s) if seconds is not None else "not measured"
+        rows.append((name, ms(seconds), share))
+    verdict = f"**{a.verdict}**: {a.evidence}; try: {a.advice}.\n\n" if a.verdict else ""
+    notes = "".join(f"- {note}\n" for note in a.notes)
+    return (
+        f"## Where the step time went\n\n{verdict}"
+        f"Per step, averaged over {a.steps:,} steps ({a.clock or 'wall clock'}):\n\n"
+        + _table(rows, ("phase", "per step", "share"))
+        + (f"\n{notes}" if notes else "")
+    )
+
+
+def _batch_sizes(s: Summary) -> str:
+    if not s.batch_size_history:
+        return "## Batch size\n\nno steps were recorded.\n"
+    history = _table(
+        [
+            (
+                _size(seg.batch_size),
+                f"{seg.from_step:,}–{seg.to_step:,}",
+                duration(seg.duration_s),
+                rate(seg.samples_per_s),
+                ms(seg.step_time_s),
+            )
+            for seg in s.batch_size_history
+        ],
+        ("batch size", "steps", "time", "samples/s", "step time"),
+    )
+    by_size = _table(
+        [
+            (
+                _size(b.batch_size),
+                f"{b.steps:,}",
+                duration(b.duration_s),
+                rate(b.samples_per_s),
+                rate(b.best_samples_per_s),
+                ms(b.step_time_p50_s),
+            )
+            for b in sorted(s.batch_sizes, key=lambda b: b.batch_size or 0)
+        ],
+        ("batch size", "steps", "time", "samples/s", "best samples/s", "step time p50"),
+    )
+    return f"## Batch size\n\nIn order:\n\n{history}\nWhat each size reached:\n\n{by_size}"
+
+
+def _charts(s: Summary) -> str:
+    series = s.series
+    charts = []
+    specs = [
+        ("step_time_ms", "step time (ms) by step", "step"),
+        ("samples_per_s", "throughput (samples/s) by step", "step"),
+    ]
+    specs += [
+        (k, f"{k.removeprefix('scalar:')} by step", "step")
+        for k in series
+        if k.startswith("scalar:")
+    ]
+    specs += [("b_simple", "B_simple (estimate) by step", "step")]
+    specs += [
+        (k, f"GPU{k[3:].split('_')[0]} utilization (%) by seconds into the run", "seconds")
+        for k in series
+        if k.startswith("gpu")
+    ]
+    for key, title, xlabel in specs:
+        points = series.get(key)
+        if points and len(points) >= 2:
+            charts.append(f"```text\n{chart(points, title, xlabel)}\n```\n")
+    return "## Charts\n\n" + "\n".join(charts) if charts else ""
+
+
+def _scalars(s: Summary) -> str:
+    if not s.scalars:
+        return ""
+    rows = [
+        (_code(name), num(v.first), num(v.last), num(v.min), num(v.max), f"{v.n:,}")
+        for name, v in s.scalars.items()
+    ]
+    return "## Logged scalars\n\n" + _table(rows, ("name", "first", "last", "min", "max", "values"))
+
+
+def _probes(s: Summary) -> str:
+    if not s.probes:
+        return ""
+    lines = [
+        f"- step {p.get('step', 0):,} ({duration(p.get('t_s'))} in): {probe_text(p)}"
+        for p in s.probes
+    ]
+    return "## Probe results\n\n" + "\n".join(lines) + "\n"
+
+
+def probe_text(probe: dict) -> str:
+    """The sidecar probe's result in a sentence; other results as their plain fields."""
+    if "status" not in probe:
+        return ", ".join(f"{k}={v}" for k, v in probe.items() if k not in ("t_s", "step"))
+    parts = [str(probe["status"])]
+    if probe.get("max_batch_size"):
+        parts.append(f"largest batch that ran {probe['max_batch_size']:,}")
+    if probe.get("predicted_max"):
+        parts.append(f"predicted max ≈ {probe['predicted_max']:,} (a prediction)")
+    recommendation = probe.get("recommendation")
+    if isinstance(recommendation, dict) and recommendation.get("batch_size"):
+        reasons = "; ".join(recommendation.get("reasons") or [])
+        parts.append(
+            f"recommended {recommendation['batch_size']:,}" + (f" ({reasons})" if reasons else "")
+        )
+    if probe.get("points"):
+        parts.append(f"{len(probe['points'])} sizes measured on {probe.get('device', '?')}")
+    if probe.get("error"):
+        parts.append(f"error: {probe['error']}")
+    return " · ".join(parts)
+
+
+def _notes(title: str, notes: list[Note], empty: str) -> str:
+    if not notes:
+        return f"## {title}\n\n{empty}.\n"
+    lines = []
+    for note in notes:
+        where = f" (step {note.step:,}, {duration(note.t_s)} in)" if note.step is not None else ""
+        lines.append(f"- {note.message}{where}")
+    return f"## {title}\n\n" + "\n".join(lines) + "\n"
+
+
+# -- charts ---------------------------------------------------------------------------------------
+
+
+def chart(points: list[Point], title: str, xlabel: str) -> str:
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    with _plotext_lock:
+        plotext.clear_figure()
+        plotext.plot_size(CHART_WIDTH, CHART_HEIGHT)
+        plotext.theme("clear")
+        plotext.plot(xs, ys, marker="braille")
+        plotext.title(title)
+        plotext.xlabel(xlabel)
+        text = plotext.uncolorize(plotext.build())
+        plotext.clear_figure()
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+# -- numbers for people ---------------------------------------------------------------------------
+
+
+def _code(text: str) -> str:
+    return "`" + text.replace("`", "'") + "`"
+
+
+def _size(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "n/a"
+
+
+def num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _percent_of(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}%"
+
+
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3g} ms"
+
+
+def rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def count(value: float) -> str:
+    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    return f"{value:,.0f}"
+
+
+def gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"

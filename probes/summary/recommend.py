@@ -1,0 +1,139 @@
+"""Recommendations drawn from a session's summary: plain rules, each with its basis stated.
+
+They are suggestions, not findings: a noise scale is an estimate, and a batch size that was
+not run is a prediction, never "fits" (DESIGN.md's rule).
+"""
+
+from __future__ import annotations
+
+from .schema import Note, Summary
+
+LOW_UTIL_PERCENT = 60.0
+ROOMY_MEMORY = 0.5
+FULL_MEMORY = 0.95
+SPIKY_RATIO = 3.0
+
+
+def recommendations(summary: Summary) -> list[Note]:
+    notes: list[Note] = []
+    final = summary.batch_size_history[-1].batch_size if summary.batch_size_history else None
+    _noise_scale(summary, final, notes)
+    _devices(summary, notes)
+    _spikes(summary, notes)
+    _best_size(summary, notes)
+    _probe(summary, notes)
+    _anatomy(summary, notes)
+    return notes
+
+
+def _anatomy(summary: Summary, notes: list[Note]) -> None:
+    """Where the step time went, when something other than the model's own work is to blame."""
+    anatomy = summary.anatomy
+    if anatomy is None or anatomy.verdict in (None, "compute-bound"):
+        return
+    kind = "step_" + anatomy.verdict.replace("-", "_")
+    notes.append(Note(kind, f"{anatomy.verdict}: {anatomy.evidence}; try: {anatomy.advice}"))
+
+
+def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None:
+    b_simple = summary.b_simple.end
+    if b_simple is None or batch is None or b_simple <= 0:
+        return
+    if batch < b_simple / 2:
+        notes.append(
+            Note(
+                "batch_below_noise_scale",
+                f"the batch size ({batch:,}) is well below the estimated noise scale "
+                f"B_simple ≈ {b_simple:,.0f}: a larger batch, up to about {b_simple:,.0f}, would "
+                "likely need fewer steps for the same progress at little cost per sample "
+                "(an estimate; check memory with `bsmon probe` before raising it)",
+            )
+        )
+    elif batch > 2 * b_simple:
+        notes.append(
+            Note(
+                "batch_above_noise_scale",
+                f"the batch size ({batch:,}) is well above the estimated noise scale "
+                f"B_simple ≈ {b_simple:,.0f}: past it, larger batches buy little per sample; a "
+                f"smaller batch near {b_simple:,.0f} may reach the same loss with less compute "
+                "(an estimate)",
+            )
+        )
+
+
+def _devices(summary: Summary, notes: list[Note]) -> None:
+    for device in summary.devices:
+        util = device.util_mean_percent
+        if util is not None and util < LOW_UTIL_PERCENT:
+            notes.append(
+                Note(
+                    "low_gpu_utilization",
+                    f"GPU{device.index} was busy {util:.0f}% of the time on average: the job may "
+                    "be waiting on input (data loading, host-to-device copies); try more "
+                    "DataLoader workers, pin_memory=True, or a larger batch",
+                )
+            )
+        fraction = device.memory_peak_fraction
+        if fraction is None:
+            continue
+        if fraction >= FULL_MEMORY:
+            notes.append(
+                Note(
+                    "memory_near_full",
+                    f"GPU{device.index} memory peaked at {fraction:.0%}: close to running out; "
+                    "probe before raising the batch size",
+                )
+            )
+        elif fraction < ROOMY_MEMORY:
+            notes.append(
+                Note(
+                    "memory_headroom",
+                    f"GPU{device.index} memory peaked at {fraction:.0%}: there is probably room "
+                    "for a larger batch (a prediction, not tested: `bsmon probe` measures it)",
+                )
+            )
+
+
+def _spikes(summary: Summary, notes: list[Note]) -> None:
+    st = summary.step_time_s
+    if st.p50 and st.p99 and st.p99 > SPIKY_RATIO * st.p50:
+        notes.append(
+            Note(
+                "step_time_spikes",
+                f"1% of steps took over {st.p99 / st.p50:.1f}× the median step time "
+                f"({st.p99 * 1e3:.1f} ms vs {st.p50 * 1e3:.1f} ms): look for stalls (data "
+                "loading, checkpoints, logging, garbage collection)",
+            )
+        )
+
+
+def _best_size(summary: Summary, notes: list[Note]) -> None:
+    sizes = [s for s in summary.batch_sizes if s.samples_per_s and s.batch_size is not None]
+    if len(sizes) < 2:
+        return
+    best = max(sizes, key=lambda s: s.samples_per_s or 0.0)
+    notes.append(
+        Note(
+            "fastest_batch_size",
+            f"of the batch sizes this run used, {best.batch_size:,} reached the highest "
+            f"throughput ({best.samples_per_s:,.0f} samples/s, measured over {best.steps:,} steps)",
+        )
+    )
+
+
+def _probe(summary: Summary, notes: list[Note]) -> None:
+    """The last probe's own recommendation, when it made one."""
+    for probe in reversed(summary.probes):
+        recommendation = probe.get("recommendation")
+        if probe.get("status") == "ok" and isinstance(recommendation, dict):
+            size = recommendation.get("batch_size")
+            reasons = "; ".join(recommendation.get("reasons") or [])
+            if size:
+                notes.append(
+                    Note(
+                        "probe_recommendation",
+                        f"the probe at step {probe.get('step', 0):,} recommended batch size "
+                        f"{size:,}" + (f": {reasons}" if reasons else ""),
+                    )
+                )
+            return

@@ -1,0 +1,36 @@
+"""Readings in words: what the dashboard, the CLI and the job's own events say about a probe.
+
+One wording everywhere, so ``bsmon probe`` and the probe screen never disagree.
+"""
+
+from __future__ import annotations
+
+from .protocol import ProbeResult, WhatIf
+
+FAR_EXTRAPOLATION = 3.0  # beyond this many times the largest run, a prediction is a guess
+
+
+def extrapolation_note(extrapolation: float | None) -> str:
+    if extrapolation is None:
+        return ""
+    if extrapolation > FAR_EXTRAPOLATION:
+        return f"extrapolated {extrapolation:.1f}× beyond the largest run: low confidence"
+    return f"extrapolated {extrapolation:.1f}×"
+
+
+def describe_prediction(result: ProbeResult) -> str | None:
+    """The predicted largest batch in words, said to be a prediction, or None."""
+    if result.predicted_max is None:
+        return None
+    budget = f"; budget {result.budget_bytes / 2**30:.1f} GiB" if result.budget_bytes else ""
+    return (
+        f"predicted largest: ≈{result.predicted_max:,} (a prediction: line fit, "
+        f"{result.margin:.0%} margin, {extrapolation_note(result.extrapolation)}{budget})"
+    )
+
+
+def describe_what_if(what_if: WhatIf) -> str:
+    """One line for a person: the technique, the predicted largest batch, and why or how."""
+    size = f"≈{what_if.max_batch_size:,} (predicted)" if what_if.max_batch_size else "—"
+    note = f" — {what_if.note}" if what_if.note else ""
+    return f"{what_if.technique}: {size}{note}"
