@@ -68,7 +68,7 @@ def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
     telemetry = Telemetry()
     telemetry.batch_size = BATCH
     failures: list[Event] = []
-    recorder = Recorder(path, session(START), telemetry, failures.append, summary=False,
+    recorder = Recorder(path, session(START), telemetry, failures.append,
                         clock=lambda: START)  # fmt: skip
     recorder.start()
     noise = Capability(False, "off")

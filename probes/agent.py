@@ -52,6 +52,7 @@ from .runtime.samples import StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
 from .runtime.telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
 from .runtime.timing import ScalarError, StepClock, capture_scalar
+from .summary import build as summary_build
 from .wire import discovery, protocol
 from .wire.protocol import Capability, Event, ProbeResult, SessionInfo
 from .wire.routing import CommandRouter
@@ -263,8 +264,7 @@ class Monitor:
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
             noise_capability=lambda: self._noise.capability,
-            extensions=extensions,
-            recorder=self.recorder,
+            extensions=[*extensions, *([self.recorder] if self.recorder is not None else [])],
             on_rebound=self._socket_rebound,
         )
         if self.recorder is not None:
@@ -424,7 +424,12 @@ class Monitor:
         path = claim_record_path(path)
         self.session.record = str(path)
         return Recorder(
-            path, self.session, self.telemetry, self._emit_event, private_dir=private_dir
+            path,
+            self.session,
+            self.telemetry,
+            self._emit_event,
+            private_dir=private_dir,
+            before=summary_build.preload,
         )
 
     def _start_service(self) -> None:
@@ -817,9 +822,21 @@ class Monitor:
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
-        if self.recorder is not None:
-            self.recorder.close(reason, self._step)
+        if self.recorder is not None and self.recorder.close(reason, self._step):
+            self._write_summary(self.recorder.path)
         signals.uninstall_if_idle()
+
+    @staticmethod
+    def _write_summary(record: Path) -> None:
+        """The summary beside the whole record (a failure is a warning: the record stands)."""
+        try:
+            summary_build.write_summary_beside(record)
+        except Exception as exc:
+            warnings.warn(
+                f"bsmon: could not write the summary of {record}: {exc}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     @property
     def closed(self) -> bool:

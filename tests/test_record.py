@@ -192,7 +192,6 @@ def test_the_writer_compacts_a_long_record_and_keeps_it_exact(tmp_path):
         telemetry,
         events.append,
         per_level=16,
-        summary=False,
         clock=lambda: START,
     )
     recorder.start()

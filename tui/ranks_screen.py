@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.markup import escape
 from textual.widgets import Footer, Static
 
-from bsmon.probes.wire.protocol import RankReading, RanksReading
+from bsmon.probes.wire.protocol import STRAGGLER_FLAG, RankReading, RanksReading
 
 from .session import Snapshot
 from .view_screen import ViewScreen
@@ -56,7 +56,7 @@ def summary_line(reading: RanksReading) -> str:
     parts = [f"[b]{reading.world_size} ranks[/b] on {nodes} node{'s' * (nodes != 1)}"]
     if reading.straggler is not None and reading.straggler_ratio is not None:
         host = next((r.host for r in reading.ranks if r.rank == reading.straggler), "")
-        mark = "[$error]" if reading.straggler_ratio >= 1.10 else ""
+        mark = "[$error]" if reading.straggler_ratio >= STRAGGLER_FLAG else ""
         parts.append(
             f"{mark}straggler r{reading.straggler} ({escape(host)}): "
             f"{reading.straggler_ratio:.2f}× the median compute{'[/]' if mark else ''}"

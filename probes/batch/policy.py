@@ -9,10 +9,6 @@ from dataclasses import dataclass
 StepRule = str | int | Sequence[int]
 
 
-class BatchSizeRefused(ValueError):
-    """A requested size that the job will not take; the message says why."""
-
-
 @dataclass(frozen=True)
 class BatchPolicy:
     """``step``: "double" (×2 / ÷2), an int (add / subtract it), or a list of allowed sizes.

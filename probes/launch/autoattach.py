@@ -41,9 +41,10 @@ from torch import nn
 
 from ..batch.loader import batch_length
 from ..integrations.common import disable_batch_control, note, rank_name
-from ..record.writer import import_summary_writer, write_unattached
+from ..record.writer import write_unattached
 from ..runtime import distributed, loader_watch
 from ..runtime.fault_guard import FaultGuard
+from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
 from ..wire.protocol import Event
 from . import notes as run_notes
@@ -169,7 +170,7 @@ class AutoAttach:
                 self._early_loss = tensor.detach()
             if self._backwards == UNSTEPPED_BACKWARDS and self.optimizer is None:
                 self._leave_note()  # bsmon run can say why while the job runs
-                import_summary_writer()  # before exit, where importing it could fail
+                preload()  # before exit, where importing it could fail
         except Exception as exc:
             self.guard.report("reading the loss at backward()", exc)
 
@@ -267,7 +268,7 @@ class AutoAttach:
                 session = session_info(self.name)
                 session.start_time = self._started
                 reason = self.stood_down or HAND_UPDATES
-                write_unattached(discovery.default_dir(), session, reason)
+                write_summary_beside(write_unattached(discovery.default_dir(), session, reason))
         except Exception:  # nothing may escape at exit: the note and record are best effort
             return
 

@@ -8,7 +8,6 @@ line that a person understands.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -157,10 +156,3 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, _UNREADABLE):
         return "not valid JSON"
     return text
-
-
-def record_size(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0

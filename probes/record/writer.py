@@ -19,13 +19,13 @@ import queue
 import re
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..runtime.service import Extension, TickDone
 from ..wire import discovery
 from ..wire.protocol import Capability, Event, SessionInfo
 from .buckets import StatAcc, compact, single, step_bin
@@ -46,7 +46,7 @@ from .format import (
     throughput,
 )
 
-if TYPE_CHECKING:  # telemetry imports torch; the dashboard uses this module without it
+if TYPE_CHECKING:
     from ..runtime.devices import DeviceSample
     from ..runtime.telemetry import Telemetry
 
@@ -112,8 +112,11 @@ class _Bucket:
         self.phases = PhaseTotals()
 
 
-class Recorder:
-    """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk."""
+class Recorder(Extension):
+    """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk.
+
+    An extension of the agent: it reads every tick's events and device sample, and (as the
+    telemetry's tap) every step. Whoever closes the session writes the summary afterwards."""
 
     def __init__(
         self,
@@ -125,9 +128,10 @@ class Recorder:
         private_dir: Path | None = None,
         bucket_s: float = BUCKET_S,
         per_level: int = PER_LEVEL,
-        summary: bool = True,
+        before: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``before``: run first on the writer thread (an import to get done early)."""
         self.path = path
         self.telemetry = telemetry
         telemetry.tap = self
@@ -142,7 +146,7 @@ class Recorder:
             bucket_s=bucket_s,
             per_level=per_level,
             private_dir=private_dir,
-            summary=summary,
+            before=before,
         )
         self.writer.put(encode_line(header_for(session, telemetry.batch_size, clock())))
         self.step = 0
@@ -204,6 +208,9 @@ class Recorder:
         self.writer.fail(f"internal error in the recorder ({type(exc).__name__}: {exc})")
 
     # -- each tick (agent thread) -------------------------------------------------------------
+
+    def after_tick(self, done: TickDone) -> None:
+        self.tick(done.t, done.events, done.sample, done.noise_scale, done.final)
 
     def tick(
         self,
@@ -279,7 +286,8 @@ class Recorder:
         self.writer.put(line)
 
     def close(self, reason: str, step: int, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-        """Write the ``end`` line, close the file, write the summary; True when all was done."""
+        """Write the ``end`` line and close the file; True when all was done (then the record
+        is whole, and its summary can be written)."""
         if self._closed:
             return False
         self._closed = True
@@ -312,7 +320,7 @@ class RecordWriter(threading.Thread):
         bucket_s: float,
         per_level: int,
         private_dir: Path | None = None,
-        summary: bool = True,
+        before: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="bsmon-record", daemon=True)
         self.path = path
@@ -321,14 +329,13 @@ class RecordWriter(threading.Thread):
         self._bucket_s = bucket_s
         self._per_level = per_level
         self._private_dir = private_dir
-        self._summary = summary
+        self._before = before
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._file: Any = None
         self._spans_since_compaction = 0
         self._last_t1 = start
         self.failed: str | None = None
         self.compactions = 0
-        self.summary_paths: tuple[Path, Path] | None = None
         self.done = threading.Event()
 
     # -- any thread ---------------------------------------------------------------------------
@@ -356,8 +363,9 @@ class RecordWriter(threading.Thread):
     # -- the thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        if self._summary:
-            import_summary_writer()
+        if self._before is not None:
+            with contextlib.suppress(Exception):
+                self._before()
         try:
             self._open()
             while self._write_batch():
@@ -369,8 +377,6 @@ class RecordWriter(threading.Thread):
             return
         self._close_file(sync=True)
         self.done.set()
-        if self._summary:
-            self._write_summary()
 
     def _open(self) -> None:
         if self._private_dir is not None:
@@ -447,22 +453,10 @@ class RecordWriter(threading.Thread):
             pass
         self.done.set()
 
-    def _write_summary(self) -> None:
-        try:
-            from ..summary.build import write_summary_beside
-
-            self.summary_paths = write_summary_beside(self.path)
-        except Exception as exc:
-            warnings.warn(
-                f"bsmon: could not write the summary of {self.path}: {exc}",
-                RuntimeWarning,
-                stacklevel=1,
-            )
-
 
 def write_unattached(base: Path, session: SessionInfo, reason: str) -> Path:
-    """The record of a process bsmon could not attach to: its session, why, and its end,
-    with the summary beside it (so ``bsmon export`` and ``replay`` say why too)."""
+    """The record of a process bsmon could not attach to: its session, why, and its end (its
+    summary beside it lets ``bsmon export`` and ``replay`` say why too)."""
     now = time.time()
     message = f"bsmon did not attach: {reason}"
     lines = (
@@ -476,17 +470,7 @@ def write_unattached(base: Path, session: SessionInfo, reason: str) -> Path:
     discovery.ensure_private_dir(path.parent)
     with open(path, "xb") as f:
         f.write(b"".join(encode_line(line) for line in lines))
-    from ..summary.build import write_summary_beside
-
-    write_summary_beside(path)
     return path
-
-
-def import_summary_writer() -> None:
-    """Import the summary writer (and plotext) now, early in the job: importing plotext
-    during interpreter shutdown turns an exit by Ctrl-C (status 130) into status 1."""
-    with contextlib.suppress(Exception):  # a failure is reported when the summary is written
-        from ..summary import build, markdown  # noqa: F401
 
 
 _span_decoder = msgspec.json.Decoder(Span)

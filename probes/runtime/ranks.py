@@ -32,7 +32,6 @@ from .service import Extension
 SEND_INTERVAL_S = 2.0
 VIEW_INTERVAL_S = 1.0
 LATE_AFTER_S = 3 * SEND_INTERVAL_S
-STRAGGLER_FLAG = 1.10  # compute this much above the median marks the slowest rank
 DDP_SAMPLE_EVERY = 20  # steps between DDP's own timing samples (and our reads of them)
 
 FIELDS = (

@@ -13,9 +13,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..record.writer import Recorder
 from ..wire import discovery, protocol
 from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
@@ -57,9 +57,20 @@ class PeriodicSampler(threading.Thread):
         self._stop_event.set()
 
 
+@dataclass(frozen=True, slots=True)
+class TickDone:
+    """What one tick of the agent thread saw, once its messages are out."""
+
+    t: float
+    events: list[protocol.Event]  # new since the previous tick
+    sample: DeviceSample
+    noise_scale: Capability
+    final: bool  # the last tick: the session is closing
+
+
 class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
-    device sample, can add to each metrics message and to the hello."""
+    device sample, can add to each metrics message and to the hello, and sees each tick end."""
 
     def on_tick(self, sample: DeviceSample) -> None:
         """Called every tick with the latest device sample."""
@@ -69,6 +80,9 @@ class Extension:
 
     def on_hello(self, hello: Hello) -> None:
         """Called for each hello before it is sent."""
+
+    def after_tick(self, done: TickDone) -> None:
+        """Called at the end of every tick, after its events and metrics were sent."""
 
 
 class AgentService(threading.Thread):
@@ -84,7 +98,6 @@ class AgentService(threading.Thread):
         fault_count: Callable[[], int],
         noise_capability: Callable[[], Capability],
         extensions: Sequence[Extension] = (),
-        recorder: Recorder | None = None,
         on_rebound: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="bsmon-agent", daemon=True)
@@ -96,7 +109,6 @@ class AgentService(threading.Thread):
         self._fault_count = fault_count
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
-        self.recorder = recorder
         self._on_rebound = on_rebound
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
@@ -206,8 +218,9 @@ class AgentService(threading.Thread):
                 self.server.broadcast(protocol.encode(event), droppable=False)
             if metrics is not None:
                 self.server.broadcast_metrics(metrics)
-        if self.recorder is not None:
-            self.recorder.tick(now, events, sample, self._noise_capability(), final)
+        done_tick = TickDone(now, events, sample, self._noise_capability(), final)
+        for extension in self.extensions:
+            extension.after_tick(done_tick)
         for done in flushes:
             done.set()
 

@@ -575,3 +575,9 @@ def paths_beside(record: Path) -> tuple[Path, Path]:
 
 def write_summary_beside(record: Path) -> tuple[Path, Path]:
     return write_summary(summarize_record(record), *paths_beside(record), private=True)
+
+
+def preload() -> None:
+    """Import the summary's writer (and plotext) now, early in the job: importing plotext
+    during interpreter shutdown turns an exit by Ctrl-C (status 130) into status 1."""
+    from . import markdown  # noqa: F401

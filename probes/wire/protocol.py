@@ -244,13 +244,16 @@ class RankReading(msgspec.Struct, omit_defaults=True):
     late: bool = False
 
 
+STRAGGLER_FLAG = 1.10  # a straggler_ratio from this up is shown as a problem
+
+
 class RanksReading(msgspec.Struct, omit_defaults=True):
     """Every rank on one screen: gathered by rank 0 over a private gloo group."""
 
     world_size: int
     ranks: list[RankReading] = msgspec.field(default_factory=list)
     straggler: int | None = None  # the rank with the most compute per step
-    straggler_ratio: float | None = None  # its compute over the median rank's
+    straggler_ratio: float | None = None  # its compute over the median rank's (STRAGGLER_FLAG)
     timing: str = ""  # how compute was measured, or why it was not
     global_batch_size: int | None = None
 
@@ -351,9 +354,6 @@ class Bye(Message, tag="bye"):
 
     reason: str
     t: float
-
-
-ServerMessage = Hello | History | Metrics | Event | Reply | Notice | Bye
 
 
 # --------------------------------------------------------------------------------------------
