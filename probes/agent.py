@@ -1,8 +1,8 @@
 """``attach()`` and the ``Monitor``: the part of bsmon that lives inside the training job.
 
 The training thread does O(1) work per step: a few attribute updates and one
-``deque.append`` of a small tuple. Aggregation, device sampling and the socket all live on
-the agent's daemon threads (``service.AgentService``).
+``deque.append`` of a small record (``runtime.inbox``). Aggregation, device sampling and the
+socket all live on the agent's daemon threads (``runtime.service.AgentService``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,17 +46,17 @@ from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
 from .runtime.hooks import StepHooks
+from .runtime.inbox import Flush, Logged, StepEnded, make_inbox
 from .runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from .runtime.samples import StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
-from .runtime.telemetry import BATCH, EVENT, FLUSH, LOG, STEP, Telemetry
+from .runtime.telemetry import Telemetry
 from .runtime.timing import ScalarError, StepClock, capture_scalar
 from .summary import build as summary_build
 from .wire import discovery, protocol
 from .wire.protocol import Capability, Event, ProbeResult, SessionInfo
 from .wire.routing import CommandRouter
 
-INBOX_CAPACITY = 1 << 16
 REEVALUATES = (
     "LBFGS evaluates its closure several times per step, each at other parameters, so a "
     "step's gradient noise is not defined"
@@ -169,7 +168,7 @@ class Monitor:
         self._samples = StepSamples()
         self._micro_batches = 0
         self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
-        self._inbox: deque = deque(maxlen=INBOX_CAPACITY)
+        self._inbox = make_inbox()
         self._guard = FaultGuard(self._emit_event, lambda: self._step)
         self._warned: set[str] = set()
         self._has_batchnorm = model is not None and any(
@@ -311,7 +310,7 @@ class Monitor:
             lr_scaling=lr_scaling,
             scheduler=lr_scheduler,
             emit=self._emit_event,
-            record=lambda change: self._inbox.append((BATCH, change)),
+            record=self._inbox.append,
             guard=self._guard,
             step=lambda: self._step,
             noise_scale=lambda: self.noise_scale,
@@ -509,8 +508,7 @@ class Monitor:
         now = time.perf_counter()
         eval_s = self._evals.take(now)
         self._inbox.append(
-            (
-                STEP,
+            StepEnded(
                 self._step,
                 time.time(),
                 self._clock.mark(now),
@@ -579,7 +577,7 @@ class Monitor:
         )
 
     def _emit_event(self, event: Event) -> None:
-        self._inbox.append((EVENT, event))
+        self._inbox.append(event)
 
     def count_samples(self, samples: int, batch_size: int | None = None) -> None:
         """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
@@ -646,7 +644,7 @@ class Monitor:
                 except ScalarError as exc:
                     self._guard.report(f"log({key}=...)", exc)
             if values:
-                self._inbox.append((LOG, self._step, values))
+                self._inbox.append(Logged(self._step, values))
         except Exception as exc:
             self._guard.report("log()", exc)
 
@@ -784,7 +782,7 @@ class Monitor:
         if not self._service.is_alive():
             return False
         done = threading.Event()
-        self._inbox.append((FLUSH, done))
+        self._inbox.append(Flush(done))
         return done.wait(timeout)
 
     def record_probe_result(self, result: dict[str, Any]) -> None:

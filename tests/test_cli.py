@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bsmon.tui import cli
+from bsmon.tui.cli import parser as cli
 
 from .helpers import wait_until
 

@@ -16,7 +16,7 @@ from bsmon.probes.launch import environment as launch
 from bsmon.probes.launch import notes as run_notes
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
-from bsmon.tui.run import exit_status
+from bsmon.tui.cli.run import exit_status
 
 from .helpers import ROOT, wait_until
 from .watch import events_of, job_socket, kill_run_processes, metrics_until

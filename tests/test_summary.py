@@ -208,9 +208,7 @@ def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
         "bsmon.probes.record.reader"
     )
     assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "torch")}
-    modules = imported_modules(
-        "import bsmon.tui.replay, bsmon.tui.export, bsmon.tui.record_commands"
-    )
+    modules = imported_modules("import bsmon.tui.replay, bsmon.tui.export, bsmon.tui.cli.record")
     assert "torch" not in modules
 
 

@@ -22,7 +22,7 @@ from ..runtime.devices import DeviceSample
 from ..runtime.distributed import StepSync
 from ..runtime.fault_guard import FaultGuard
 from ..runtime.service import Extension
-from ..runtime.telemetry import BATCH, Telemetry
+from ..runtime.telemetry import Telemetry
 from ..wire.protocol import (
     BatchChange,
     BatchReading,
@@ -429,7 +429,10 @@ class BatchExtension(Extension):
     def __init__(self, controller: BatchController, telemetry: Telemetry) -> None:
         self._controller = controller
         self._telemetry = telemetry
-        telemetry.handlers[BATCH] = controller.add_change
+
+    def on_record(self, record: object) -> None:
+        if isinstance(record, BatchChange):
+            self._controller.add_change(record)
 
     def on_tick(self, sample: DeviceSample) -> None:
         self._controller.observe_sample(sample, self._telemetry.step)

@@ -72,6 +72,9 @@ class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
     device sample, can add to each metrics message and to the hello, and sees each tick end."""
 
+    def on_record(self, record: object) -> None:
+        """Called for each inbox record that telemetry does not take (in order)."""
+
     def on_tick(self, sample: DeviceSample) -> None:
         """Called every tick with the latest device sample."""
 
@@ -192,11 +195,12 @@ class AgentService(threading.Thread):
     def tick(self, final: bool = False) -> None:
         """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""
         telemetry = self.telemetry
-        records = []
         inbox = self._inbox
         while inbox:
-            records.append(inbox.popleft())
-        telemetry.ingest(records)
+            record = inbox.popleft()
+            if not telemetry.ingest(record):
+                for extension in self.extensions:
+                    extension.on_record(record)
         telemetry.poll()
         sample = self.sampler.latest
         for extension in self.extensions:

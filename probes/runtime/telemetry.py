@@ -1,27 +1,27 @@
 """Aggregation on the agent thread: step records in, metrics windows and history points out.
 
-The training thread only appends small tuples to an inbox (see ``agent.Inbox``); everything
-here runs later, on the agent thread, so its cost never lands on a training step.
+The training thread only appends small records to an inbox (``inbox``); everything here runs
+later, on the agent thread, so its cost never lands on a training step.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..anatomy.marks import StepMarks
 from ..anatomy.phases import phases_of, with_comm
 from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
+from .inbox import Flush, Logged, StepEnded
 from .timing import Captured, DurationResolver, read_scalar
 
-STEP, LOG, EVENT, FLUSH, BATCH = 0, 1, 2, 3, 4
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
@@ -92,11 +92,7 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self._resolver = DurationResolver()
-        # (step, samples, batch size, evaluation seconds, phase marks) of the steps whose
-        # marks are pending
-        self._step_meta: deque[tuple[int, int | None, int | None, float, StepMarks | None]] = (
-            deque()
-        )
+        self._step_meta: deque[StepEnded] = deque()  # the steps whose durations are pending
         self.anatomy = PhaseWindow()
         self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
@@ -107,42 +103,43 @@ class Telemetry:
         self._last_emit = 0.0
         self._nonfinite_reported: set[str] = set()
         self.new_events: list[Event] = []
-        self.flushes: list = []  # threading.Events to set once this tick's output is sent
-        self.handlers: dict[int, Callable[[Any], None]] = {}  # other inbox record kinds
+        self.flushes: list[threading.Event] = []  # to set once this tick's output is sent
         # Sees every resolved step and scalar (agent thread): on_step(StepDone) and
         # on_scalar(name, value). The session recorder uses it.
         self.tap: StepTap | None = None
 
     # -- ingest (agent thread) ----------------------------------------------------------------
 
-    def ingest(self, records: Iterable[tuple]) -> None:
-        for record in records:
-            kind = record[0]
-            if kind == STEP:
-                self._add_step(record)
-            elif kind == LOG:
-                _, _step, values = record
-                self._pending_scalars.extend(values.items())
-            elif kind == EVENT:
-                self.add_event(record[1])
-            elif kind == FLUSH:
-                self.flushes.append(record[1])
-            elif (handler := self.handlers.get(kind)) is not None:
-                handler(record[1])
+    def ingest(self, record: object) -> bool:
+        """Take one inbox record; False: not one of telemetry's (it goes to the extensions)."""
+        if isinstance(record, StepEnded):
+            self._add_step(record)
+        elif isinstance(record, Logged):
+            self._pending_scalars.extend(record.values.items())
+        elif isinstance(record, Event):
+            self.add_event(record)
+        elif isinstance(record, Flush):
+            self.flushes.append(record.done)
+        else:
+            return False
+        return True
 
-    def _add_step(self, record: tuple) -> None:
-        """``(STEP, step, wall time, mark, samples or None, batch size, evaluation s, phase
-        marks or None)``."""
-        _, step, wall, mark, samples, batch_size, eval_s, marks = record
+    def _add_step(self, record: StepEnded) -> None:
+        step, samples, batch_size, eval_s = (
+            record.step,
+            record.samples,
+            record.batch_size,
+            record.eval_s,
+        )
         self.step = step
         if samples is not None:
             self.samples = (self.samples or 0) + samples
         elif not self.samples:
             self.samples = None  # nothing counted yet: unknown, not zero
         self.batch_size = batch_size
-        self.last_step_time = wall
-        self._resolver.add(mark)
-        self._step_meta.append((step, samples, batch_size, eval_s, marks))
+        self.last_step_time = record.wall
+        self._resolver.add(record.mark)
+        self._step_meta.append(record)
         self.eval_s += eval_s
 
     def add_event(self, event: Event) -> None:
@@ -157,7 +154,14 @@ class Telemetry:
         """Resolve whatever durations and scalars have become readable."""
         tap = self.tap
         for resolved in self._resolver.resolve():
-            step, samples, batch_size, eval_s, marks = self._step_meta.popleft()
+            ended = self._step_meta.popleft()
+            step, samples, batch_size, eval_s, marks = (
+                ended.step,
+                ended.samples,
+                ended.batch_size,
+                ended.eval_s,
+                ended.marks,
+            )
             duration = training_time(resolved.duration, eval_s)
             self._window.add_step(duration, samples)
             self._second.add_step(duration, samples)

@@ -17,8 +17,8 @@ from bsmon.probes.wire import (
 )
 from bsmon.probes.wire.protocol import Metrics, ProbeCommand, ProbeResult
 
-from . import format as fmt
-from .errors import CliError
+from .. import format as fmt
+from ..errors import CliError
 
 
 def run_probe(target: str, *, as_json: bool, memory_budget: int | None, timeout: float) -> int:

@@ -1,8 +1,7 @@
 """``bsmon export`` and ``bsmon replay``: a session record to a summary, or back on screen.
 
 Errors are one line on stderr and exit code 1, like the rest of the command line (this module
-prints them itself: under ``python -m bsmon.tui.cli`` the CLI's own error class is another
-module's).
+prints them itself).
 """
 
 from __future__ import annotations
@@ -47,8 +46,8 @@ def cmd_export(record: Path, output: Path | None) -> int:
 
 
 def cmd_replay(record: Path, speed: float | None) -> int:
-    from .app import BsmonApp
-    from .replay import RecordSource, ReplayScreen, load_replay
+    from ..app import BsmonApp
+    from ..replay import RecordSource, ReplayScreen, load_replay
 
     try:
         data = load_replay(record)

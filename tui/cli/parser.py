@@ -1,21 +1,23 @@
-"""The ``bsmon`` command line. Wrong arguments print one line and exit with code 2."""
+"""The ``bsmon`` command line's arguments, ``main`` and the dispatch to each command.
+
+Wrong arguments print one line and exit with code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from bsmon.probes import __version__
-from bsmon.probes.wire import JobConnection, discovery
+from bsmon.probes.wire import discovery
 
-from . import format as fmt
-from .errors import EXIT_USAGE, CliError
+from ..errors import EXIT_USAGE, CliError
+from .attach import cmd_attach, cmd_dashboard
+from .jobs import cmd_list
 from .run import add_parser as add_run_parser
 
 
@@ -150,15 +152,15 @@ def dispatch(args: argparse.Namespace) -> int:
     if command == "probe":
         if args.readonly:
             raise CliError("--readonly: the probe acts on the job's device", EXIT_USAGE)
-        from .probe_cli import run_probe
+        from .probe import run_probe
 
         return run_probe(
             args.target, as_json=args.json, memory_budget=args.memory_budget, timeout=args.timeout
         )
     if command in ("export", "replay"):
-        from . import record_commands
+        from . import record
 
-        return record_commands.dispatch(args)
+        return record.dispatch(args)
     return cmd_dashboard(readonly=args.readonly)
 
 
@@ -176,70 +178,3 @@ def _bytes_argument(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"the memory budget must be positive, got {text!r}")
     return int(value)
-
-
-def job_rows(timeout: float = 1.0) -> list[dict[str, object]]:
-    rows = []
-    now = time.time()
-    for job in discovery.iter_jobs():
-        row: dict[str, object] = {
-            "name": job.name,
-            "pid": job.pid,
-            "host": job.host,
-            "socket": str(job.socket),
-            "start_time": job.start_time,
-            "age_s": round(now - job.start_time, 1) if job.start_time else None,
-            "step": None,
-        }
-        try:
-            with JobConnection(job.socket, timeout=timeout) as conn:
-                hello = conn.hello(timeout)
-            row["step"] = hello.step
-            row["batch_size"] = hello.batch_size
-        except (ConnectionError, TimeoutError) as exc:
-            row["error"] = str(exc)
-        rows.append(row)
-    return rows
-
-
-def cmd_list(as_json: bool) -> int:
-    rows = job_rows()
-    if as_json:
-        print(json.dumps({"dir": str(discovery.default_dir()), "jobs": rows}, indent=2))
-        return 0
-    if not rows:
-        print(f"no running jobs in {discovery.default_dir()} (try `bsmon demo`)")
-        return 0
-    print(f"{'NAME':<20} {'PID':>8} {'HOST':<16} {'STEP':>10} {'AGE':>10}  SOCKET")
-    for row in rows:
-        step = row["step"]
-        print(
-            f"{row['name']!s:<20} {row['pid']:>8} {row['host']!s:<16} "
-            f"{(f'{step:,}' if isinstance(step, int) else 'n/a'):>10} "
-            f"{fmt.clock(row['age_s']):>10}  {row['socket']}"
-        )  # type: ignore[arg-type]
-    return 0
-
-
-def cmd_attach(target: str, *, readonly: bool) -> int:
-    try:
-        socket = discovery.resolve_target(target)
-    except LookupError as exc:
-        raise CliError(str(exc)) from None
-    from .app import BsmonApp, follow_job
-
-    name = None if target.isdigit() or target.endswith(".sock") or os.sep in target else target
-    BsmonApp(follow_job(socket, name, None), readonly=readonly).run()
-    return 0
-
-
-def cmd_dashboard(*, readonly: bool) -> int:
-    from .app import BsmonApp
-
-    app = BsmonApp(readonly=readonly)
-    app.run()
-    return app.return_code or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -47,8 +47,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
         return job_main(job_arguments(args))
 
-    from .app import BsmonApp
-    from .sources import SocketSource
+    from ..app import BsmonApp
+    from ..sources import SocketSource
 
     directory = discovery.ensure_private_dir(discovery.default_dir())
     log_path = directory / f"demo-{os.getpid()}.log"

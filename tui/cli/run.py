@@ -37,7 +37,7 @@ from bsmon.probes import launch
 from bsmon.probes.launch import notes as run_notes
 from bsmon.probes.wire import discovery
 
-from .errors import EXIT_USAGE, CliError
+from ..errors import EXIT_USAGE, CliError
 
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
@@ -189,8 +189,8 @@ def run_with_dashboard(
     readonly: bool,
     run_id: str,
 ) -> int:
-    from .app import BsmonApp
-    from .sources import SocketSource
+    from ..app import BsmonApp
+    from ..sources import SocketSource
 
     try:
         log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
