@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import os
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -29,32 +28,32 @@ from .anatomy.verdict import LoaderFacts, loader_facts
 from .batch.control import BatchController, BatchExtension, Pending
 from .batch.control import register_commands as register_batch_commands
 from .batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
-from .batch.lr_scaling import POLICIES as LR_POLICIES
 from .batch.oom import is_out_of_memory, release_memory
 from .batch.policy import BatchPolicy, StepRule
 from .maxbatch.job import ProbeSource, device_free
 from .maxbatch.runner import ProbeExtension, ProbeRunner
 from .noise import DEFAULT_BUDGET as NOISE_BUDGET
-from .noise import MODES as NOISE_SCALE_MODES
 from .noise import NoiseExtension, NoiseScale
 from .noise.autograd import ExampleCounter
 from .noise.shared_backward import SharedBackward
+from .options import check_options
 from .record.writer import Recorder, claim_record_path, default_record_path
 from .runtime import distributed, loader_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
-from .runtime.hooks import StepHooks
+from .runtime.hooks import Progress, StepHooks
 from .runtime.inbox import Flush, Logged, StepEnded, make_inbox
 from .runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from .runtime.samples import StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
+from .runtime.session import default_name, private_temp_dir, session_info
 from .runtime.telemetry import Telemetry
 from .runtime.timing import ScalarError, StepClock, capture_scalar
 from .summary import build as summary_build
 from .wire import discovery, protocol
-from .wire.protocol import Capability, Event, ProbeResult, SessionInfo
+from .wire.protocol import Capability, Event, ProbeResult
 from .wire.routing import CommandRouter
 
 REEVALUATES = (
@@ -62,52 +61,8 @@ REEVALUATES = (
     "step's gradient noise is not defined"
 )
 SMALL_DEVICE_BATCH = 8  # a per-device batch below this mostly leaves the device waiting
-NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _ranks_serials = itertools.count()  # every rank attaches in the same order: same namespaces
-
-
-def _bsmon_version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def private_temp_dir() -> Path:
-    """A 0700 directory for the probe's recipe when the job serves no socket directory."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="bsmon-"))
-
-
-def session_info(name: str) -> SessionInfo:
-    """This process's session as the protocol and the record describe it, starting now."""
-    rank, world_size = distributed.world()
-    return SessionInfo(
-        name=name,
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        argv=list(sys.argv),
-        start_time=time.time(),
-        python=sys.version.split()[0],
-        torch_version=str(torch.__version__),
-        bsmon_version=_bsmon_version(),
-        cwd=os.getcwd(),
-        rank=rank,
-        world_size=world_size,
-    )
-
-
-def _default_name() -> str:
-    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
-    return script if script and script not in ("-c", "-m", "") else "python"
-
-
-def _check_positive_int(name: str, value: object, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Monitor:
@@ -141,7 +96,7 @@ class Monitor:
         batch_dim: int | None = None,
         step_anatomy: bool = True,
     ) -> None:
-        _check_options(
+        check_options(
             model,
             optimizer,
             batch_size=batch_size,
@@ -156,7 +111,7 @@ class Monitor:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.name = name or _default_name()
+        self.name = name or default_name()
         self.noise_window = noise_window
         self.record = record
         self._pid = os.getpid()
@@ -164,12 +119,12 @@ class Monitor:
         self._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
 
         # training-thread state
-        self._step = 0
+        self._progress = Progress()
         self._samples = StepSamples()
         self._micro_batches = 0
         self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox = make_inbox()
-        self._guard = FaultGuard(self._emit_event, lambda: self._step)
+        self._guard = FaultGuard(self._emit_event, self._progress)
         self._warned: set[str] = set()
         self._has_batchnorm = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
@@ -190,7 +145,7 @@ class Monitor:
             window=noise_window,
             guard=self._guard,
             emit=self._emit_event,
-            step=lambda: self._step,
+            step=self._progress,
             grad_scaler=grad_scaler,
             preconditioned=noise_preconditioned,
             budget=noise_budget,
@@ -312,7 +267,7 @@ class Monitor:
             emit=self._emit_event,
             record=self._inbox.append,
             guard=self._guard,
-            step=lambda: self._step,
+            step=self._progress,
             noise_scale=lambda: self.noise_scale,
             sync=distributed.StepSync(group, rank) if group is not None else None,
             rank=rank,
@@ -351,16 +306,18 @@ class Monitor:
             world_size=world_size,
             loader=lambda: self._loader_facts[1] if self._loader_facts is not None else None,
             device_index=device.index if device is not None else None,
-            step=lambda: self._step,
+            step=self._progress,
         )
 
     def _warn(self, kind: str, message: str) -> None:
         """A warning from the literature, once per kind."""
         if kind not in self._warned:
             self._warned.add(kind)
-            self._emit_event(
-                Event(t=time.time(), step=self._step, kind=kind, level="warning", message=message)
-            )
+            self._warning(kind, message)
+
+    def _warning(self, kind: str, message: str) -> None:
+        event = Event(time.time(), self._progress.step, kind, message, level="warning")
+        self._emit_event(event)
 
     def _make_prober(self, rank: int) -> ProbeRunner:
         source = self.probe_source
@@ -374,7 +331,7 @@ class Monitor:
             directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
             emit=self._emit_event,
             on_result=lambda result: self._probe_concluded(source, result),
-            step=lambda: self._step,
+            step=self._progress,
             device_free=lambda: device_free(device),
         )
         if rank != 0:
@@ -458,10 +415,8 @@ class Monitor:
         """The agent thread made the socket again after someone deleted it."""
         with contextlib.suppress(OSError):
             self._write_metadata()
-        message = f"the socket {self.socket_path} was deleted; bsmon made it again"
-        kind = "socket_rebound"
-        self._emit_event(
-            Event(t=time.time(), step=self._step, kind=kind, level="warning", message=message)
+        self._warning(
+            "socket_rebound", f"the socket {self.socket_path} was deleted; bsmon made it again"
         )
 
     def _degrade(self, reason: str) -> None:
@@ -488,7 +443,7 @@ class Monitor:
             self._noise.on_step()  # numbers the step it measured as the pre-hook would
         if self._shared is not None:
             self._shared.step_ended()
-        self._step += 1
+        self._progress.step += 1
         control = self.batch_control
         watching = self._watch.armed  # before its first step ends, the model is not watched
         drawing = self._samples.drawing
@@ -509,7 +464,7 @@ class Monitor:
         eval_s = self._evals.take(now)
         self._inbox.append(
             StepEnded(
-                self._step,
+                self._progress.step,
                 time.time(),
                 self._clock.mark(now),
                 samples,
@@ -520,7 +475,7 @@ class Monitor:
         )
         if control is not None:
             control.at_step_boundary()
-        self._ddp_timing.at_step(self._step)
+        self._ddp_timing.at_step(self._progress.step)
         if not self._watch.armed:
             self._watch.arm()
 
@@ -622,7 +577,7 @@ class Monitor:
 
     @property
     def step(self) -> int:
-        return self._step
+        return self._progress.step
 
     @property
     def noise_scale(self) -> float | None:
@@ -644,7 +599,7 @@ class Monitor:
                 except ScalarError as exc:
                     self._guard.report(f"log({key}=...)", exc)
             if values:
-                self._inbox.append(Logged(self._step, values))
+                self._inbox.append(Logged(self._progress.step, values))
         except Exception as exc:
             self._guard.report("log()", exc)
 
@@ -718,7 +673,7 @@ class Monitor:
         if control is None or self.session.world_size > 1:
             return False  # nothing to shrink to, or other ranks would hang in the all-reduce
         failed = control.size
-        fallback = control.shrink_after_oom(self._step)
+        fallback = control.shrink_after_oom(self._progress.step)
         if fallback is None:
             return False
         exc.__traceback__ = None  # its frames hold the failed step's activations
@@ -748,7 +703,7 @@ class Monitor:
         self._emit_event(
             Event(
                 t=time.time(),
-                step=self._step,
+                step=self._progress.step,
                 kind="oom",
                 level="warning",
                 message=f"out of memory at batch {failed}; {now}; {again}",
@@ -762,7 +717,7 @@ class Monitor:
         t = self.telemetry
         return {
             "name": self.name,
-            "step": self._step,
+            "step": self._progress.step,
             "batch_size": self.batch_size,
             "samples": t.samples,
             "step_time_s": t.step_time_s,
@@ -788,7 +743,7 @@ class Monitor:
     def record_probe_result(self, result: dict[str, Any]) -> None:
         """Put a probe's result in the session record (any thread; never raises)."""
         if self.recorder is not None:
-            self.recorder.probe(result, self._step)
+            self.recorder.probe(result, self._progress.step)
 
     def _close_at_exit(self) -> None:
         self.close("the job exited")
@@ -820,7 +775,7 @@ class Monitor:
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
-        if self.recorder is not None and self.recorder.close(reason, self._step):
+        if self.recorder is not None and self.recorder.close(reason, self._progress.step):
             self._write_summary(self.recorder.path)
         signals.uninstall_if_idle()
 
@@ -847,58 +802,9 @@ class Monitor:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if getattr(self, "_closed", True) else f"step {self._step}"
+        state = "closed" if getattr(self, "_closed", True) else f"step {self._progress.step}"
         name, path = getattr(self, "name", "?"), getattr(self, "socket_path", None)
         return f"<bsmon.Monitor {name!r} {state} socket={path}>"
-
-
-def _check_options(
-    model: object,
-    optimizer: object,
-    *,
-    batch_size: object,
-    batch_dim: object,
-    name: object,
-    noise_scale: object,
-    noise_window: object,
-    sample_interval_s: float,
-    micro_batch_size: object,
-    lr_scaling: object,
-) -> None:
-    """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("noise_window", noise_window, allow_none=False)
-    _check_positive_int("micro_batch_size", micro_batch_size)
-    if batch_dim is not None and (
-        isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0
-    ):
-        raise ValueError(f"batch_dim must be a non-negative integer, got {batch_dim!r}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
-            "an optimizer must subclass torch.optim.Optimizer and call its __init__"
-        )
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
-        choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
-        raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if not sample_interval_s > 0:
-        raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
-    if lr_scaling is not None and lr_scaling not in LR_POLICIES:
-        raise ValueError(
-            f"lr_scaling must be one of {', '.join(map(repr, LR_POLICIES))} or None, "
-            f"got {lr_scaling!r}"
-        )
-    if micro_batch_size is not None:
-        if batch_size is None:
-            raise ValueError("micro_batch_size needs batch_size (the effective batch per step)")
-        if batch_size % micro_batch_size:  # type: ignore[operator]
-            raise ValueError(
-                f"batch_size {batch_size} must be a multiple of micro_batch_size {micro_batch_size}"
-            )
 
 
 def attach(

@@ -188,7 +188,8 @@ def test_a_policy_minimum_can_say_why():
 def test_bsmon_run_leaves_a_script_that_attaches_itself_to_do_so(bsmon_dir):
     script = (
         "import torch\n"
-        "from bsmon.probes import attach, autoattach\n"
+        "from bsmon.probes import attach\n"
+        "from bsmon.probes.launch import autoattach\n"
         "from bsmon.probes.agent import live_monitors\n"
         "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "with attach(m, o, batch_size=4, name='own'):\n"

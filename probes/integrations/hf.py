@@ -117,7 +117,8 @@ class BsmonCallback(TrainerCallback):
         train_dataloader: Any = None,
         **_kwargs: Any,
     ) -> None:
-        from ..agent import _default_name, attach
+        from ..agent import attach
+        from ..runtime.session import default_name
 
         if self.monitor is not None:
             self._close("a new train() began")
@@ -139,7 +140,7 @@ class BsmonCallback(TrainerCallback):
         start = sampler.batch_size if sampler is not None else None
         if start is not None:
             options["min_batch_size"] = max(start, options.get("min_batch_size", 1))
-        name = rank_name(self.name or _default_name(), args.process_index, args.world_size)
+        name = rank_name(self.name or default_name(), args.process_index, args.world_size)
         self.monitor = attach(model, optimizer, name=name, batch_size=start, **options)
         if sampler is None:
             disable_batch_control(self.monitor, why_not)

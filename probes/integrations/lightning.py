@@ -62,7 +62,8 @@ class _BsmonLightning:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        from ..agent import _default_name, attach
+        from ..agent import attach
+        from ..runtime.session import default_name
 
         if not trainer.optimizers:
             return  # nothing to hook: a module without configure_optimizers
@@ -75,7 +76,7 @@ class _BsmonLightning:
         schedulers = trainer.lr_scheduler_configs
         if options.get("lr_scaling") and "lr_scheduler" not in options and schedulers:
             options["lr_scheduler"] = schedulers[0].scheduler
-        name = rank_name(self.name or _default_name(), trainer.global_rank, trainer.world_size)
+        name = rank_name(self.name or default_name(), trainer.global_rank, trainer.world_size)
         controllable = isinstance(size, int) and not isinstance(size, bool) and size > 0
         self.monitor = attach(
             trainer.model,

@@ -84,9 +84,9 @@ def installed() -> AutoAttach | None:
 
 
 def _script_name() -> str:
-    from ..agent import _default_name
+    from ..runtime.session import default_name
 
-    return _default_name()
+    return default_name()
 
 
 class AutoAttach:
@@ -263,7 +263,7 @@ class AutoAttach:
         try:
             self._leave_note()
             if self.monitor is None and not self._script_attached and self._backwards:
-                from ..agent import session_info
+                from ..runtime.session import session_info
 
                 session = session_info(self.name)
                 session.start_time = self._started

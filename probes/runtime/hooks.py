@@ -29,6 +29,19 @@ def _step_wrapper_code() -> Any:
 _WRAPPER_CODE = _step_wrapper_code()
 
 
+class Progress:
+    """The training job's step count, advanced at each step's end; the parts that stamp an
+    event or a record with its step call it (``progress()`` is the current step)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def __call__(self) -> int:
+        return self.step
+
+
 def _wrapper_frames_on_stack() -> int:
     count = 0
     frame = sys._getframe(2)
