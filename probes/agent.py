@@ -628,10 +628,8 @@ class Monitor:
 
     def request_batch_size(self, value: int, confirm: bool = False) -> protocol.Reply:
         """Ask for a new batch size through the same path and checks as the monitor's command."""
-        command = protocol.SetBatchSize(
-            id="api", value=value, confirm=confirm, reason="requested by the job"
-        )
-        return self.router.handle(protocol.encode(command))
+        fields = {"type": "set_batch_size", "id": "api", "value": value, "confirm": confirm}
+        return self.router.handle_fields({**fields, "reason": "requested by the job"})
 
     def probe(self, memory_budget: int | None = None, timeout: float = 600.0) -> ProbeResult:
         """Run the max-batch-size probe in a sidecar process and wait for its result.

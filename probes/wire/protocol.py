@@ -441,7 +441,12 @@ def _decode_object(line: bytes | str) -> dict[str, Any]:
 
 def decode_command(line: bytes | str) -> Command:
     """Parse one client line into a command, or raise ProtocolError with a readable reason."""
-    obj = _decode_object(line)
+    return command_of(_decode_object(line))
+
+
+def command_of(obj: dict[str, Any]) -> Command:
+    """A command from its fields as plain data (a decoded line, or the job's own call), with
+    every check a line gets; raises ProtocolError with a readable reason."""
     command_id = obj.get("id")
     valid_id = isinstance(command_id, (int, str)) and not isinstance(command_id, bool)
     if command_id is not None and not valid_id:

@@ -55,8 +55,15 @@ class CommandRouter:
         return protocol.encode(self.handle(line))
 
     def handle(self, line: bytes) -> Reply:
+        return self._answer(lambda: protocol.decode_command(line))
+
+    def handle_fields(self, fields: dict[str, Any]) -> Reply:
+        """A command given as plain data (the job's own call): a line's checks, no JSON."""
+        return self._answer(lambda: protocol.command_of(fields))
+
+    def _answer(self, read: Callable[[], Command]) -> Reply:
         try:
-            command = protocol.decode_command(line)
+            command = read()
         except protocol.ProtocolError as exc:
             self.rejected += 1
             return Reply(id=exc.command_id, ok=False, error=str(exc))
@@ -67,6 +74,10 @@ class CommandRouter:
                 ok=False,
                 error=f"internal error in bsmon reading the line ({type(exc).__name__}: {exc})",
             )
+        return self.dispatch(command)
+
+    def dispatch(self, command: Command) -> Reply:
+        """Run a checked command's handler; always one reply, never a raise."""
         kind = type(command).__struct_config__.tag
         if kind in self._unavailable:
             self.rejected += 1

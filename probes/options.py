@@ -1,0 +1,67 @@
+"""``attach()``'s options checked before anything is built: a wrong argument is the user's to
+fix, so it is a clear error at once (and nothing is left half attached)."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch.lr_scaling import POLICIES as LR_POLICIES
+from .noise import MODES as NOISE_SCALE_MODES
+
+NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
+
+
+def _check_positive_int(name: str, value: object, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_options(
+    model: object,
+    optimizer: object,
+    *,
+    batch_size: object,
+    batch_dim: object,
+    name: object,
+    noise_scale: object,
+    noise_window: object,
+    sample_interval_s: float,
+    micro_batch_size: object,
+    lr_scaling: object,
+) -> None:
+    """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("noise_window", noise_window, allow_none=False)
+    _check_positive_int("micro_batch_size", micro_batch_size)
+    if batch_dim is not None and (
+        isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or batch_dim < 0
+    ):
+        raise ValueError(f"batch_dim must be a non-negative integer, got {batch_dim!r}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"bsmon needs a torch.optim.Optimizer, got {type(optimizer).__name__}; "
+            "an optimizer must subclass torch.optim.Optimizer and call its __init__"
+        )
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if noise_scale is not None and noise_scale not in NOISE_SCALE_CHOICES:
+        choices = ", ".join(repr(c) for c in (*NOISE_SCALE_CHOICES, None))
+        raise ValueError(f"noise_scale must be one of {choices}, got {noise_scale!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if not sample_interval_s > 0:
+        raise ValueError(f"sample_interval_s must be positive, got {sample_interval_s!r}")
+    if lr_scaling is not None and lr_scaling not in LR_POLICIES:
+        raise ValueError(
+            f"lr_scaling must be one of {', '.join(map(repr, LR_POLICIES))} or None, "
+            f"got {lr_scaling!r}"
+        )
+    if micro_batch_size is not None:
+        if batch_size is None:
+            raise ValueError("micro_batch_size needs batch_size (the effective batch per step)")
+        if batch_size % micro_batch_size:  # type: ignore[operator]
+            raise ValueError(
+                f"batch_size {batch_size} must be a multiple of micro_batch_size {micro_batch_size}"
+            )

@@ -1,0 +1,50 @@
+"""Who this process is: the session the protocol and the record describe, and its name."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..wire.protocol import SessionInfo
+from . import distributed
+
+
+def bsmon_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def private_temp_dir() -> Path:
+    """A 0700 directory for the probe's recipe when the job serves no socket directory."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="bsmon-"))
+
+
+def session_info(name: str) -> SessionInfo:
+    """This process's session as the protocol and the record describe it, starting now."""
+    rank, world_size = distributed.world()
+    return SessionInfo(
+        name=name,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        argv=list(sys.argv),
+        start_time=time.time(),
+        python=sys.version.split()[0],
+        torch_version=str(torch.__version__),
+        bsmon_version=bsmon_version(),
+        cwd=os.getcwd(),
+        rank=rank,
+        world_size=world_size,
+    )
+
+
+def default_name() -> str:
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    return script if script and script not in ("-c", "-m", "") else "python"
