@@ -3,6 +3,13 @@
 The training thread does O(1) work per step: a few attribute updates and one
 ``deque.append`` of a small record (``runtime.inbox``). Aggregation, device sampling and the
 socket all live on the agent's daemon threads (``runtime.service.AgentService``).
+
+Why one module: ``Monitor`` is the composition root (it builds every wing's part and wires
+them together) and the public API of DESIGN.md; its training-thread methods are the targets
+of the optimizer's and the DataLoader's hooks and update its own state on every step, where
+an extra object between them would cost a lookup per step. Everything else lives in the
+wings: option checks (``options``), identity (``runtime.session``), the inbox records, the
+recorder, the extensions.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ import torch
 from .anatomy.extension import AnatomyExtension
 from .anatomy.marks import PhaseMarks
 from .anatomy.verdict import LoaderFacts, loader_facts
-from .batch.control import BatchController, BatchExtension, Pending
-from .batch.control import register_commands as register_batch_commands
+from .batch.control import BatchController, Pending
+from .batch.extension import BatchExtension
+from .batch.extension import register_commands as register_batch_commands
 from .batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
 from .batch.oom import is_out_of_memory, release_memory
 from .batch.policy import BatchPolicy, StepRule
@@ -37,7 +45,8 @@ from .noise import NoiseExtension, NoiseScale
 from .noise.autograd import ExampleCounter
 from .noise.shared_backward import SharedBackward
 from .options import check_options
-from .record.writer import Recorder, claim_record_path, default_record_path
+from .record.recorder import Recorder
+from .record.writer import claim_record_path, default_record_path
 from .runtime import distributed, loader_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock

@@ -148,3 +148,23 @@ def test_no_import_cycles():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+LONG_MODULE = 420  # lines
+
+
+def test_a_long_module_says_why_it_is_one_module():
+    for path in package_modules().values():
+        lines = path.read_text().count("\n")
+        if lines > LONG_MODULE:
+            docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+            assert "Why one module:" in docstring, f"{path.relative_to(ROOT)}: {lines} lines"
+
+
+def test_every_wing_lists_its_modules():
+    """A wing's package docstring names each of its modules (a newcomer's map of the wing)."""
+    for init in (ROOT / "probes").glob("*/__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for module in init.parent.glob("*.py"):
+            if module.name != "__init__.py":
+                assert f"``{module.stem}``" in docstring, f"{init.parent.name}/{module.name}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bsmon.probes.noise import estimators
-from bsmon.probes.noise.controller import Budget
+from bsmon.probes.noise.budget import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.record import capture, read
 from bsmon.probes.noise.sequential import pair_terms

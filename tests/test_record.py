@@ -14,7 +14,7 @@ import pytest
 from bsmon.probes import attach
 from bsmon.probes.record.format import ProbeResult, Span, StepDone
 from bsmon.probes.record.reader import open_record
-from bsmon.probes.record.writer import Recorder
+from bsmon.probes.record.recorder import Recorder
 from bsmon.probes.runtime.devices import DeviceSample
 from bsmon.probes.runtime.telemetry import Telemetry
 from bsmon.probes.summary.build import paths_beside, summarize_record
@@ -270,7 +270,7 @@ def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
 
 
 def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
-    import bsmon.probes.record.writer as record_module
+    import bsmon.probes.record.recorder as record_module
 
     def broken(_seconds):
         raise ZeroDivisionError("injected")

@@ -11,7 +11,14 @@ import itertools
 from dataclasses import dataclass
 from typing import Literal
 
-from bsmon.probes.wire.protocol import Command, ProbeCommand, Reply, SetBatchSize, StepBatchSize
+from bsmon.probes.wire.protocol import (
+    BatchSizeResult,
+    Command,
+    ProbeCommand,
+    Reply,
+    SetBatchSize,
+    StepBatchSize,
+)
 
 from .sources import Source
 
@@ -43,23 +50,23 @@ class CommandDesk:
         command = self._sent.pop(str(reply.id), None) if reply.id is not None else None
         if command is None:
             return None if reply.ok else Outcome("refused", reply.error or "refused")
-        result = reply.result or {}
+        result = BatchSizeResult.of(reply)
         if reply.ok:
             return Outcome("done", describe_success(command, result))
-        if result.get("needs_confirmation"):
+        if result.needs_confirmation and result.value is not None:
             retry = SetBatchSize(
-                value=int(result["value"]),
+                value=result.value,
                 confirm=True,
                 reason=getattr(command, "reason", "") or "confirmed",
             )
-            return Outcome("confirm", str(result.get("why") or reply.error), retry)
+            return Outcome("confirm", str(result.why or reply.error), retry)
         return Outcome("refused", reply.error or "refused")
 
 
-def describe_success(command: Command, result: dict) -> str:
+def describe_success(command: Command, result: BatchSizeResult) -> str:
     if isinstance(command, (SetBatchSize, StepBatchSize)):
-        when = result.get("applies_at") or f"after step {result.get('applies_after_step')}"
-        return f"batch size {result.get('old')} → {result.get('new')} {when}"
+        when = result.applies_at or f"after step {result.applies_after_step}"
+        return f"batch size {result.old} → {result.new} {when}"
     if isinstance(command, ProbeCommand):
         return "probe started: it runs in a separate process beside the job"
     return f"{type(command).__struct_config__.tag}: done"

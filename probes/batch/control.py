@@ -21,19 +21,14 @@ import torch
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import StepSync
 from ..runtime.fault_guard import FaultGuard
-from ..runtime.service import Extension
-from ..runtime.telemetry import Telemetry
 from ..wire.protocol import (
     BatchChange,
     BatchReading,
-    Command,
+    BatchSizeResult,
     Event,
-    Hello,
     Metrics,
-    SetBatchSize,
-    StepBatchSize,
 )
-from ..wire.routing import CommandRefused, CommandRouter
+from ..wire.routing import CommandRefused
 from .lr_scaling import NoFactor, is_adam_like, lr_factor, rescale
 from .memory_model import MemoryModel
 from .policy import BatchPolicy
@@ -51,7 +46,7 @@ class NeedsConfirmation(CommandRefused):
 
     def __init__(self, message: str, value: int) -> None:
         super().__init__(f"{message}; send again with confirm to apply it")
-        self.result = {"needs_confirmation": True, "value": value, "why": message}
+        self.result = BatchSizeResult(needs_confirmation=True, value=value, why=message).as_result()
 
 
 @dataclass(frozen=True)
@@ -149,12 +144,12 @@ class BatchController:
                 raise NeedsConfirmation(why, value)
             self.pending = Pending(value, reason or "requested", source)
             step = self._step()
-            result = {"old": self.size, "new": value, "step": step}
+            result = BatchSizeResult(old=self.size, new=value, step=step)
             if self.apply_at is None:
-                result["applies_after_step"] = self._applies_after(step)
+                result.applies_after_step = self._applies_after(step)
             else:
-                result["applies_at"] = self.apply_at
-            return result
+                result.applies_at = self.apply_at
+            return result.as_result()
 
     def _next_size(self) -> int:
         """The size the job will have once what is pending or held is applied."""
@@ -420,45 +415,3 @@ def reset_peak_memory() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for index in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(index)
-
-
-class BatchExtension(Extension):
-    """The agent-thread side of batch control: memory readings, what changes bought, and the
-    batch reading in every metrics message and hello."""
-
-    def __init__(self, controller: BatchController, telemetry: Telemetry) -> None:
-        self._controller = controller
-        self._telemetry = telemetry
-
-    def on_record(self, record: object) -> None:
-        if isinstance(record, BatchChange):
-            self._controller.add_change(record)
-
-    def on_tick(self, sample: DeviceSample) -> None:
-        self._controller.observe_sample(sample, self._telemetry.step)
-
-    def on_metrics(self, metrics: Metrics) -> None:
-        for event in self._controller.observe_metrics(metrics):
-            self._telemetry.add_event(event)
-        metrics.batch = self._controller.reading()
-
-    def on_hello(self, hello: Hello) -> None:
-        hello.batch = self._controller.reading()
-
-
-def register_commands(router: CommandRouter, controller: BatchController) -> None:
-    def set_size(command: Command) -> dict[str, Any]:
-        assert isinstance(command, SetBatchSize)
-        return controller.request(
-            command.value,
-            confirm=command.confirm,
-            reason=command.reason or "set from the monitor",
-            source="monitor",
-        )
-
-    def step_size(command: Command) -> dict[str, Any]:
-        assert isinstance(command, StepBatchSize)
-        return controller.request_step(command.direction, confirm=command.confirm, source="monitor")
-
-    router.register("set_batch_size", set_size)
-    router.register("step_batch_size", step_size)

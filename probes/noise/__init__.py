@@ -11,7 +11,10 @@ Modules, one job each:
 - ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sequential``: the measurement
   sources that run in the training job's hooks;
 - ``record``: the step record handed to the agent thread without a device sync;
+- ``budget``: which steps are measured, at about a fixed share of the step time;
 - ``tracker``: the agent thread's side (records → smoothed reading);
+- ``shared_backward``: another model's backward pass running through this one (a GAN):
+  the noise scale is refused with the reason;
 - ``controller``: ``NoiseScale``, which picks and runs all of the above for a ``Monitor``.
 
 Never imports textual or rich.

@@ -19,11 +19,13 @@ Modes (``attach(..., noise_scale=...)``):
 Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook (one
 record appended to a deque). Agent thread: ``agent_tick`` reads records, smooths, and writes
 ``telemetry.noise``.
+
+Why one module: choosing a source, switching it as the job starts or stops accumulating, and
+refusing with a reason all act on the one source in use and the reading shown for it.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +41,7 @@ from ..runtime.service import Extension
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Capability, Event, NoiseScaleReading
 from .autograd import ExampleCounter
+from .budget import Budget
 from .ddp import CommHookTaken, DDPSource
 from .layers import SUPPORTED_NAMES
 from .microbatch import MicrobatchSource
@@ -57,90 +60,6 @@ WARMUP_RSE = 0.20  # the dense warm-up ends once B_simple's relative standard er
 WARMUP_STEPS = 300  # ... or after this many steps, whatever the precision
 WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
-
-
-class RecentMedian:
-    """The median of the last ``n`` values, refreshed every ``every`` values: the step that
-    pays for sorting them comes once in ``every``, not on every step."""
-
-    def __init__(self, n: int, every: int = 8) -> None:
-        self.values: deque[float] = deque(maxlen=n)
-        self.every = every
-        self.median: float | None = None
-        self._since = 0
-
-    def add(self, value: float) -> None:
-        self.values.append(value)
-        self._since += 1
-        if self.median is None or self._since >= self.every:
-            self.median = statistics.median(self.values)
-            self._since = 0
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
-class Budget:
-    """Chooses the steps to measure so that measuring costs about ``fraction`` of the step
-    time on average: a token bucket credited ``fraction × step time`` per step and debited the
-    price of each measured step.
-
-    The price starts as the host time spent in bsmon's hooks (on the CPU that is the norm
-    computations themselves; on a GPU, their launches). Measured steps also cost something
-    outside the hooks' own code (autograd calling them, caches), so once enough steps of both
-    kinds have been seen the price is how much longer the median measured step takes than the
-    median other one — kept between 1x and 3x the hooks' own time, so a burst of noise in the
-    step times can neither hide the cost nor stop the measurements. Which steps are measured
-    depends on timing, never on the gradients, so the estimate stays unbiased; only its
-    variance grows."""
-
-    SAMPLES = 32  # recent step durations of each kind
-    MIN_SAMPLES = 5
-
-    def __init__(self, fraction: float | None) -> None:
-        self.fraction = fraction
-        self.credit = 0.0
-        self.cost: float | None = None  # smoothed host time in the hooks per measured step
-        self.measured_times = RecentMedian(self.SAMPLES)
-        self.plain_times = RecentMedian(self.SAMPLES)
-        self.share = 1.0  # smoothed share of steps measured
-
-    @property
-    def price(self) -> float | None:
-        cost = self.cost
-        if cost is None:
-            return None
-        measured, plain = self.measured_times, self.plain_times
-        if min(len(measured), len(plain)) < self.MIN_SAMPLES:
-            return cost
-        extra = measured.median - plain.median  # type: ignore[operator]
-        return min(max(extra, cost), 3 * cost)
-
-    def next(
-        self,
-        measured: bool,
-        cost: float,
-        step_time: float | None,
-        duration: float | None = None,
-        free: bool = False,
-    ) -> bool:
-        """After a step (``duration`` long, ``cost`` of it in the hooks): measure the next?
-        ``free``: the step was measured outside the budget (the warm-up): learn its price,
-        charge nothing."""
-        if duration is not None and duration > 0:
-            (self.measured_times if measured else self.plain_times).add(duration)
-        if measured and cost > 0:
-            self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
-        fraction, price = self.fraction, self.price
-        base = self.plain_times.median or step_time
-        if fraction is None or fraction >= 1 or not base or price is None:
-            decision = True
-        else:
-            self.credit += fraction * base - (price if measured and not free else 0.0)
-            self.credit = min(self.credit, 2 * price)  # no bursts after a long pause
-            decision = self.credit >= price
-        self.share = 0.98 * self.share + 0.02 * decision
-        return decision
 
 
 def _world() -> int:

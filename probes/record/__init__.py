@@ -3,16 +3,17 @@
 Modules, one job each:
 
 - ``format``: the record's lines, format version 1 (JSON Lines; docs/record.md);
-- ``writer``: the recorder — spans built on the agent thread, written by a writer thread;
+- ``recorder``: spans built on the agent thread from every step, scalar, event and sample;
+- ``writer``: where a record goes, and the thread that does its file I/O;
 - ``reader``: a record read back (export, replay, the summary), a torn last line allowed;
 - ``buckets``: mergeable aggregates (min/mean/max stats, histograms, compaction);
 - ``history``: a bounded history at a uniform, coarsening resolution (agent and dashboard);
 - ``conversions``: live readings ↔ record spans, for export and replay.
 
 This package is the dashboard's face on the record: it imports neither torch nor textual
-(``writer`` runs in the job and is not exported here). ``conversions`` is imported on
-demand (``from bsmon.probes.record import conversions``): it reads the step anatomy, which
-itself builds on ``format``.
+(``recorder`` and ``writer`` run in the job and are not exported here). ``conversions`` is
+imported on demand (``from bsmon.probes.record import conversions``): it reads the step
+anatomy, which itself builds on ``format``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""The session recorder: spans built on the agent thread, written by a writer thread.
+"""The record writer: where a record goes, and the thread that does all of its file I/O.
 
-``Recorder`` is fed on the agent thread (never the training thread): every resolved step and
-scalar through the telemetry tap, and once per tick the new events and the latest device
-sample. Every ``BUCKET_S`` of wall time (or when the batch size changes) it closes a span
-and hands the encoded line to ``RecordWriter``, a thread of its own that does all the file
-I/O: it appends and flushes each line as it comes (so a killed job loses at most the open
-half second), compacts the file as it grows, and, when the monitor closes, writes the
-``end`` line and the summary beside the record. A failing disk never reaches the job: the
-writer stops recording and reports an event.
+``RecordWriter`` appends and flushes each line as it comes (so a killed job loses at most the
+open half second), compacts the file as it grows, and writes the ``end`` line when the
+session closes (whoever closes it then writes the summary beside the record). A failing disk
+never reaches the job: the writer stops recording and reports an event.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import queue
 import re
@@ -25,30 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..runtime.service import Extension, TickDone
 from ..wire import discovery
-from ..wire.protocol import Capability, Event, SessionInfo
-from .buckets import StatAcc, compact, single, step_bin
-from .conversions import device_span
+from ..wire.protocol import Event, SessionInfo
+from .buckets import compact
 from .format import (
-    BUCKET_S,
-    PER_LEVEL,
-    DeviceSpan,
     End,
-    HostSpan,
-    PhaseTotals,
-    ProbeResult,
     Span,
-    Status,
-    StepDone,
     encode_line,
     header_for,
-    throughput,
 )
 
 if TYPE_CHECKING:
-    from ..runtime.devices import DeviceSample
-    from ..runtime.telemetry import Telemetry
+    pass
 
 RECORDS_SUBDIR = "records"
 MAX_PENDING_LINES = 10_000  # lines waiting for a stuck disk before recording stops
@@ -77,235 +60,6 @@ def claim_record_path(path: Path) -> Path:
                 _claimed.add(candidate)
                 return candidate
     return path  # the writer's exclusive open will report it
-
-
-class _Bucket:
-    """The open span (agent thread)."""
-
-    __slots__ = (
-        "batch_size",
-        "eval_s",
-        "hist",
-        "phases",
-        "scalars",
-        "step_time",
-        "steps",
-        "t0",
-        "timed_s",
-        "timed_samples",
-        "timed_steps",
-        "uncounted_s",
-    )
-
-    def __init__(self, t0: float, batch_size: int | None) -> None:
-        self.t0 = t0
-        self.batch_size = batch_size
-        self.steps = 0
-        self.timed_steps = 0
-        self.timed_s = 0.0
-        self.timed_samples = 0
-        self.uncounted_s = 0.0  # timed seconds of steps whose samples were not counted
-        self.eval_s = 0.0
-        self.step_time = StatAcc()
-        self.hist: dict[int, int] = {}
-        self.scalars: dict[str, StatAcc] = {}
-        self.phases = PhaseTotals()
-
-
-class Recorder(Extension):
-    """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk.
-
-    An extension of the agent: it reads every tick's events and device sample, and (as the
-    telemetry's tap) every step. Whoever closes the session writes the summary afterwards."""
-
-    def __init__(
-        self,
-        path: Path,
-        session: SessionInfo,
-        telemetry: Telemetry,
-        emit_event: Callable[[Event], None],
-        *,
-        private_dir: Path | None = None,
-        bucket_s: float = BUCKET_S,
-        per_level: int = PER_LEVEL,
-        before: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        """``before``: run first on the writer thread (an import to get done early)."""
-        self.path = path
-        self.telemetry = telemetry
-        telemetry.tap = self
-        self.bucket_s = bucket_s
-        self._start = session.start_time
-        self._clock = clock
-        self._emit_event = emit_event
-        self.writer = RecordWriter(
-            path,
-            self._report_failure,
-            start=session.start_time,
-            bucket_s=bucket_s,
-            per_level=per_level,
-            private_dir=private_dir,
-            before=before,
-        )
-        self.writer.put(encode_line(header_for(session, telemetry.batch_size, clock())))
-        self.step = 0
-        self.samples = 0
-        self._bucket = _Bucket(session.start_time, telemetry.batch_size)
-        self._status: tuple[Capability, Capability] | None = None
-        self._last_sample: DeviceSample | None = None
-        self._closed = False
-
-    @property
-    def failed(self) -> str | None:
-        return self.writer.failed
-
-    def start(self) -> None:
-        self.writer.start()
-
-    # -- the telemetry tap (agent thread) -----------------------------------------------------
-
-    def on_step(self, done: StepDone) -> None:
-        try:
-            step, duration, samples, batch_size, eval_s, phases = done
-            bucket = self._bucket
-            if bucket.batch_size != batch_size:
-                if bucket.steps:  # a span has one batch size: a change closes it
-                    self._close_bucket(self._clock())
-                    bucket = self._bucket
-                bucket.batch_size = batch_size
-            bucket.steps += 1
-            bucket.eval_s += eval_s
-            self.step = step
-            if samples is not None:
-                self.samples += samples
-            if duration is not None and 0 < duration < math.inf:
-                bucket.timed_steps += 1
-                bucket.timed_s += duration
-                if samples is None:
-                    bucket.uncounted_s += duration
-                else:
-                    bucket.timed_samples += samples
-                bucket.step_time.add(duration)
-                if phases is not None:
-                    bucket.phases.add(duration, phases)
-                index = step_bin(duration)
-                bucket.hist[index] = bucket.hist.get(index, 0) + 1
-        except Exception as exc:  # never into the agent's tick
-            self._internal_error(exc)
-
-    def on_scalar(self, name: str, value: float) -> None:
-        try:
-            acc = self._bucket.scalars.get(name)
-            if acc is None:
-                acc = self._bucket.scalars[name] = StatAcc()
-            acc.add(value)
-        except Exception as exc:
-            self._internal_error(exc)
-
-    def _internal_error(self, exc: Exception) -> None:
-        self.telemetry.tap = None
-        self.writer.fail(f"internal error in the recorder ({type(exc).__name__}: {exc})")
-
-    # -- each tick (agent thread) -------------------------------------------------------------
-
-    def after_tick(self, done: TickDone) -> None:
-        self.tick(done.t, done.events, done.sample, done.noise_scale, done.final)
-
-    def tick(
-        self,
-        now: float,
-        events: list[Event],
-        sample: DeviceSample,
-        noise_capability: Capability,
-        final: bool = False,
-    ) -> None:
-        if self._closed or self.writer.failed:
-            if self.telemetry.tap is self:
-                self.telemetry.tap = None  # nothing more to record: stop spending on steps
-            return
-        try:
-            for event in events:
-                self.writer.put(encode_line(event))
-            status = (sample.gpu, noise_capability)
-            if status != self._status:
-                self._status = status
-                self.writer.put(encode_line(Status(t=now, gpu=sample.gpu, noise_scale=status[1])))
-            if final or self._cell(now) != self._cell(self._bucket.t0):
-                self._close_bucket(now, sample)
-        except Exception as exc:  # a bug here must end only the recording
-            self._internal_error(exc)
-
-    def _cell(self, t: float) -> int:
-        return math.floor((t - self._start) / self.bucket_s)
-
-    def _close_bucket(self, now: float, sample: DeviceSample | None = None) -> None:
-        bucket = self._bucket
-        devices: list[DeviceSpan] = []
-        host = None
-        if sample is not None and sample is not self._last_sample:  # a fresh reading
-            self._last_sample = sample
-            devices = [device_span(d) for d in sample.devices]
-            host = HostSpan(cpu=single(sample.host.cpu_percent), rss=single(sample.host.rss_bytes))
-        noise = self.telemetry.noise
-        span = Span(
-            t0=bucket.t0,
-            t1=max(now, bucket.t0),
-            step=self.step,
-            steps=bucket.steps,
-            samples=self.samples,
-            batch_size=bucket.batch_size,
-            timed_steps=bucket.timed_steps,
-            timed_s=bucket.timed_s,
-            timed_samples=bucket.timed_samples,
-            uncounted_s=bucket.uncounted_s,
-            eval_s=bucket.eval_s,
-            step_time=bucket.step_time.stat(),
-            step_hist=bucket.hist,
-            throughput=single(throughput(bucket.timed_samples, bucket.timed_s, bucket.uncounted_s)),
-            scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
-            b_simple=single(noise.b_simple),
-            b_simple_at_least=noise.lower_bound if noise.b_simple is None else None,
-            noise_steps=noise.samples or None,
-            phases=bucket.phases if bucket.phases.steps else None,
-            devices=devices,
-            host=host,
-        )
-        self.writer.put(encode_line(span), span_end=span.t1)
-        self._bucket = _Bucket(now, bucket.batch_size)
-
-    # -- any thread ---------------------------------------------------------------------------
-
-    def probe(self, result: dict[str, Any], step: int) -> None:
-        """Record a probe result (any thread; never raises)."""
-        try:
-            line = encode_line(ProbeResult(t=self._clock(), step=step, result=dict(result)))
-        except Exception as exc:
-            self._report_failure(f"a probe result could not be recorded: {exc}", stopped=False)
-            return
-        self.writer.put(line)
-
-    def close(self, reason: str, step: int, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-        """Write the ``end`` line and close the file; True when all was done (then the record
-        is whole, and its summary can be written)."""
-        if self._closed:
-            return False
-        self._closed = True
-        end = End(t=self._clock(), reason=reason, step=max(step, self.step), samples=self.samples)
-        self.writer.put(encode_line(end))
-        return self.writer.finish(timeout)
-
-    def _report_failure(self, message: str, stopped: bool = True) -> None:
-        self._emit_event(
-            Event(
-                t=time.time(),
-                step=self.step,
-                kind="record_error",
-                level="warning",
-                message=message + ("; the job goes on unrecorded" if stopped else ""),
-                data={"path": str(self.path)},
-            )
-        )
 
 
 class RecordWriter(threading.Thread):

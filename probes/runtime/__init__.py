@@ -2,7 +2,9 @@
 
 Modules, one job each:
 
-- ``hooks``: optimizer step hooks that count each ``optimizer.step()`` once;
+- ``hooks``: optimizer step hooks that count each ``optimizer.step()`` once, and the count;
+- ``inbox``: the records the training thread hands to the agent thread;
+- ``session``: who this process is (the session the protocol and the record describe);
 - ``timing``: step marks on the training thread, resolved into durations on the agent;
 - ``samples``: the samples of each step, and the batch size a person would say;
 - ``evaluation``: evaluation time inside the loop, kept apart from step time;

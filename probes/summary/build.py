@@ -1,8 +1,12 @@
 """The summary of a session: computed from its record in one streaming pass, written as
-``summary.json`` (schema: ``summary_schema``, docs/summary.md) and ``summary.md``.
+``summary.json`` (schema: ``schema``, docs/summary.md) and ``summary.md`` (``markdown``).
 
 Memory stays bounded whatever the record's length: histograms have a bounded number of
 bins, chart series are decimated, and lists (segments, warnings, probes) are capped.
+
+Why one module: the pass folds spans, events, statuses and probe results into one builder
+whose parts read each other's totals (segments need the step-time totals, the noise note the
+spans' counts); split, that state would be handed around instead.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Every message is one UTF-8 JSON object on one line with a ``type`` field. The se
 ``reply``, ``notice`` and ``bye``; a client sends commands, each with an ``id`` that its
 ``reply`` echoes. docs/protocol.md describes every message; this module is the single
 source of truth for their shapes.
+
+Why one module: a client's author (or a test outside the project) reads the whole protocol in
+one file, in the order docs/protocol.md gives it.
 """
 
 from __future__ import annotations
@@ -340,6 +343,33 @@ class Reply(Message, tag="reply"):
     ok: bool
     error: str | None = None
     result: dict[str, Any] | None = None
+
+
+class BatchSizeResult(msgspec.Struct, omit_defaults=True):
+    """The ``result`` of a reply to ``set_batch_size`` or ``step_batch_size``: accepted (``old``,
+    ``new``, and when it applies), or refused until confirmed (``needs_confirmation``, the
+    ``value`` to send again with ``confirm``, and ``why``). On the wire it is the reply's
+    ``result`` object, field for field."""
+
+    old: int | None = None
+    new: int | None = None
+    step: int | None = None
+    applies_after_step: int | None = None  # the step after which the change applies
+    applies_at: int | None = None  # a boundary fixed by the job (distributed: the exchange)
+    needs_confirmation: bool = False
+    value: int | None = None
+    why: str | None = None
+
+    def as_result(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def of(cls, reply: Reply) -> BatchSizeResult:
+        """A reply's result read as this (empty where it is missing or not of this shape)."""
+        try:
+            return msgspec.convert(reply.result or {}, cls)
+        except msgspec.ValidationError:
+            return cls()
 
 
 class Notice(Message, tag="notice"):

@@ -1,0 +1,63 @@
+"""Batch control on the agent thread: the wire commands that ask for a size, and the extension
+that feeds the controller (memory readings, what each change bought) and puts the batch
+reading in every metrics message and hello."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.devices import DeviceSample
+from ..runtime.service import Extension
+from ..runtime.telemetry import Telemetry
+from ..wire.protocol import (
+    BatchChange,
+    Command,
+    Hello,
+    Metrics,
+    SetBatchSize,
+    StepBatchSize,
+)
+from ..wire.routing import CommandRouter
+from .control import BatchController
+
+
+class BatchExtension(Extension):
+    """The agent-thread side of batch control: memory readings, what changes bought, and the
+    batch reading in every metrics message and hello."""
+
+    def __init__(self, controller: BatchController, telemetry: Telemetry) -> None:
+        self._controller = controller
+        self._telemetry = telemetry
+
+    def on_record(self, record: object) -> None:
+        if isinstance(record, BatchChange):
+            self._controller.add_change(record)
+
+    def on_tick(self, sample: DeviceSample) -> None:
+        self._controller.observe_sample(sample, self._telemetry.step)
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        for event in self._controller.observe_metrics(metrics):
+            self._telemetry.add_event(event)
+        metrics.batch = self._controller.reading()
+
+    def on_hello(self, hello: Hello) -> None:
+        hello.batch = self._controller.reading()
+
+
+def register_commands(router: CommandRouter, controller: BatchController) -> None:
+    def set_size(command: Command) -> dict[str, Any]:
+        assert isinstance(command, SetBatchSize)
+        return controller.request(
+            command.value,
+            confirm=command.confirm,
+            reason=command.reason or "set from the monitor",
+            source="monitor",
+        )
+
+    def step_size(command: Command) -> dict[str, Any]:
+        assert isinstance(command, StepBatchSize)
+        return controller.request_step(command.direction, confirm=command.confirm, source="monitor")
+
+    router.register("set_batch_size", set_size)
+    router.register("step_batch_size", step_size)
