@@ -3,7 +3,8 @@
 The summary comes from the job's record (its path is in ``hello.session.record``). When there
 is no record to read (the job does not record, or the file is not readable from here), it is
 made from what the dashboard holds: its ~1 s history, events and latest readings, and the
-summary says so. The screenshot is taken at once; the summary is written on a worker thread.
+summary says so. The screen takes the screenshot and calls ``export_session`` on a worker
+thread: this module needs only a snapshot and a directory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bsmon.probes.record import RECORD_VERSION, End, Header, RecordError, conversions
 from bsmon.probes.summary import (
@@ -25,9 +25,6 @@ from bsmon.probes.summary import (
 
 from .session import ConnState, Snapshot
 
-if TYPE_CHECKING:
-    from .screens import DashboardScreen
-
 
 def export_directory(base: Path, name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "job"
@@ -40,35 +37,11 @@ def export_directory(base: Path, name: str) -> Path:
     return path
 
 
-def start_export(screen: DashboardScreen) -> None:
-    """Save the screenshot now and write the summary on a worker thread (UI thread)."""
-    app = screen.app
-    snap = screen.snapshot
-    if snap is None or snap.session is None:
-        app.notify("nothing to export yet: no job on screen", severity="warning")
-        return
-    base = getattr(app, "export_dir", None) or Path.cwd()
-    directory = export_directory(Path(base), snap.session.name)
-    try:
-        directory.mkdir(parents=True)
-        app.save_screenshot(filename="screen.svg", path=str(directory))
-    except OSError as exc:
-        app.notify(f"cannot export to {directory}: {exc.strerror or exc}", severity="error")
-        return
-
-    def work() -> None:
-        try:
-            summary = summary_for(snap)
-            write_summary(summary, directory / "summary.json", directory / "summary.md")
-        except Exception as exc:  # shown, never raised into the app
-            message = f"export failed: {exc}; the screenshot is in {directory}"
-            app.call_from_thread(app.notify, message, severity="error", timeout=10)
-            return
-        how = "from the record" if summary.source.kind == "record" else "from the dashboard's data"
-        message = f"exported {how} to {directory}/: summary.md, summary.json, screen.svg"
-        app.call_from_thread(app.notify, message, title="Export", timeout=12)
-
-    screen.run_worker(work, thread=True, name="export", exit_on_error=False)
+def export_session(snap: Snapshot, directory: Path) -> Summary:
+    """Write the session's summary.json and summary.md into ``directory``; returns it."""
+    summary = summary_for(snap)
+    write_summary(summary, directory / "summary.json", directory / "summary.md")
+    return summary
 
 
 def summary_for(snap: Snapshot) -> Summary:

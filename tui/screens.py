@@ -188,9 +188,39 @@ class DashboardScreen(Screen):
             self.app.push_screen(ConfirmScreen("Risky batch size", question), confirmed)
 
     def action_export(self) -> None:
-        from .export import start_export
+        """Save the screenshot now and write the summary on a worker thread."""
+        from .export import export_directory, export_session
 
-        start_export(self)
+        app = self.app
+        snap = self.snapshot
+        if snap is None or snap.session is None:
+            app.notify("nothing to export yet: no job on screen", severity="warning")
+            return
+        base = getattr(app, "export_dir", None) or Path.cwd()
+        directory = export_directory(Path(base), snap.session.name)
+        try:
+            directory.mkdir(parents=True)
+            app.save_screenshot(filename="screen.svg", path=str(directory))
+        except OSError as exc:
+            app.notify(f"cannot export to {directory}: {exc.strerror or exc}", severity="error")
+            return
+
+        def work() -> None:
+            try:
+                summary = export_session(snap, directory)
+            except Exception as exc:  # shown, never raised into the app
+                message = f"export failed: {exc}; the screenshot is in {directory}"
+                app.call_from_thread(app.notify, message, severity="error", timeout=10)
+                return
+            how = (
+                "from the record"
+                if summary.source.kind == "record"
+                else "from the dashboard's data"
+            )
+            message = f"exported {how} to {directory}/: summary.md, summary.json, screen.svg"
+            app.call_from_thread(app.notify, message, title="Export", timeout=12)
+
+        self.run_worker(work, thread=True, name="export", exit_on_error=False)
 
 
 HELP_TEXT = """\
