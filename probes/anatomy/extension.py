@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from ..runtime.service import Extension
+from ..runtime.service import Extension, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Event, Metrics, StepAnatomy
 from .verdict import Judgement, LoaderFacts, VerdictKeeper, anatomy_notes, judge
@@ -33,17 +33,18 @@ class AnatomyExtension(Extension):
         self.keeper = VerdictKeeper()
         self.latest: StepAnatomy | None = None  # the last reading sent
 
-    def on_metrics(self, metrics: Metrics) -> None:
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
         reading = self._telemetry.anatomy.recent()
         if reading is None:
-            return
+            return {}
         reading.notes = anatomy_notes(reading, self._world_size)
         judgement = judge(reading, self._gpu_util(metrics), self._loader())
         if self.keeper.update(judgement) and judgement is not None:
             self._announce(judgement)
         if (current := self.keeper.current) is not None:
             reading.verdict, reading.evidence, reading.advice = current
-        metrics.anatomy = self.latest = reading
+        self.latest = reading
+        return {"anatomy": reading}
 
     def latest_dict(self) -> dict[str, Any] | None:
         return msgspec.to_builtins(self.latest) if self.latest is not None else None

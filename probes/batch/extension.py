@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.devices import DeviceSample
-from ..runtime.service import Extension
+from ..runtime.service import Extension, HelloPart, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import (
     BatchChange,
@@ -36,13 +36,13 @@ class BatchExtension(Extension):
     def on_tick(self, sample: DeviceSample) -> None:
         self._controller.observe_sample(sample, self._telemetry.step)
 
-    def on_metrics(self, metrics: Metrics) -> None:
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
         for event in self._controller.observe_metrics(metrics):
             self._telemetry.add_event(event)
-        metrics.batch = self._controller.reading()
+        return {"batch": self._controller.reading()}
 
-    def on_hello(self, hello: Hello) -> None:
-        hello.batch = self._controller.reading()
+    def hello_part(self, hello: Hello) -> HelloPart:
+        return {"batch": self._controller.reading()}
 
 
 def register_commands(router: CommandRouter, controller: BatchController) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from ..runtime.service import Extension
+from ..runtime.service import Extension, MetricsPart
 from ..wire.describe import extrapolation_note
 from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult
 from ..wire.routing import CommandRefused
@@ -269,8 +269,8 @@ class ProbeExtension(Extension):
     def __init__(self, runner: ProbeRunner) -> None:
         self._runner = runner
 
-    def on_metrics(self, metrics: Metrics) -> None:
-        metrics.probe = self._runner.reading()
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        return {"probe": self._runner.reading()}
 
 
 def crashed(process: subprocess.Popen, points: list[ProbePoint]) -> ProbeResult:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire.protocol import Metrics, RankReading, RanksReading
-from .service import Extension
+from .service import Extension, MetricsPart
 
 SEND_INTERVAL_S = 2.0
 VIEW_INTERVAL_S = 1.0
@@ -177,6 +177,11 @@ class RanksExtension(Extension):
         self._last = 0.0
         self._reading: RanksReading | None = None
 
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        """Rank 0's view as of the previous message (each rank's summary is read from a
+        finished message, every part in)."""
+        return {"ranks": self._reading}
+
     def on_metrics(self, metrics: Metrics) -> None:
         """Summaries are made every SEND_INTERVAL_S and rank 0's view once a second: the
         agent thread shares the interpreter with the training thread, so it does little."""
@@ -196,7 +201,6 @@ class RanksExtension(Extension):
                 self._exchange.offer(self._own)
             else:
                 self._reading = self.reading(now)
-        metrics.ranks = self._reading
 
     def reading(self, now: float) -> RanksReading:
         exchange = self._exchange

@@ -15,6 +15,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
+
+import msgspec
 
 from ..wire import discovery, protocol
 from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
@@ -68,9 +71,25 @@ class TickDone:
     final: bool  # the last tick: the session is closing
 
 
+class MetricsPart(TypedDict, total=False):
+    """The fields an extension fills in a metrics message (each field has one owner)."""
+
+    anatomy: protocol.StepAnatomy | None
+    batch: protocol.BatchReading
+    probe: protocol.ProbeReading
+    ranks: protocol.RanksReading | None
+
+
+class HelloPart(TypedDict, total=False):
+    """The fields an extension fills in a hello."""
+
+    batch: protocol.BatchReading
+
+
 class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
-    device sample, can add to each metrics message and to the hello, and sees each tick end."""
+    inbox record telemetry does not take, each device sample, each metrics message and hello
+    (to which it returns its part), and each tick's end."""
 
     def on_record(self, record: object) -> None:
         """Called for each inbox record that telemetry does not take (in order)."""
@@ -78,11 +97,17 @@ class Extension:
     def on_tick(self, sample: DeviceSample) -> None:
         """Called every tick with the latest device sample."""
 
-    def on_metrics(self, metrics: protocol.Metrics) -> None:
-        """Called for each metrics message before it is sent."""
+    def metrics_part(self, metrics: protocol.Metrics) -> MetricsPart:
+        """This extension's fields of a metrics message, read from the message as telemetry
+        and the device sample made it (the other extensions' parts are not in it yet)."""
+        return {}
 
-    def on_hello(self, hello: Hello) -> None:
-        """Called for each hello before it is sent."""
+    def on_metrics(self, metrics: protocol.Metrics) -> None:
+        """Sees each finished metrics message, every part in (read only), before it is sent."""
+
+    def hello_part(self, hello: Hello) -> HelloPart:
+        """This extension's fields of a hello."""
+        return {}
 
     def after_tick(self, done: TickDone) -> None:
         """Called at the end of every tick, after its events and metrics were sent."""
@@ -214,6 +239,10 @@ class AgentService(threading.Thread):
             metrics.gpu = sample.gpu
             metrics.host = sample.host
             metrics.errors = self._fault_count()
+            parts: MetricsPart = {}
+            for extension in self.extensions:
+                parts.update(extension.metrics_part(metrics))
+            metrics = msgspec.structs.replace(metrics, **parts)
             for extension in self.extensions:
                 extension.on_metrics(metrics)
         events = telemetry.take_new_events()
@@ -241,8 +270,10 @@ class AgentService(threading.Thread):
             noise_scale=self._noise_capability(),
             devices=sample.devices,
         )
+        parts: HelloPart = {}
         for extension in self.extensions:
-            extension.on_hello(hello)
+            parts.update(extension.hello_part(hello))
+        hello = msgspec.structs.replace(hello, **parts)
         lines = [protocol.encode(hello)]
         points = telemetry.history.snapshot()
         starts = range(0, max(len(points), 1), HISTORY_CHUNK)
