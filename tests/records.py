@@ -11,7 +11,7 @@ from bsmon.probes.record.format import (
     DeviceSpan,
     End,
     HostSpan,
-    ProbeResult,
+    ProbeLine,
     Span,
     Status,
     encode_line,
@@ -168,7 +168,7 @@ class Synthetic:
             out.append(encode_line(span))
         out += [encode_line(e) for e in events]
         out.append(
-            encode_line(ProbeResult(t=self.stop, step=self.steps, result={"max_batch_size": 512}))
+            encode_line(ProbeLine(t=self.stop, step=self.steps, result={"max_batch_size": 512}))
         )
         if self.complete:
             end = End(t=self.stop, reason="closed", step=self.steps, samples=self.samples)

@@ -7,7 +7,7 @@ their device-side spans (the kernels between the range's ends), on a CPU their w
 Each phase's share of the step by the profiler is compared with the anatomy's share. The
 profiler's own cost falls on both alike: they time the same steps.
 
-Runs on a CPU as well (tests/test_gpu_check.py runs it there).
+Runs on a CPU as well (tests/processes/test_gpu_check.py runs it there).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def gpu_test_files() -> list[str]:
     """The test modules with a gpu mark (collecting only those saves importing the rest)."""
     return sorted(
         str(path.relative_to(ROOT))
-        for path in (ROOT / "tests").glob("test_*.py")
+        for path in (ROOT / "tests").rglob("test_*.py")
         if "mark.gpu" in path.read_text()
     )
 

@@ -10,7 +10,7 @@ Modules, one job each:
 - ``scaling``: the mixed-precision loss scale and the optional Adam preconditioner;
 - ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sequential``: the measurement
   sources that run in the training job's hooks;
-- ``record``: the step record handed to the agent thread without a device sync;
+- ``step_record``: the step record handed to the agent thread without a device sync;
 - ``budget``: which steps are measured, at about a fixed share of the step time;
 - ``tracker``: the agent thread's side (records → smoothed reading);
 - ``shared_backward``: another model's backward pass running through this one (a GAN):

@@ -46,10 +46,10 @@ from .ddp import CommHookTaken, DDPSource
 from .layers import SUPPORTED_NAMES
 from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource
-from .record import StepRecord, read
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
 from .source import Source
+from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
 
 MODES = ("auto", "per_example", "microbatch", "sequential")

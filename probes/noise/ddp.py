@@ -46,8 +46,8 @@ from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .autograd import ExampleCounter, total_squared_norm
-from .record import StepRecord
 from .source import Source, hook
+from .step_record import StepRecord
 
 COPY_ROOM = 0.25  # the local copy may take at most this share of the device's free memory
 

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from .autograd import ExampleCounter, accumulates, grad_accumulator, squared_norm
-from .record import StepRecord
 from .source import Source, hook
+from .step_record import StepRecord
 
 
 class MicrobatchSource(Source):

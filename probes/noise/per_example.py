@@ -33,8 +33,8 @@ from ..runtime.forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
-from .record import StepRecord
 from .source import Source
+from .step_record import StepRecord
 
 HOLDER = "per-example norms"
 UNBATCHED = "its input has no batch dimension"

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from .autograd import ExampleCounter, accumulates, grad_accumulator, total_squared_norm
-from .record import StepRecord
 from .source import Source, hook
+from .step_record import StepRecord
 
 
 class SequentialSource(Source):

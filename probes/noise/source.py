@@ -17,8 +17,8 @@ from torch import Tensor
 
 from ..runtime.fault_guard import FaultGuard
 from .autograd import BackwardEnd, ExampleCounter, total_squared_norm
-from .record import StepRecord, capture
 from .scaling import AdamPreconditioner, LossScale
+from .step_record import StepRecord, capture
 
 Emit = Callable[[str, str], None]  # (message, level)
 Body = TypeVar("Body", bound=Callable[..., Any])

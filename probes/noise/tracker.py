@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from ..runtime.timing import finite_or_none as _finite
 from ..wire.protocol import NoiseScaleReading
 from .estimators import EstimateError, Units, components, finite
-from .record import StepRecord
 from .smoothing import Estimate, RatioEMA
+from .step_record import StepRecord
 
 NONFINITE = "non-finite gradients (e.g. a mixed-precision overflow)"
 NEGATIVE_G2 = (

@@ -170,7 +170,7 @@ class Span(RecordLine, tag="span"):
     host: HostSpan | None = None
 
 
-class ProbeResult(RecordLine, tag="probe"):
+class ProbeLine(RecordLine, tag="probe"):
     """The result of a batch-size probe, as the probe reports it."""
 
     t: float
@@ -197,7 +197,7 @@ def span_throughput(span: Span) -> float | None:
     return throughput(span.timed_samples, span.timed_s, span.uncounted_s)
 
 
-Line = Header | Status | Span | Event | ProbeResult | End
+Line = Header | Status | Span | Event | ProbeLine | End
 KNOWN_TYPES = frozenset(("record", "status", "span", "event", "probe", "end"))
 
 _encoder = msgspec.json.Encoder()

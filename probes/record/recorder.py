@@ -25,7 +25,7 @@ from .format import (
     End,
     HostSpan,
     PhaseTotals,
-    ProbeResult,
+    ProbeLine,
     Span,
     Status,
     StepDone,
@@ -240,7 +240,7 @@ class Recorder(Extension):
     def probe(self, result: dict[str, Any], step: int) -> None:
         """Record a probe result (any thread; never raises)."""
         try:
-            line = encode_line(ProbeResult(t=self._clock(), step=step, result=dict(result)))
+            line = encode_line(ProbeLine(t=self._clock(), step=step, result=dict(result)))
         except Exception as exc:
             self._report_failure(f"a probe result could not be recorded: {exc}", stopped=False)
             return

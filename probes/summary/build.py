@@ -29,7 +29,7 @@ from ..record.format import (
     End,
     Header,
     PhaseTotals,
-    ProbeResult,
+    ProbeLine,
     Span,
     Stat,
     Status,
@@ -175,7 +175,7 @@ class SummaryBuilder:
                 self.noise_reason = item.noise_scale.reason
             self.noise_source = item.noise_scale.reason
             self.last_t = max(self.last_t, item.t)
-        elif isinstance(item, ProbeResult):
+        elif isinstance(item, ProbeLine):
             self._probe(item)
         elif isinstance(item, End):
             self.end = item
@@ -272,7 +272,7 @@ class SummaryBuilder:
             note = Note(event.kind, event.message, event.step, _round(event.t - self.start))
             self.event_notes.append(note)
 
-    def _probe(self, probe: ProbeResult) -> None:
+    def _probe(self, probe: ProbeLine) -> None:
         self.last_t = max(self.last_t, probe.t)
         if len(self.probes) < MAX_LISTED:
             self.probes.append(

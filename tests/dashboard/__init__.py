@@ -1,0 +1,1 @@
+"""Dashboard tests: the TUI under Pilot, its SVG snapshots, replay, and real terminals (tmux)."""

@@ -1,0 +1,170 @@
+"""Replay in Pilot (pause, seek, speed, a killed job's record) and the dashboard's ``e`` export."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from bsmon.probes.summary.schema import Summary
+from bsmon.tui.app import BsmonApp
+from bsmon.tui.replay import RecordSource, ReplayScreen, load_replay
+from bsmon.tui.session import ConnState
+from bsmon.tui.widgets.banner import StateBanner
+
+from ..records import START, two_phase
+from ..scripted import messages
+from .test_tui_pilot import dashboard_ready, text_of, wait_for
+
+
+def replay_app(path, **kwargs) -> BsmonApp:
+    source = RecordSource(load_replay(path), **kwargs)
+    return BsmonApp(source, dashboard=ReplayScreen, readonly=True)
+
+
+@pytest.fixture
+def record(tmp_path):
+    return two_phase().write(tmp_path / "run.jsonl")
+
+
+def position(app) -> float:
+    return app.screen.snapshot.replay.position_s
+
+
+async def test_replay_pauses_seeks_and_shows_the_finished_run(record):
+    app = replay_app(record, playing=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await dashboard_ready(pilot)
+        snap = screen.snapshot
+        assert snap.replay.position_s == 0 and not snap.replay.playing
+        assert snap.replay.duration_s == pytest.approx(75.0)
+        assert "‖ REPLAY" in text_of(app, "#state")
+        assert "replay of run.jsonl · 0:00:00 / 0:01:15" in str(
+            app.screen.query_one(StateBanner).render()
+        )
+        assert app.screen.snapshot.latest is None  # nothing had happened at the start
+
+        await pilot.press("right")  # a twentieth of the run
+        await wait_for(pilot, lambda: position(app) == pytest.approx(3.75), what="seek forward")
+        await wait_for(pilot, lambda: "step 70" in text_of(app, "#job"), what="step 70")
+
+        await pilot.press("end")
+        await wait_for(pilot, lambda: app.screen.snapshot.state is ConnState.FINISHED, what="end")
+        snap = app.screen.snapshot
+        assert snap.latest.step == 1500 and snap.replay.ended == "the job finished (closed)"
+        assert "step 1,500" in text_of(app, "#job")
+        assert "the job finished (closed)" in str(app.screen.query_one(StateBanner).render())
+        assert len(snap.points) == 150 and snap.events[-1].message == "phase at batch 64 ended"
+
+        await pilot.press("left", "left")
+        await wait_for(pilot, lambda: position(app) == pytest.approx(67.5), what="seek back")
+        snap = app.screen.snapshot
+        assert snap.state is ConnState.LIVE and snap.latest.step == 1350
+        assert len(snap.points) == 135 and len(snap.events) == 2  # started over, then fed
+
+        await pilot.press("home")
+        await wait_for(pilot, lambda: position(app) == 0, what="start")
+        assert app.screen.snapshot.points == ()
+
+        await pilot.press(">", ">", "<")  # auto: a 75 s run in 30 s, x2.5; then x5
+        await pilot.press("space")
+        await wait_for(pilot, lambda: position(app) > 0.5, what="playing")
+        assert app.screen.snapshot.replay.playing and app.screen.snapshot.replay.speed == 5.0
+        await pilot.press("space")
+        await wait_for(pilot, lambda: not app.screen.snapshot.replay.playing, what="paused")
+        paused_at = position(app)
+        await pilot.pause(0.3)
+        assert position(app) == paused_at
+
+
+async def test_replay_plays_to_the_end_by_itself(record):
+    app = replay_app(record, speed=500.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: app.screen.snapshot.replay.ended is not None, what="the end")
+        assert not app.screen.snapshot.replay.playing
+        assert app.screen.snapshot.latest.step == 1500
+
+
+async def test_replay_of_a_killed_jobs_record(tmp_path):
+    synthetic = two_phase(complete=False)
+    path = synthetic.write(tmp_path / "killed.jsonl", tail=b'{"type":"span","t0":1700')
+    app = replay_app(path, position=1.0, playing=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await dashboard_ready(pilot)
+        snap = screen.snapshot
+        assert snap.latest.step == 1500 and snap.state is ConnState.LIVE
+        assert "no end: the job was killed" in snap.replay.ended
+        assert "killed" in str(app.screen.query_one(StateBanner).render())
+
+
+async def test_replay_is_read_only_and_its_source_says_so(record):
+    app = replay_app(record, playing=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await dashboard_ready(pilot)
+        assert screen.source.readonly_reason
+        caps = screen.snapshot.capabilities
+        assert caps and not any(cap.available for cap in caps.values())
+
+
+def notifications(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def export_and_wait(pilot) -> None:
+    await dashboard_ready(pilot)
+    await pilot.press("e")
+    exported = lambda: any("exported" in m for m in notifications(pilot.app))  # noqa: E731
+    await wait_for(pilot, exported, what="the export notification")
+
+
+async def test_e_exports_the_summary_from_the_record_and_a_screenshot(record, tmp_path):
+    app = replay_app(record, position=1.0, playing=False)
+    app.export_dir = tmp_path / "exports"
+    async with app.run_test(size=(100, 30)) as pilot:
+        await export_and_wait(pilot)
+    (directory,) = (tmp_path / "exports").iterdir()
+    assert directory.name.startswith("bsmon-synthetic-")
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "screen.svg",
+        "summary.json",
+        "summary.md",
+    ]
+    (message,) = [m for m in notifications(app) if "exported" in m]
+    assert message == (
+        f"exported from the record to {directory}/: summary.md, summary.json, screen.svg"
+    )
+    summary = msgspec.json.decode((directory / "summary.json").read_bytes(), type=Summary)
+    assert summary.steps == 1500 and summary.source.kind == "record"
+    assert "REPLAY" in (directory / "screen.svg").read_text()
+
+
+async def test_e_without_a_record_exports_what_the_dashboard_holds(tmp_path):
+    from bsmon.tui.sources import ScriptedSource
+
+    script = messages(gpu=True)  # a live session whose hello names no record
+    app = BsmonApp(ScriptedSource("resnet-cifar", script, clock=lambda: START + 754.0))
+    app.export_dir = tmp_path
+    async with app.run_test(size=(100, 30)) as pilot:
+        await export_and_wait(pilot)
+    (directory,) = tmp_path.iterdir()
+    data = json.loads((directory / "summary.json").read_text())
+    assert data["source"]["kind"] == "dashboard" and data["steps"] == 3000
+    assert data["warnings"][0]["kind"] == "from_dashboard"
+    assert "does not write a record" in data["warnings"][0]["message"]
+    assert data["devices"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert any("from the dashboard's data" in m for m in notifications(app))
+
+
+async def test_e_before_any_job_says_there_is_nothing_to_export(tmp_path):
+    from bsmon.tui.sources import ScriptedSource
+
+    app = BsmonApp(ScriptedSource("nobody", [], disconnect="no such job"))
+    app.export_dir = tmp_path
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        await pilot.press("e")
+        await wait_for(pilot, lambda: notifications(app), what="a notification")
+    assert notifications(app) == ["nothing to export yet: no job on screen"]
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,110 @@
+"""`bsmon run` with its dashboard, in a real terminal: a live view of a script nobody changed;
+`q` leaves the training running; SIGTERM stops it; a crash at import is reported at once."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+
+import psutil
+
+from ..helpers import ROOT, wait_until
+from ..processes.test_run import gone
+from ..tmux import Tmux
+from ..watch import kill_run_processes, run_processes
+
+BSMON = f"{sys.executable} -m bsmon.tui.cli"
+UNMODIFIED = f"{sys.executable} examples/unmodified.py --epochs 1000"
+
+
+def start(bsmon_dir, command: str) -> Tmux:
+    tmux = Tmux(100, 30)
+    env = {"BSMON_DIR": str(bsmon_dir), "LANG": "C.UTF-8", "TERM": "xterm-256color"}
+    tmux.start(command, ROOT, env)
+    return tmux
+
+
+def live_step(text: str) -> int:
+    match = re.search(r"step ([\d,]+)", text)
+    return int(match.group(1).replace(",", "")) if match and "LIVE" in text else 0
+
+
+def job_pids(bsmon_dir, name: str) -> list[int]:
+    return [
+        p.pid for p in run_processes(bsmon_dir, name) if "examples/unmodified.py" in p.cmdline()
+    ]
+
+
+def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
+    tmux = start(bsmon_dir, f"{BSMON} run --name tq -- {UNMODIFIED}")
+    try:
+        screen = tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
+        assert "tq" in screen and "+/- p off — ? says why" in screen
+        tmux.send("?")  # the help opens with why the keys are off
+        screen = tmux.wait_for(lambda s: "This job" in s, what="the help")
+        assert "+/- is off: bsmon run cannot resize" in screen
+        tmux.send("Escape")
+        tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
+        tmux.send("q")
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
+        assert "goes on in the background" in screen and "bsmon attach tq" in screen
+        (pid,) = job_pids(bsmon_dir, "tq")
+        assert f"kill {pid}" in screen.replace("\n", " ")
+        assert list(bsmon_dir.glob(f"{pid}.sock"))  # still serving, for `bsmon attach tq`
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def test_sigterm_to_bsmon_run_stops_the_training_and_returns_its_code(bsmon_dir):
+    tmux = start(bsmon_dir, f"{BSMON} run --name tt -- {UNMODIFIED}")
+    try:
+        tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
+        (job,) = job_pids(bsmon_dir, "tt")
+        runner = psutil.Process(job).parent()
+        runner.send_signal(signal.SIGTERM)
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-143" in s, timeout=60, what="exit 143")
+        assert "tt exited with code 143" in screen
+        wait_until(lambda: gone(job), timeout=30, message="the training to stop")
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nraise SystemExit('broken: no data at /nowhere')\n")
+    tmux = start(bsmon_dir, f"{BSMON} run --name tc -- {sys.executable} {script}")
+    try:
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-1" in s, timeout=90, what="exit 1")
+        assert "tc exited with code 1" in screen
+        assert "| broken: no data at /nowhere" in screen
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def test_the_time_view_of_an_unmodified_script_says_it_waits_for_data(bsmon_dir):
+    tmux = start(bsmon_dir, f"{BSMON} run --name ta -- {sys.executable} tests/anatomy_job.py")
+    try:
+        screen = tmux.wait_for(
+            lambda s: live_step(s) > 0 and "input-bound" in s,
+            timeout=90,
+            what="the dashboard's one-line verdict",
+        )
+        assert re.search(r"step\s+[\d.]+ ms · input-bound", screen)
+        tmux.send("t")
+        screen = tmux.wait_for(
+            lambda s: "waiting for data" in s and "try:" in s, what="the time view"
+        )
+        assert re.search(r"input-bound: \d+% of each step waits for data", screen)
+        assert "num_workers" in screen
+        assert re.search(r"waiting for data\s+[\d.]+ ms\s+\d+%", screen)
+        tmux.send("t")
+        tmux.wait_for(lambda s: "Loss" in s, what="back on the dashboard")
+        tmux.send("q")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)

@@ -1,0 +1,72 @@
+"""`bsmon demo` in a real terminal: the screen updates, q quits, nothing is left running."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ..helpers import ROOT
+from ..tmux import Tmux
+
+
+def step_on_screen(text: str) -> int | None:
+    match = re.search(r"step ([\d,]+)", text)
+    return int(match.group(1).replace(",", "")) if match else None
+
+
+def demo_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "bsmon.probes.demo" in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
+    before = {p.pid for p in demo_processes()}
+    tmux = Tmux(100, 30)
+    bsmon = Path(sys.executable).with_name("bsmon")
+    env = {"BSMON_DIR": str(bsmon_dir), "LANG": "C.UTF-8", "TERM": "xterm-256color"}
+    try:
+        tmux.start(f"{bsmon} demo", ROOT, env)
+        first = tmux.wait_for(
+            lambda s: "LIVE" in s and (step_on_screen(s) or 0) > 0,
+            what="the live dashboard with a step count",
+        )
+        for title in ("Devices", "Batch", "Noise scale", "Events", "Step time", "Loss"):
+            assert title in first
+        assert "n/a" in first  # no GPU here, and the panel says why
+        step1 = step_on_screen(first)
+        later = tmux.wait_for(
+            lambda s: (step_on_screen(s) or 0) > step1, timeout=30, what="the step count to grow"
+        )
+        assert "samples/s" in later
+        tmux.send("+")
+        tmux.wait_for(
+            lambda s: "64→128" in s and re.search(r"batch\s+128", s),
+            timeout=30,
+            what="the batch size to go 64 → 128 after +",
+        )
+        tmux.send("-")
+        tmux.wait_for(
+            lambda s: "128→64" in s and re.search(r"batch\s+64\b", s),
+            timeout=30,
+            what="the batch size to go back to 64 after -",
+        )
+        tmux.send("q")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and {p.pid for p in demo_processes()} - before:
+            time.sleep(0.1)
+        assert not ({p.pid for p in demo_processes()} - before), "the demo job was left running"
+        assert not list(bsmon_dir.glob("*.sock"))
+    finally:
+        tmux.kill()
+        for proc in demo_processes():
+            if proc.pid not in before:
+                proc.kill()

@@ -1,0 +1,120 @@
+"""Batch-size keys in the dashboard: Pilot against a real job, confirmations, --readonly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.tui.app import BsmonApp, follow_job
+from bsmon.tui.confirm import ConfirmScreen
+from bsmon.tui.sources import ScriptedSource
+
+from ..jobs import TinyJob
+from ..scripted import NOW, messages
+from .test_tui_pilot import dashboard_ready, text_of, wait_for
+
+
+def footer_keys(app) -> set[str]:
+    return {
+        binding.id
+        for (_, binding, enabled, _) in app.active_bindings.values()
+        if binding.id and enabled
+    }
+
+
+async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
+    job = TinyJob(batch_size=8)
+    mon = attach(job.model, job.optimizer, batch_size=8, name="keys")
+    app = BsmonApp(follow_job(mon.socket_path, "keys", bsmon_dir))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await dashboard_ready(pilot)
+            await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
+            assert {"batch_up", "batch_down"} <= footer_keys(app)
+            await pilot.press("plus")
+            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+            job.step(mon)  # the step boundary applies it
+            assert mon.batch_size == 16
+            await asyncio.to_thread(mon.flush)
+            await wait_for(
+                pilot,
+                lambda: "16" in text_of(app, "#batch") and "8→16" in text_of(app, "#batch"),
+                what="panel shows 8→16",
+            )
+            await pilot.press("minus")
+            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+            job.step(mon)
+            assert mon.batch_size == 8
+    finally:
+        mon.close()
+
+
+def confirming_reply(command: protocol.Command) -> protocol.Reply:
+    if isinstance(command, protocol.StepBatchSize):
+        return protocol.Reply(
+            id=command.id,
+            ok=False,
+            error="step_batch_size: too big; send again with confirm",
+            result={
+                "needs_confirmation": True,
+                "value": 256,
+                "why": "the memory model predicts 95% of memory",
+            },
+        )
+    assert isinstance(command, protocol.SetBatchSize) and command.confirm
+    return protocol.Reply(
+        id=command.id,
+        ok=True,
+        result={"old": 128, "new": 256, "step": 3000, "applies_after_step": 3001},
+    )
+
+
+@pytest.mark.parametrize(("answer", "commands_sent"), [("y", 2), ("n", 1)])
+async def test_a_risky_step_asks_first_and_sends_the_confirmed_size_only_on_yes(
+    answer, commands_sent
+):
+    source = ScriptedSource("job", messages(), clock=lambda: NOW, reply=confirming_reply)
+    app = BsmonApp(source)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        await pilot.press("plus")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="question")
+        assert "predicts 95% of memory" in app.screen.question
+        await pilot.press(answer)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="answer")
+        await wait_for(pilot, lambda: len(source.sent) >= commands_sent, what="commands")
+        await pilot.pause(0.2)
+    assert len(source.sent) == commands_sent
+    first = source.sent[0]
+    assert isinstance(first, protocol.StepBatchSize) and first.direction == "up"
+    if answer == "y":
+        second = source.sent[1]
+        assert isinstance(second, protocol.SetBatchSize) and second.value == 256
+        assert second.confirm
+
+
+async def test_readonly_removes_the_keys_and_sends_nothing():
+    source = ScriptedSource("job", messages(), clock=lambda: NOW, reply=confirming_reply)
+    app = BsmonApp(source, readonly=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        assert not {"batch_up", "batch_down"} & footer_keys(app)
+        await pilot.press("plus", "minus")
+        await pilot.pause(0.3)
+    assert source.sent == []
+
+
+async def test_keys_are_disabled_when_the_job_cannot_change_its_batch():
+    script = messages()
+    script[0].capabilities["step_batch_size"] = protocol.Capability(False, "no batch size")
+    source = ScriptedSource("job", script, clock=lambda: NOW)
+    app = BsmonApp(source)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        assert not {"batch_up", "batch_down"} & footer_keys(app)
+        await pilot.press("plus")
+        await pilot.pause(0.3)
+    assert source.sent == []

@@ -1,0 +1,1 @@
+"""Process tests: real jobs and child processes (DDP, the probe's sidecar, `bsmon run`, the CLI)."""

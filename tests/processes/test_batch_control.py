@@ -1,0 +1,422 @@
+"""Batch-size control: policy, memory model, learning-rate factors, switching mid-epoch,
+confirmations and refusals, accumulation mode, and the OOM guard."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.batch.lr_scaling import NoFactor, lr_factor, rescale
+from bsmon.probes.batch.memory_model import MemoryModel
+from bsmon.probes.batch.policy import BatchPolicy
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+
+from ..helpers import wait_until
+
+# -- the policy ----------------------------------------------------------------------------
+
+
+def test_double_steps_and_limits():
+    policy = BatchPolicy("double", min_size=8, max_size=256)
+    assert policy.next_size(64, "up") == 128 and policy.next_size(64, "down") == 32
+    assert policy.next_size(256, "up") is None and policy.next_size(8, "down") is None
+    assert policy.next_size(200, "up") is None  # 400 is above the maximum
+
+
+def test_additive_and_list_steps():
+    assert BatchPolicy(16).next_size(64, "up") == 80
+    assert BatchPolicy(16).next_size(64, "down") == 48
+    sizes = BatchPolicy([32, 48, 64, 96])
+    assert sizes.next_size(48, "up") == 64 and sizes.next_size(48, "down") == 32
+    assert sizes.next_size(50, "up") == 64 and sizes.next_size(50, "down") == 48
+    assert sizes.next_size(96, "up") is None
+
+
+def test_accumulation_steps_stay_whole_micro_batches():
+    policy = BatchPolicy(100, multiple_of=64)
+    assert policy.next_size(128, "up") == 256  # 228 rounded up to a multiple of 64
+
+
+@pytest.mark.parametrize(
+    ("policy", "value", "message"),
+    [
+        (BatchPolicy(min_size=4), 2, "2 is below the minimum batch size 4"),
+        (BatchPolicy(max_size=512), 1024, "1024 is above the maximum batch size 512"),
+        (BatchPolicy(multiple_of=32), 48, "48 is not a multiple of the micro-batch size 32"),
+        (BatchPolicy([16, 32]), 24, "24 is not one of the allowed sizes [16, 32]"),
+    ],
+)
+def test_each_refusal_says_why(policy, value, message):
+    assert message in policy.refusal(value)
+
+
+def test_bad_policies_are_refused_at_attach(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for kwargs, message in [
+        ({"batch_step": "triple"}, "batch_step must be 'double', an int or a list"),
+        ({"batch_step": 0}, "additive batch_step must be at least 1"),
+        ({"batch_step": [4, -1]}, "batch_step sizes must be positive integers"),
+        ({"max_batch_size": 2, "min_batch_size": 4}, "is below min_batch_size"),
+        ({"batch_size": 1000, "max_batch_size": 512}, "batch_size: 1000 is above the maximum"),
+        ({"micro_batch_size": 3}, "must be a multiple of micro_batch_size 3"),
+        ({"lr_scaling": "cubic"}, "lr_scaling must be one of"),
+    ]:
+        options = {"batch_size": 8, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            attach(model, optimizer, **options)
+
+
+# -- the memory model ----------------------------------------------------------------------
+
+
+def test_memory_model_fits_a_line_and_predicts_with_a_margin():
+    model = MemoryModel()
+    model.observe(64, 2_000 + 64 * 100, steps=3)
+    assert model.fit() is None and model.predicted_max(100_000) is None
+    model.observe(128, 2_000 + 128 * 100, steps=3)
+    model.observe(128, 1_000, steps=5)  # a lower reading never lowers the peak
+    fit = model.fit()
+    assert fit.slope == pytest.approx(100) and fit.intercept == pytest.approx(2_000)
+    assert model.predicted_max(100_000) == math.floor((0.9 * 100_000 - 2_000) / 100)
+    assert model.needs_confirmation(800, 100_000) is None
+    why = model.needs_confirmation(900, 100_000)
+    assert "predicts a peak" in why and "92% of" in why
+    model.observe(256, 0, steps=0)  # no steps at that size yet: ignored
+    assert [p.batch_size for p in model.points()] == [64, 128]
+
+
+# -- learning rate --------------------------------------------------------------------------
+
+
+def test_lr_factors_for_each_policy():
+    assert lr_factor("linear", 64, 128) == 2.0
+    assert lr_factor("sqrt", 64, 256) == 2.0
+    phi = 1000.0
+    gain = (1 + phi / 64) / (1 + phi / 128)
+    assert lr_factor("noise", 64, 128, noise_scale=phi) == pytest.approx(gain)
+    assert lr_factor("noise", 64, 128, noise_scale=phi, adam_like=True) == pytest.approx(
+        math.sqrt(gain)
+    )
+    assert lr_factor("noise", 128, 64, noise_scale=phi) == pytest.approx(1 / gain)
+    with pytest.raises(NoFactor):
+        lr_factor("noise", 64, 128, noise_scale=None)
+
+
+def test_rescale_moves_groups_and_scheduler_base_rates():
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(
+        [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}]
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 1.0)
+    changes = rescale(optimizer, 2.0, scheduler)
+    assert changes == [(0.1, 0.2), (0.01, 0.02)]
+    optimizer.step()
+    scheduler.step()  # LambdaLR recomputes from base_lrs: the change must survive
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.2, 0.02])
+    tensor_lr = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))
+    held = tensor_lr.param_groups[0]["lr"]
+    rescale(tensor_lr, 0.5)
+    assert tensor_lr.param_groups[0]["lr"] is held and float(held) == 0.25
+
+
+# -- switching in a running job --------------------------------------------------------------
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(i), 1.0]), i
+
+
+def make_job(batch_size: int = 8, **options):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = attach(model, optimizer, batch_size=batch_size, **options)
+    return model, optimizer, mon
+
+
+def train_epoch(model, optimizer, mon, loader, on_step=None):
+    seen, sizes = [], []
+    for x, ids in loader:
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.extend(ids.tolist())
+        sizes.append(len(ids))
+        if on_step is not None:
+            on_step(mon.step)
+    return seen, sizes
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mid_epoch_switch_sees_every_sample_exactly_once(bsmon_dir, workers):
+    model, optimizer, mon = make_job(8)
+    with mon:
+        loader = mon.dataloader(
+            IndexDataset(403),
+            shuffle=True,
+            num_workers=workers,
+            generator=torch.Generator().manual_seed(1),
+        )
+
+        def switch(step: int) -> None:
+            if step == 5:
+                assert mon.request_batch_size(32).ok
+            if step == 9:
+                assert mon.request_batch_size(4).ok
+
+        seen, sizes = train_epoch(model, optimizer, mon, loader, switch)
+    assert sorted(seen) == list(range(403))
+    assert 8 in sizes and 32 in sizes and 4 in sizes
+    assert mon.batch_size == 4
+
+
+def test_socket_commands_switch_at_the_next_step_and_say_when(bsmon_dir):
+    model, optimizer, mon = make_job(8, max_batch_size=64)
+    with mon, JobConnection(mon.socket_path) as conn:
+        hello = conn.hello()
+        assert hello.capabilities["set_batch_size"].available
+        assert hello.batch.control and hello.batch.next_up == 16 and hello.batch.next_down == 4
+        loader = mon.dataloader(IndexDataset(10_000))
+        it = iter(loader)
+
+        def one_step():
+            x, _ = next(it)
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return len(x)
+
+        for _ in range(3):
+            one_step()
+        reply = conn.request(protocol.StepBatchSize(direction="up"))
+        assert reply.ok, reply.error
+        assert reply.result == {"old": 8, "new": 16, "step": 3, "applies_after_step": 4}
+        assert mon.batch_size == 8  # not before the step boundary
+        assert one_step() == 8  # this batch was already drawn at 8
+        assert mon.batch_size == 16
+        assert one_step() == 16
+        event = conn.wait_for(protocol.Event)
+        while event.kind != "batch_size":
+            event = conn.wait_for(protocol.Event)
+        assert event.step == 4 and event.data["old"] == 8 and event.data["new"] == 16
+        assert "batch size 8 → 16" in event.message
+        reply = conn.request(protocol.SetBatchSize(value=48, reason="try it"))
+        assert reply.ok and reply.result["new"] == 48
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (protocol.SetBatchSize(value=128), "128 is above the maximum batch size 64"),
+        (protocol.SetBatchSize(value=8), "the batch size is already 8"),
+        (protocol.StepBatchSize(direction="down"), "8 is already the smallest batch size"),
+    ],
+)
+def test_refusals_over_the_socket(bsmon_dir, command, message):
+    _, _, mon = make_job(8, max_batch_size=64, min_batch_size=8)
+    with mon, JobConnection(mon.socket_path) as conn:
+        reply = conn.request(command)
+        assert not reply.ok and message in reply.error
+        assert mon.batch_size == 8
+
+
+def test_zero_and_negative_sizes_are_refused_by_the_protocol(bsmon_dir):
+    _, _, mon = make_job(8)
+    with mon:
+        assert "`value` must be at least 1" in mon.request_batch_size(0).error
+        assert "`value` must be at least 1" in mon.request_batch_size(-4).error
+
+
+def test_risky_sizes_ask_for_confirmation(bsmon_dir):
+    _, _, mon = make_job(64)
+    with mon:
+        control = mon.batch_control
+        control.memory.observe(32, 10 * 2**30, steps=5)
+        control.memory.observe(64, 20 * 2**30, steps=5)
+        control.memory_budget = 80 * 2**30
+        reply = mon.request_batch_size(256)  # predicted 80 GiB: 100% of the budget
+        assert not reply.ok and reply.result["needs_confirmation"]
+        assert "predicts a peak of 80.0 GiB at batch 256" in reply.error
+        assert "send again with confirm" in reply.error
+        assert mon.request_batch_size(128).ok  # 40 GiB: fine
+        assert mon.request_batch_size(256, confirm=True).ok
+        control.probe_max = 100
+        reply = mon.request_batch_size(110)
+        assert (
+            not reply.ok and "above the largest batch the probe found to fit (100)" in reply.error
+        )
+
+
+def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
+    model, optimizer, mon = make_job(8)
+    calls = []
+    with mon:
+        mon.on_batch_size_change(lambda old, new: calls.append((old, new, mon.step)))
+        mon.on_batch_size_change(lambda old, new: 1 / 0)
+        mon.request_batch_size(16)
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert calls == [(8, 16, 1)]
+        assert mon.flush()
+        assert mon.stats()["errors"] == 1
+        with pytest.raises(TypeError):
+            mon.on_batch_size_change("not callable")
+
+
+def test_lr_scaling_applies_at_the_switch_and_is_an_event(bsmon_dir):
+    model, optimizer, mon = make_job(8, lr_scaling="linear")
+    optimizer.param_groups[0]["lr"] = 0.1
+    with mon:
+        mon.request_batch_size(32)
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
+        assert mon.flush()
+        kinds = [e.kind for e in mon.telemetry.events]
+        assert "lr_rescaled" in kinds
+        change = mon.batch_control.changes[-1]
+        assert change.lr_factor == pytest.approx(4.0)
+
+
+def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_dir):
+    model, optimizer, mon = make_job(8, lr_scaling="noise")
+    optimizer.param_groups[0]["lr"] = 0.1
+    with mon:
+        mon.request_batch_size(16)
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert optimizer.param_groups[0]["lr"] == 0.1
+        assert mon.flush()
+        assert any(e.kind == "lr_unchanged" for e in mon.telemetry.events)
+
+
+def test_what_a_change_bought_is_reported(bsmon_dir, monkeypatch):
+    from bsmon.probes.batch import control as batch_control
+
+    monkeypatch.setattr(batch_control, "AFTER_STEPS", 4)
+    monkeypatch.setattr(batch_control, "WARMUP_STEPS", 1)
+    model, optimizer, mon = make_job(8)
+    with mon:
+        loader = iter(mon.dataloader(IndexDataset(100_000)))
+
+        def steps(n):
+            for _ in range(n):
+                x, _ = next(loader)
+                model(x).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                mon.flush()  # one metrics window per step
+
+        steps(10)
+        mon.request_batch_size(32)
+        steps(10)
+        wait_until(
+            lambda: (
+                mon.flush() and any(e.kind == "batch_size_result" for e in mon.telemetry.events)
+            ),
+            message="result",
+        )
+        (result,) = [e for e in mon.telemetry.events if e.kind == "batch_size_result"]
+        assert "batch 8 → 32 bought" in result.message and "samples/s" in result.message
+        change = mon.batch_control.changes[-1]
+        assert change.samples_per_s_before > 0 and change.samples_per_s_after > 0
+
+
+# -- accumulation mode -----------------------------------------------------------------------
+
+
+def test_accumulation_mode_changes_the_number_of_micro_batches(bsmon_dir):
+    model, optimizer, mon = make_job(32, micro_batch_size=8)
+    with mon:
+        assert mon.accumulation_steps == 4 and mon.micro_batch_size == 8
+        loader = mon.dataloader(IndexDataset(10_000))
+        micro_per_step, current = [], 0
+        for x, _ in loader:
+            assert len(x) == 8
+            (model(x).sum() / mon.accumulation_steps).backward()
+            current += 1
+            if mon.should_step():
+                optimizer.step()
+                optimizer.zero_grad()
+                micro_per_step.append(current)
+                current = 0
+                if mon.step == 2:
+                    assert mon.request_batch_size(64).ok
+            if mon.step == 4:
+                break
+        # asked for after step 2, applied at the end of step 3 (the next step boundary)
+        assert micro_per_step == [4, 4, 4, 8]
+        assert mon.batch_size == 64 and mon.accumulation_steps == 8
+        assert mon.flush() and mon.stats()["samples"] == 8 * (4 + 4 + 4 + 8)
+        assert "not a multiple of the micro-batch size 8" in mon.request_batch_size(60).error
+
+
+# -- the OOM guard -------------------------------------------------------------------------
+
+
+def fake_oom(size: int) -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} MiB")
+
+
+def test_an_oom_inside_the_guard_loses_no_sample_and_returns_to_the_last_good_size(bsmon_dir):
+    model, optimizer, mon = make_job(16)
+    limit = 40  # batches above this "run out of memory"
+    trained = []
+    with mon:
+        loader = mon.dataloader(
+            IndexDataset(500), shuffle=True, generator=torch.Generator().manual_seed(3)
+        )
+        for x, ids in loader:
+            with mon.guard():
+                if len(x) > limit:
+                    raise fake_oom(len(x))
+                model(x).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                trained.extend(ids.tolist())
+            if mon.step == 3 and mon.batch_size == 16:
+                mon.request_batch_size(64)  # too big: the guard must bring it back to 16
+        assert sorted(trained) == list(range(500))
+        assert mon.batch_size == 16
+        assert mon.flush()
+        (oom,) = [e for e in mon.telemetry.events if e.kind == "oom"]
+        assert "out of memory at batch 64; now 16; 64 samples will run again" in oom.message
+        assert "ran out of memory" in mon.request_batch_size(64).error  # now needs confirming
+
+
+def test_the_guard_lets_other_errors_through_and_gives_up_at_the_smallest_size(bsmon_dir):
+    _, _, mon = make_job(1)
+    with mon:
+        with pytest.raises(KeyError), mon.guard():
+            raise KeyError("not memory")
+        with pytest.raises(torch.OutOfMemoryError), mon.guard():
+            raise fake_oom(1)  # nothing smaller than 1 to fall back to
+
+
+def test_an_oom_in_accumulation_mode_halves_the_micro_batch(bsmon_dir):
+    model, optimizer, mon = make_job(32, micro_batch_size=16)
+    trained = []
+    with mon:
+        for x, ids in mon.dataloader(IndexDataset(96)):
+            with mon.guard():
+                if len(x) > 8:
+                    raise fake_oom(len(x))
+                model(x).sum().backward()
+                trained.extend(ids.tolist())
+                if mon.should_step():
+                    optimizer.step()
+                    optimizer.zero_grad()
+        assert sorted(trained) == list(range(96))
+        assert mon.batch_size == 32 and mon.micro_batch_size == 8 and mon.accumulation_steps == 4

@@ -1,0 +1,167 @@
+"""The corpus (tests/corpus/README.md): scripts that reproduce the patterns of real training
+code, each run bare, under `bsmon run --headless`, and with `attach()` in the script. bsmon
+must leave the job's output and exit code as they are, attach or say in one line why not,
+count steps and samples right, and show B_simple where it can or say why it cannot."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from bsmon.probes.launch import autoattach
+from bsmon.probes.summary.build import paths_beside
+from bsmon.probes.summary.schema import Summary
+
+from ..helpers import ROOT, Processes
+
+CORPUS = ROOT / "tests" / "corpus"
+TIMEOUT_S = 240
+RUN, ATTACH = "run", "attach"
+ESTIMATE = "an estimate"  # B_simple is expected, not a reason
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    steps: int
+    samples: dict[str, int | None] | None  # per mode; None: not checked (see the case)
+    noise: dict[str, str]  # per mode: ESTIMATE, or what the reason for none must say
+    args: tuple[str, ...] = ()
+    exit_code: int = 0
+
+    @property
+    def name(self) -> str:
+        return " ".join((self.script.removesuffix(".py"), *self.args))
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(self.noise)
+
+
+def both(value: object) -> dict:
+    return {RUN: value, ATTACH: value}
+
+
+# The first step of a job without a DataLoader has no count: bsmon registers its hooks only
+# once the first step is over (by then torch.compile, if the job uses it, has shown itself).
+CASES = [
+    Case("gpt.py", 80, both(79 * 12), both(ESTIMATE)),
+    Case(
+        "gpt.py", 60, both(59 * 12 * 4), both(ESTIMATE), args=("--steps", "60", "--accumulate", "4")
+    ),
+    Case("lstm_lm.py", 80, both(79 * 8), both(ESTIMATE)),
+    Case("ema.py", 56, both(8 * 200), both(ESTIMATE)),
+    Case("hf_order.py", 60, both(59 * 16), both(ESTIMATE)),
+    Case("lbfgs.py", 12, both(11 * 64), both("LBFGS evaluates its closure several times")),
+    # a GAN's discriminator sees real and generated batches and the generator's pass too:
+    # there is no one right count of its samples, so none is checked
+    Case("gan.py", 60, None, both("ran through this model"), exit_code=3),
+    Case("compiled.py", 40, {RUN: 39 * 16, ATTACH: None}, both("compile")),
+    Case("lightning_job.py", 60, both(15 * 100), both(ESTIMATE)),
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    stdout: str
+    stderr: str
+    records: list[Path]
+
+
+def run(script: str, args: tuple[str, ...], mode: str, bsmon_dir: Path) -> Outcome:
+    env = {**os.environ, "BSMON_DIR": str(bsmon_dir)}
+    env.pop("CORPUS_ATTACH", None)
+    command = [sys.executable, script, *args]
+    if mode == ATTACH:
+        env["CORPUS_ATTACH"] = "1"
+    elif mode == RUN:
+        command = [sys.executable, "-m", "bsmon.tui.cli", "run", "--headless", "--", *command]
+    processes = Processes()
+    try:
+        process = processes.start(command, cwd=CORPUS, env=env, text=True)
+        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    finally:
+        processes.cleanup()
+    records = sorted((bsmon_dir / "records").glob("*.jsonl"))
+    return Outcome(process.returncode, stdout, stderr, records)
+
+
+@functools.cache
+def bare(script: str, args: tuple[str, ...], tmp: str) -> Outcome:
+    """The script without bsmon (one run per script, shared by the modes)."""
+    return run(script, args, "bare", Path(tmp))
+
+
+@pytest.fixture(scope="module")
+def bare_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("bare"))
+
+
+def summary_of(record: Path) -> Summary:
+    return msgspec.json.decode(paths_beside(record)[0].read_bytes(), type=Summary)
+
+
+@pytest.mark.parametrize(
+    "case, mode",
+    [(case, mode) for case in CASES for mode in case.modes],
+    ids=lambda v: v.name if isinstance(v, Case) else v,
+)
+def test_bsmon_changes_nothing_and_measures_right(case, mode, bsmon_dir, bare_dir):
+    plain = bare(case.script, case.args, bare_dir)
+    assert plain.code == case.exit_code, plain.stderr[-2000:]
+    outcome = run(case.script, case.args, mode, bsmon_dir)
+    assert outcome.code == plain.code, outcome.stderr[-2000:]
+    assert outcome.stdout == plain.stdout
+    assert outcome.stderr == plain.stderr
+    assert len(outcome.records) == 1, outcome.records  # attached: one session, recorded
+    summary = summary_of(outcome.records[0])
+    assert summary.steps == case.steps
+    if case.samples is not None:
+        assert summary.samples == case.samples[mode]
+    expected = case.noise[mode]
+    if expected == ESTIMATE:
+        assert summary.b_simple.end is not None, summary.b_simple.note
+    else:
+        assert summary.b_simple.end is None
+        assert expected in (summary.b_simple.note or ""), summary.b_simple.note
+    stalls = [w for w in summary.warnings if "stall" in w.message]
+    assert not stalls, stalls
+    anatomy = summary.anatomy  # every step has a backward pass to split it at
+    assert anatomy is not None and anatomy.steps >= case.steps // 2, anatomy
+    phases = (anatomy.data_s, anatomy.forward_s, anatomy.backward_s, anatomy.optimizer_s)
+    parts = sum(p or 0.0 for p in (*phases, anatomy.comm_s, anatomy.other_s))
+    assert parts == pytest.approx(anatomy.step_s, rel=1e-3)
+
+
+def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir):
+    """The validation loop's time is its own, and each epoch's short last batch (4 of 32)
+    is not a change of batch size."""
+    outcome = run("lightning_job.py", (), RUN, bsmon_dir)
+    summary = summary_of(outcome.records[0])
+    assert [size.batch_size for size in summary.batch_sizes] == [32]
+    assert [segment.batch_size for segment in summary.batch_size_history] == [32]
+    assert summary.time.evaluation_s > 0
+    assert summary.time.steps_s + summary.time.evaluation_s <= summary.duration_s
+    assert summary.step_time_s.p99 < 20 * summary.step_time_s.p50
+    anatomy = summary.anatomy  # Lightning's closure steps: forward and backward are not optimizer
+    assert anatomy is not None and anatomy.data_s is not None and anatomy.optimizer_s is not None
+    assert anatomy.optimizer_s < anatomy.forward_s + anatomy.backward_s
+
+
+def test_a_script_without_an_optimizer_is_not_monitored_and_says_why(bsmon_dir, bare_dir):
+    plain = bare("manual_sgd.py", (), bare_dir)
+    outcome = run("manual_sgd.py", (), RUN, bsmon_dir)
+    assert outcome.code == plain.code == 0 and outcome.stdout == plain.stdout
+    reason = f"bsmon: manual_sgd was not monitored: {autoattach.HAND_UPDATES}\n"
+    assert outcome.stderr == plain.stderr + reason  # one line, after the job's own output
+    (record,) = outcome.records
+    summary = summary_of(record)
+    assert summary.steps == 0
+    assert summary.run.end_reason == f"bsmon did not attach: {autoattach.HAND_UPDATES}"

@@ -1,0 +1,450 @@
+"""The noise scale in real training loops: mixed precision and clipping, non-finite steps,
+layers bsmon cannot measure, faults in its own hooks, the automatic choice, the socket."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.noise import pernorms
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+
+from ..helpers import wait_until
+from ..noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
+
+BATCH = 128
+
+
+def fit_squares(model, optimizer, steps: int, shape: tuple[int, ...], flush=None) -> None:
+    """Steps of an arbitrary regression (the output towards 0) on fresh random inputs."""
+    for _ in range(steps):
+        model(torch.randn(*shape)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if flush is not None:
+            assert flush.flush()
+
+
+def noise_events(mon) -> list[protocol.Event]:
+    return [e for e in mon.telemetry.events if e.kind in ("noise_scale", "agent_error")]
+
+
+def within(value: float, truth: float, rel: float = 0.10) -> bool:
+    return value is not None and abs(value - truth) <= rel * truth
+
+
+# -- mixed precision, clipping, non-finite steps -------------------------------------------
+
+
+def test_measured_after_unscaling_and_before_clipping():
+    """A GradScaler whose scale doubles every 100 steps, and clipping to a tiny norm after
+    unscale_: B_simple and its components must come out as without either."""
+    torch.manual_seed(0)
+    job = Regression(ISO_BIAS, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=100)
+    xs, ys = job.batches(2000, BATCH)
+    with measuring(
+        job.model,
+        optimizer,
+        BATCH,
+        noise_window=2000,
+        grad_scaler=scaler,
+    ) as mon:
+        for x, y in zip(xs, ys, strict=True):
+            loss = 0.5 * (job.model(x).squeeze(-1) - y).square().mean()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(job.model.parameters(), max_norm=1e-4)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+        components = mon._noise.tracker.ema.estimate()
+    assert scaler.get_scale() >= 2.0**20  # the scale really changed along the way
+    assert within(noise["b_simple"], ISO_BIAS.truth()), noise
+    # absolute units, as after unscale_ (mean reduction: the per-example gradient itself)
+    assert within(components.g2, 0.256 + 0.04, rel=0.15)
+    assert within(components.trace, 12 * 0.256 + 10 * 0.04 + 11, rel=0.05)
+
+
+def test_non_finite_steps_are_skipped_and_counted():
+    """Every 100th batch overflows: the scaler skips that optimizer step, bsmon skips (and
+    counts) the measurement, and the estimate stays right."""
+    torch.manual_seed(0)
+    job = Regression(ISO, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    xs, ys = job.batches(2000, BATCH)
+    with measuring(
+        job.model,
+        optimizer,
+        BATCH,
+        grad_scaler=scaler,
+    ) as mon:
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            loss = 0.5 * (job.model(x).squeeze(-1) - y).square().mean()
+            if i % 100 == 50:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+        events = noise_events(mon)
+    # the overflowing pass and the next one share a window (no optimizer step in between)
+    assert noise["skipped_steps"] == 20
+    assert noise["samples"] == 2000 - 1 - 2 * 20  # the first step is never measured
+    assert noise["estimator"] == "per_example"  # two passes once is not accumulation
+    assert within(noise["b_simple"], ISO.truth())
+    assert any("non-finite" in e.message for e in events)
+
+
+# -- what per-example norms can and cannot measure -------------------------------------------
+
+
+class Scale(nn.Module):
+    """A layer bsmon does not know: its parameter is left out of both terms."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+
+def test_coverage_with_an_unsupported_layer():
+    model = nn.Sequential(nn.Linear(10, 16), Scale(16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with measuring(model, optimizer, 32) as mon:
+        fit_squares(model, optimizer, 60, (32, 10))
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+        capability = mon._noise.capability
+    measured = 10 * 16 + 16 + 16 + 1
+    assert noise["coverage"] == pytest.approx(measured / (measured + 16))
+    assert "not measured: Scale" in noise["detail"]
+    assert noise["samples"] == 59 and noise.get("skipped_steps", 0) == 0
+    assert capability.available and "per-example" in capability.reason
+
+
+class FunctionalHead(nn.Module):
+    """Uses its Linear's parameters without calling it: the Linear's hook never fires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(6, 8)
+        self.proj = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(torch.tanh(self.body(x)), self.proj.weight, self.proj.bias)
+
+
+def test_a_layer_used_functionally_is_found_and_left_out():
+    model = FunctionalHead()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with measuring(model, optimizer, 16) as mon:
+        # each step flushed: the agent's verdict reaches the training thread by the next step
+        fit_squares(model, optimizer, 42, (16, 6), flush=mon)
+        noise = mon.stats()["noise"]
+        events = noise_events(mon)
+    assert noise["coverage"] == pytest.approx((6 * 8 + 8) / (6 * 8 + 8 + 8 + 1))
+    # step 2 (the first measured) showed the unaccounted gradient, step 3 was gathered
+    # before proj was left out
+    assert noise["skipped_steps"] == 2 and noise["samples"] == 39
+    assert any("left out proj" in e.message for e in events)
+
+
+class Reused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.block(torch.tanh(self.block(x)))))
+
+
+def test_a_layer_run_twice_per_pass_is_left_out():
+    model = Reused()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with measuring(model, optimizer, 16) as mon:
+        fit_squares(model, optimizer, 40, (16, 5))
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+        events = noise_events(mon)
+    assert noise["coverage"] == pytest.approx(6 / 36)
+    assert noise["skipped_steps"] == 1 and noise["samples"] == 38
+    assert any("ran 2 times in one forward pass" in e.message for e in events)
+
+
+def test_tied_weights_are_left_out():
+    emb = nn.Embedding(20, 8)
+    head = nn.Linear(8, 20, bias=True)
+    head.weight = emb.weight  # tied, as in many language models
+    model = nn.Sequential(emb, nn.LayerNorm(8), head)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, optimizer, batch_size=4, serve=False) as mon:
+        discovery = mon._noise.source.discovery
+        coverage = mon._noise.source.coverage
+    assert discovery.left_out == {"tied to another module": 160}
+    assert coverage == pytest.approx((16 + 20) / (160 + 16 + 20))
+
+
+def test_a_model_without_measurable_layers_waits_for_accumulation():
+    model = Scale(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, optimizer, batch_size=4, serve=False) as mon:
+        capability = mon._noise.capability
+        assert mon._noise.source.estimator == "microbatch"
+    assert "needs gradient accumulation" in capability.reason
+    with (
+        pytest.raises(ValueError, match="no layer bsmon can measure"),
+        attach(model, optimizer, serve=False, noise_scale="per_example") as mon,
+    ):
+        raise ValueError(mon._noise.capability.reason)
+
+
+# -- the automatic choice, off, faults ----------------------------------------------------------
+
+
+def test_auto_switches_to_micro_batches_and_back():
+    torch.manual_seed(0)
+    job = Regression(ANISO, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    with measuring(job.model, optimizer, 64) as mon:
+        train(job, optimizer, steps=10, batch=64)
+        assert mon._noise.source.estimator == "per_example"
+        train(job, optimizer, steps=10, batch=64, micro=4)
+        assert mon._noise.source.estimator == "microbatch"
+        train(job, optimizer, steps=10, batch=64)
+        assert mon._noise.source.estimator == "per_example"
+        assert mon.flush()
+        messages = [e.message for e in noise_events(mon)]
+    assert any("gradient accumulation, now measured with microbatch" in m for m in messages)
+    assert any(
+        "no more gradient accumulation, now measured with per_example" in m for m in messages
+    )
+
+
+def test_off_installs_nothing():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, optimizer, batch_size=4, serve=False, noise_scale=None) as mon:
+        assert not [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
+        assert not any(p._backward_hooks for p in model.parameters())
+        model(torch.randn(4, 4)).sum().backward()
+        optimizer.step()
+        assert mon.noise_scale is None
+        capability = mon._noise.capability
+    assert not capability.available and "noise_scale=None" in capability.reason
+
+
+def test_unknown_modes_and_options_are_refused():
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="noise_scale must be one of"):
+        attach(model, optimizer, serve=False, noise_scale="fast")
+    with pytest.raises(ValueError, match="Adam-family"):
+        attach(model, optimizer, serve=False, noise_preconditioned=True)
+    with pytest.raises(ValueError, match="noise_budget"):
+        attach(model, optimizer, serve=False, noise_budget=0)
+    with pytest.raises(TypeError, match="grad_scaler"):
+        attach(model, optimizer, serve=False, grad_scaler=object())
+
+
+def test_a_fault_in_the_hooks_never_reaches_the_job(monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("bsmon bug")
+
+    monkeypatch.setattr(pernorms, "linear", broken)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with measuring(model, optimizer, 8) as mon:
+        fit_squares(model, optimizer, 20, (8, 4))
+        assert mon.flush()
+        stats = mon.stats()
+        events = noise_events(mon)
+    assert stats["step"] == 20 and stats["errors"] >= 20
+    assert stats["noise"]["samples"] == 0 and stats["noise"].get("b_simple") is None
+    errors = [e for e in events if e.kind == "agent_error"]
+    assert len(errors) == 1 and "bsmon bug" in errors[0].message
+
+
+def test_adam_preconditioned_variant():
+    """Isotropic inputs and δ ∝ 1: Adam's preconditioner is close to a multiple of the
+    identity, so the preconditioned noise scale is close to the raw one."""
+    torch.manual_seed(0)
+    job = Regression(ISO, seed=0)
+    optimizer = torch.optim.Adam(job.model.parameters(), lr=0.0)
+    with measuring(
+        job.model,
+        optimizer,
+        BATCH,
+        noise_preconditioned=True,
+    ) as mon:
+        train(job, optimizer, steps=2000, batch=BATCH)
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+        capability = mon._noise.capability
+    assert noise["preconditioned"] is True and "Adam-preconditioned" in capability.reason
+    # the first measured step (the second) already has Adam state
+    assert noise.get("skipped_steps", 0) == 0 and noise["samples"] == 1999
+    assert within(noise["b_simple"], ISO.truth(), rel=0.15)
+
+
+def test_the_cost_budget_measures_a_share_of_steps_and_says_so():
+    torch.manual_seed(0)
+    job = Regression(ISO, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    with attach(job.model, optimizer, batch_size=BATCH, serve=False, noise_budget=0.01) as mon:
+        train(job, optimizer, steps=600, batch=BATCH)
+        assert mon.flush()
+        noise = mon.stats()["noise"]
+    assert 0 < noise["samples"] < 600
+    assert "of steps (cost budget)" in noise["detail"]
+
+
+# -- over the socket ---------------------------------------------------------------------------
+
+
+def test_hello_and_metrics_carry_the_estimate(bsmon_dir):
+    torch.manual_seed(0)
+    job = Regression(ISO, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    with attach(job.model, optimizer, batch_size=BATCH, name="noisy", noise_budget=None) as mon:
+        train(job, optimizer, steps=200, batch=BATCH)
+        assert mon.flush()
+        with JobConnection(mon.socket_path) as conn:
+            hello = conn.hello()
+            assert hello.noise_scale.available
+            assert "per-example gradient norms" in hello.noise_scale.reason
+            train(job, optimizer, steps=20, batch=BATCH)
+            assert mon.flush()
+            deadline = time.monotonic() + 10
+            metrics = None
+            while time.monotonic() < deadline:
+                seen = [m for m in conn.messages(0.2) if isinstance(m, protocol.Metrics)]
+                if seen and seen[-1].step == 220:
+                    metrics = seen[-1]
+                    break
+            assert metrics is not None, "no metrics for step 220"
+    noise = metrics.noise
+    assert metrics.b_simple == noise.b_simple and noise.b_simple is not None
+    assert noise.estimator == "per_example" and noise.coverage == 1.0
+    assert noise.stderr > 0 and noise.ci_low < noise.b_simple < noise.ci_high
+    assert noise.samples == 219 and noise.needed == 30
+    assert mon.noise_scale == noise.b_simple
+
+
+# -- a GPU, where there is one ------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["per_example", "microbatch", "sequential"])
+def test_no_device_synchronisation_on_the_training_thread(mode):
+    """torch raises on any synchronising call while the sync debug mode is "error"."""
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Linear(32, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, 1))
+    model = model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda")
+    micro = 2 if mode == "microbatch" else 1
+    with attach(
+        model,
+        optimizer,
+        batch_size=64,
+        serve=False,
+        noise_scale=mode,
+        noise_budget=None,
+        grad_scaler=scaler,
+    ) as mon:
+        x = torch.randn(64, 32, device=device)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(50):
+                for chunk in x.chunk(micro):
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = model(chunk).float().square().mean() / micro
+                    scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                # not scaler.step(): it reads found_inf with .item(), a synchronization of its
+                # own that the debug mode would raise on; bsmon's hooks run in optimizer.step
+                optimizer.step()
+                scaler.update()
+                optimizer.zero_grad()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert mon.flush()
+        assert mon.stats()["errors"] == 0
+        wait_until(lambda: mon.stats()["noise"]["samples"] > 30, message="measured steps")
+
+
+def test_nothing_is_registered_on_the_model_in_any_mode():
+    """bsmon's forward hooks are global (torch.nn.modules.module) and only while measuring;
+    nothing it does is stored on a module, so the model copies and pickles as it would."""
+    before = dict(nn.modules.module._global_forward_hooks)
+    for mode in ("per_example", "microbatch", "sequential"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with attach(model, optimizer, batch_size=4, serve=False, noise_scale=mode) as mon:
+            fit_squares(model, optimizer, 5, (4, 4))
+            assert mon.stats()["errors"] == 0
+            tables = [
+                table
+                for module in model.modules()
+                for table in (
+                    module._forward_hooks,
+                    module._forward_pre_hooks,
+                    module._backward_hooks,
+                    module._backward_pre_hooks,
+                )
+            ]
+            assert not any(tables), mode
+        assert dict(nn.modules.module._global_forward_hooks) == before, mode
+
+
+def test_a_gan_turns_the_estimate_off_and_independent_models_do_not():
+    """The generator's backward pass runs through the discriminator: its noise scale is not
+    defined. Two unrelated models, or two optimizers over one model, change nothing."""
+
+    def pair():
+        return nn.Linear(4, 1), nn.Linear(3, 4)
+
+    disc, gen = pair()
+    opt_d, opt_g = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (disc, gen))
+    with attach(disc, opt_d, serve=False, noise_budget=None) as mon:
+        for _ in range(4):
+            disc(torch.randn(8, 4)).square().mean().backward()
+            opt_d.step()
+            disc.zero_grad()
+            disc(gen(torch.randn(8, 3))).mean().backward()  # through the discriminator
+            opt_g.step()
+            gen.zero_grad()
+        assert mon._noise.source is None and "ran through this model" in mon._noise.why
+
+    a, b = pair()
+    head = nn.Linear(4, 1)
+    model = nn.Sequential(b, head)
+    opt_a, opt_b, opt_head = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b, head))
+    with attach(model, opt_head, serve=False, noise_budget=None) as mon:
+        for _ in range(4):
+            a(torch.randn(8, 4)).square().mean().backward()  # an unrelated model
+            opt_a.step()
+            model(torch.randn(8, 3)).square().mean().backward()
+            opt_b.step()  # another optimizer, over this model's first layer
+            opt_head.step()
+            a.zero_grad()
+            model.zero_grad()
+        assert mon._noise.source is not None, mon._noise.why

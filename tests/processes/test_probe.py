@@ -1,0 +1,312 @@
+"""The max-batch-size probe: planning, the recipe, the sidecar end to end on the CPU under a
+memory budget, failures (crash, hang, runaway memory), and a job left exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.maxbatch import plan, recipe
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+from bsmon.probes.wire.protocol import ProbePoint
+
+from ..helpers import ROOT
+
+MiB = 1 << 20
+
+# -- planning (pure) -----------------------------------------------------------------------
+
+
+def point(size: int, peak: int, fits: bool = True, static: int = 0, speed: float = 0.0):
+    return ProbePoint(
+        batch_size=size,
+        fits=fits,
+        peak_bytes=peak,
+        static_bytes=static,
+        samples_per_s=speed or None,
+    )
+
+
+def test_the_plan_starts_at_the_jobs_size_and_aims_high_then_stops():
+    budget, held, per_sample = 1_000_000_000, 100_000_000, 100_000  # room for 9000 samples
+    assert plan.next_size(64, [], budget) == 64
+    first = point(64, held + 64 * per_sample, static=held)
+    second = plan.next_size(64, [first], budget)
+    assert second == 5400  # 60% of the one-point estimate
+    third = plan.next_size(64, [first, point(second, held + second * per_sample)], budget)
+    assert third == 8100  # 90% of the fitted line's estimate
+    done = [first, point(second, 1), point(third, 1)]
+    assert plan.next_size(64, done, budget) is None  # three sizes at most
+    assert plan.next_size(64, [first, point(128, 0, fits=False)], budget) is None
+    assert plan.next_size(64, [], budget, max_size=32) == 32
+    assert plan.next_size(2000, [point(2000, 999 * MiB, static=10 * MiB)], budget) is None
+
+
+def test_conclusions_anchor_the_intercept_on_the_job_and_never_predict_a_failed_size():
+    points = [point(64, 200 * MiB), point(1000, 300 * MiB), point(2000, 400 * MiB)]
+    predicted, extrapolation, (_, slope) = plan.conclude(points, 1000 * MiB)
+    assert slope == pytest.approx(100 * MiB / 1000)
+    assert predicted == int(8000 * 0.95) and extrapolation == pytest.approx(4.0)
+    with_job = plan.conclude(points, 1000 * MiB, job_points=[(64, 300 * MiB)])
+    assert with_job[2][0] == pytest.approx(300 * MiB - slope * 64)  # the job's own point
+    failed = [*points, point(3000, 0, fits=False)]  # an OOM: no peak reading
+    assert plan.conclude(failed, 1000 * MiB)[0] == int(2999 * 0.95)
+
+
+def test_a_size_that_ran_over_the_budget_still_measures_the_slope():
+    noisy_small = [point(32, 337 * MiB), point(600, 339 * MiB)]  # RSS noise: slope too low
+    over = point(40_000, 1040 * MiB, fits=False)
+    predicted, _, (_, slope) = plan.conclude([*noisy_small, over], 768 * MiB)
+    assert slope == pytest.approx((1040 - 339) * MiB / (40_000 - 600))
+    assert predicted == int(((768 - 339) * MiB / slope + 600) * 0.95)
+
+
+def test_the_recommendation_joins_memory_speed_and_noise():
+    points = [point(64, 1, speed=1000), point(512, 1, speed=3900), point(2048, 1, speed=4000)]
+    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=64)
+    assert rec.batch_size == 512 and any("stops rising" in r for r in rec.reasons)
+    rec = plan.recommend(points, memory_max=4000, noise_scale=300.0, current=64)
+    assert rec.batch_size == 300 and any("B_simple ≈ 300" in r for r in rec.reasons)
+    rec = plan.recommend(points[:1], memory_max=None, noise_scale=None, current=64)
+    assert rec.batch_size == 64
+
+
+# -- the recipe ----------------------------------------------------------------------------
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight  # tied weights must stay tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def test_the_structure_travels_without_weights_bsmon_hooks_or_syncs():
+    model = Tied()
+    model.register_forward_hook(lambda *a: None)  # a user hook travels
+    model.embed.weight.data.fill_(7.0)
+    rebuilt = recipe.load_structure(recipe.pickle_structure(model), torch.device("cpu"))
+    assert rebuilt.head.weight is rebuilt.embed.weight
+    assert rebuilt.embed.weight.shape == (10, 8) and not torch.all(rebuilt.embed.weight == 7.0)
+    assert len(rebuilt._forward_hooks) == 1
+    assert torch.all(model.embed.weight == 7.0)  # the job's model is untouched
+
+
+def user_hook(_module, _args):
+    return None
+
+
+def test_the_users_hooks_travel_to_the_sidecar(bsmon_dir):
+    model = nn.Linear(4, 2)
+    model.register_forward_pre_hook(user_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, optimizer, batch_size=4):
+        rebuilt = recipe.load_structure(recipe.pickle_structure(model), torch.device("cpu"))
+    assert list(rebuilt._forward_pre_hooks.values()) == [user_hook]
+
+
+def test_optimizer_spec_keeps_groups_and_drops_what_the_constructor_refuses():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    optimizer = torch.optim.AdamW(
+        [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[1].parameters()}],
+        lr=0.01,
+        betas=(0.8, 0.9),
+    )
+    cls, kwargs, groups = recipe.optimizer_spec(optimizer, model)
+    assert cls is torch.optim.AdamW and kwargs["betas"] == (0.8, 0.9)
+    assert [g["indices"] for g in groups] == [[0, 1], [2, 3]] and groups[0]["lr"] == 0.1
+    rebuilt = recipe.build_optimizer(
+        recipe.Recipe(
+            model=b"",
+            optimizer_class=cls,
+            optimizer_kwargs=kwargs,
+            param_groups=groups,
+            batch=None,
+            batch_size=1,
+            device="cpu",
+            job_batch_size=1,
+        ),
+        model,
+    )
+    assert [g["lr"] for g in rebuilt.param_groups] == [0.1, 0.01]
+
+
+def test_tile_grows_the_batch_along_dim_zero_only():
+    x, y, mask = torch.arange(6).reshape(3, 2), torch.tensor([0, 1, 2]), torch.ones(5)
+    grown = recipe.tile({"x": x, "y": y, "mask": mask}, 3, 7)
+    assert grown["x"].shape == (7, 2) and grown["y"].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert grown["mask"].shape == (5,)  # not a batch dimension
+
+
+# -- the sidecar, end to end on the CPU ------------------------------------------------------
+
+
+def train_a_little(budget_job_batch: int = 32, **options):
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 64), torch.randint(0, 8, (512,)))
+    mon = attach(
+        model, optimizer, batch_size=budget_job_batch, loss_fn=nn.CrossEntropyLoss(), **options
+    )
+    for i, (x, y) in enumerate(mon.dataloader(data, shuffle=True)):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if i == 4:
+            break
+    return model, optimizer, mon
+
+
+def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
+    model, _, mon = train_a_little()
+    before = [p.detach().clone() for p in model.parameters()]
+    with mon:
+        budget = 700 * MiB
+        result = mon.probe(memory_budget=budget, timeout=180)
+        assert result.status == "ok", result.error
+        sizes = [p.batch_size for p in result.points]
+        assert 2 <= len(sizes) <= plan.MAX_SIZES and sizes[0] == 32 and sizes == sorted(sizes)
+        assert all(p.fits for p in result.points)
+        assert all(p.peak_bytes <= budget and p.step_time_s > 0 for p in result.points)
+        assert result.max_batch_size == sizes[-1]
+        assert result.predicted_max is not None and result.predicted_max >= result.max_batch_size
+        assert result.extrapolation is not None and result.budget_bytes == budget
+        assert result.recommendation is not None
+        assert result.recommendation.batch_size <= result.predicted_max
+        assert result.what_ifs[0].technique == "as is"
+        assert mon.batch_control.probe_max == result.predicted_max
+        assert mon.flush()
+        events = [e for e in mon.telemetry.events if e.kind.startswith("probe")]
+        assert [e.kind for e in events] == ["probe_started", "probe_result"]
+        assert events[1].data["max_batch_size"] == result.max_batch_size
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not list(bsmon_dir.glob("*.recipe"))  # the private recipe file is gone
+
+
+def greedy(model, batch):
+    """Sizes above the job's need 200 MB more: over the budget, under the watchdog's line."""
+    x, y = batch
+    extra = torch.ones(50 * MiB) if len(x) > 32 else None  # 200 MB
+    return nn.functional.cross_entropy(model(x), y) + (0 if extra is None else 0 * extra[0])
+
+
+def test_a_size_over_the_budget_is_a_point_that_does_not_fit(bsmon_dir):
+    _, _, mon = train_a_little(probe_step=greedy)
+    with mon:
+        result = mon.probe(memory_budget=450 * MiB, timeout=180)
+    assert result.status == "ok", result.error
+    first, second = result.points
+    assert first.batch_size == 32 and first.fits
+    assert not second.fits and second.note == "over the memory budget"
+    assert result.max_batch_size == 32
+
+
+def crash(model, batch):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def hang(model, batch):
+    time.sleep(600)
+
+
+def hog(model, batch):
+    hog.keep = torch.ones(128 * MiB)  # 512 MiB on top of the runtime: far over the budget
+    time.sleep(600)
+
+
+@pytest.mark.parametrize(
+    ("probe_step", "timeout", "status", "message"),
+    [
+        (crash, 120, "crashed", "the sidecar crashed (SIGSEGV)"),
+        (hang, 8, "timeout", "timed out after 8 s"),
+        (hog, 120, "killed", "killed by the watchdog: the sidecar used"),
+    ],
+)
+def test_a_sidecar_that_crashes_hangs_or_runs_away_is_a_clear_result(
+    bsmon_dir, probe_step, timeout, status, message
+):
+    _, _, mon = train_a_little(probe_step=probe_step)
+    with mon:
+        budget = 400 * MiB if probe_step is hog else 2000 * MiB
+        result = mon.probe(memory_budget=budget, timeout=timeout)
+        assert mon.step == 5  # the job is fine
+    assert result.status == status and message in result.error
+    assert not list(bsmon_dir.glob("*.recipe"))
+
+
+def test_refusals_say_what_is_missing(bsmon_dir):
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, optimizer, batch_size=4) as mon:
+        assert "needs a batch the job has used" in mon.probe().error
+        mon.set_probe_batch((torch.randn(4, 4), torch.zeros(4, dtype=torch.long)))
+        assert "needs attach(..., loss_fn=...)" in mon.probe().error
+        with pytest.raises(ValueError, match="needs a tensor"):
+            mon.set_probe_batch("text")
+    with attach(None, optimizer, batch_size=4) as mon:
+        assert "needs the model" in mon.probe().error
+
+
+def test_a_second_probe_while_one_runs_is_refused_over_the_socket(bsmon_dir):
+    _, _, mon = train_a_little(probe_step=hang)
+    with mon, JobConnection(mon.socket_path) as conn:
+        first = conn.request(protocol.ProbeCommand(memory_budget=2000 * MiB, timeout_s=20))
+        assert first.ok and first.result["started"]
+        second = conn.request(protocol.ProbeCommand())
+        assert not second.ok and "a probe is already running" in second.error
+        bad = conn.request(protocol.ProbeCommand(memory_budget=-5))
+        assert not bad.ok
+        metrics = conn.wait_for(protocol.Metrics, timeout=5)
+        while metrics.probe.status != "running":
+            metrics = conn.wait_for(protocol.Metrics, timeout=5)
+        assert metrics.probe.started is not None
+
+
+def run_jobs(processes, tmp_path, **jobs: list[str]) -> dict[str, dict]:
+    """Run probe_job.py once per keyword, all at once; return each one's JSON output."""
+    started = {}
+    for name, args in jobs.items():
+        out = tmp_path / f"{name}.json"
+        started[name] = (
+            out,
+            processes.python(
+                str(ROOT / "tests" / "probe_job.py"),
+                *args,
+                str(out),
+                "--budget",
+                str(400 * MiB),
+                cwd=tmp_path,
+            ),
+        )
+    results = {}
+    for name, (out, job) in started.items():
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err.decode()
+        results[name] = json.loads(out.read_text())
+    return results
+
+
+def test_a_model_class_from_main_travels_to_the_sidecar(bsmon_dir, processes, tmp_path):
+    result = run_jobs(processes, tmp_path, main=["probe", "--probe-at", "5"])["main"]
+    assert result["probe"]["status"] == "ok", result["probe"]["error"]
+    assert result["probe"]["max"] > 32 and result["probe"]["sizes"] >= 2
+
+
+def test_the_job_is_identical_with_and_without_a_probe(bsmon_dir, processes, tmp_path):
+    runs = run_jobs(processes, tmp_path, plain=["twin"], probed=["twin", "--probe-at", "20"])
+    plain, probed = runs["plain"], runs["probed"]
+    assert probed["probe"]["status"] == "ok", probed["probe"]["error"]
+    for key in ("weights", "optimizer", "torch_rng", "python_rng", "order", "steps"):
+        assert probed[key] == plain[key], key

@@ -1,0 +1,138 @@
+"""``bsmon export`` and ``bsmon replay`` on the command line: output, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bsmon.probes.record.format import RECORD_VERSION
+
+from ..helpers import ROOT
+from ..records import two_phase
+from ..tmux import Tmux
+
+
+def bsmon(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bsmon.tui.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, code: int) -> str:
+    assert result.returncode == code, result
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bsmon: "), result.stderr
+    return lines[0]
+
+
+def test_export_writes_beside_the_record_by_default(tmp_path):
+    record = two_phase().write(tmp_path / "run.jsonl")
+    result = bsmon("export", str(record))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"wrote {tmp_path}/run.summary.json",
+        f"wrote {tmp_path}/run.summary.md",
+    ]
+    assert json.loads((tmp_path / "run.summary.json").read_text())["steps"] == 1500
+
+
+def test_export_to_a_directory_it_creates(tmp_path):
+    record = two_phase().write(tmp_path / "run.jsonl")
+    result = bsmon("export", str(record), "-o", str(tmp_path / "a" / "b"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == [
+        "summary.json",
+        "summary.md",
+    ]
+
+
+def test_export_of_a_torn_record_works(tmp_path):
+    record = two_phase(complete=False).write(tmp_path / "run.jsonl", tail=b'{"type":"span","t0":17')
+    assert bsmon("export", str(record)).returncode == 0
+    data = json.loads((tmp_path / "run.summary.json").read_text())
+    assert data["source"]["torn_tail"] is True and data["run"]["complete"] is False
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: d / "missing.jsonl", "bsmon: no record at {path}"),
+        (lambda d: d, "bsmon: {path} is a directory, not a record"),
+        (
+            lambda d: write(
+                d / "x.jsonl", b'{"type":"record","format":"bsmon-record","version":99}\n'
+            ),
+            f"bsmon: {{path}} is a version 99 record; this bsmon reads versions up to "
+            f"{RECORD_VERSION} (upgrade bsmon to read it)",
+        ),
+        (lambda d: write(d / "x.jsonl", b"hello\n"), "bsmon: {path} is not a bsmon record"),
+        (
+            lambda d: write(
+                d / "x.jsonl",
+                b"".join(two_phase().lines()[:5]) + b"garbage\n" + two_phase().lines()[5],
+            ),
+            "bsmon: {path}: line 6 is corrupt (not valid JSON); the record cannot be read past it",
+        ),
+    ],
+    ids=["missing", "directory", "future-version", "not-a-record", "corrupt"],
+)
+@pytest.mark.parametrize("command", ["export", "replay"])
+def test_bad_records_are_one_line_errors_with_exit_1(tmp_path, setup, message, command):
+    path = setup(tmp_path)
+    line = one_line_error(bsmon(command, str(path)), 1)
+    assert line.startswith(message.format(path=path))
+
+
+def write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_export_to_an_unwritable_place_says_so(tmp_path):
+    record = two_phase().write(tmp_path / "run.jsonl")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    line = one_line_error(bsmon("export", str(record), "-o", str(blocker / "out")), 1)
+    assert f"cannot write the summary in {blocker / 'out'}" in line and "-o DIR" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["export"],
+        ["replay"],
+        ["export", "a.jsonl", "b.jsonl"],
+        ["export", "a.jsonl", "-o"],
+        ["replay", "a.jsonl", "--speed", "0"],
+        ["replay", "a.jsonl", "--speed", "fast"],
+        ["replay", "a.jsonl", "--speed", "nan"],
+    ],
+)
+def test_wrong_arguments_are_one_line_and_exit_2(args):
+    one_line_error(bsmon(*args), 2)
+
+
+def test_replay_in_a_real_terminal_shows_the_run_and_quits(tmp_path):
+    record = two_phase().write(tmp_path / "run.jsonl")
+    tmux = Tmux(100, 30)
+    env = {"LANG": "C.UTF-8", "TERM": "xterm-256color"}
+    try:
+        tmux.start(f"{sys.executable} -m bsmon.tui.cli replay {record} --speed 1000", ROOT, env)
+        screen = tmux.wait_for(
+            lambda s: "REPLAY" in s and "the job finished (closed)" in s,
+            timeout=60,
+            what="the replay to reach the end of the run",
+        )
+        assert "synthetic" in screen and "step 1,500" in screen
+        tmux.send("q")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
+    finally:
+        tmux.kill()

@@ -1,0 +1,229 @@
+"""`bsmon run`: an unmodified script (and torchrun's workers) watched through the socket, exit
+codes and signals passed through, wrong arguments refused in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from bsmon.probes.launch import autoattach
+from bsmon.probes.launch import environment as launch
+from bsmon.probes.launch import notes as run_notes
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+from bsmon.tui.cli.run import exit_status
+
+from ..helpers import ROOT, wait_until
+from ..watch import events_of, job_socket, kill_run_processes, metrics_until
+
+JOB = str(ROOT / "tests" / "zero_code_job.py")
+BSMON = [sys.executable, "-m", "bsmon.tui.cli"]
+
+
+@pytest.fixture(autouse=True)
+def no_strays(bsmon_dir):
+    """Whatever a test leaves running under `bsmon run` (torchrun's workers run in sessions
+    of their own, out of reach of the process-group cleanup) is killed after it."""
+    yield
+    kill_run_processes(bsmon_dir)
+
+
+def bsmon_run(processes, *args: str, **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("stdin", subprocess.PIPE)
+    return processes.start([*BSMON, "run", *args], cwd=ROOT, **kwargs)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_an_unmodified_script_is_watched_and_its_exit_code_returned(bsmon_dir, processes):
+    run = bsmon_run(processes, "--headless", "--name", "zc", "--", sys.executable, JOB, "20", "3")
+    assert run.stdout.readline().strip() == "trained"  # the script's own output passes through
+    with JobConnection(job_socket("zc", bsmon_dir)) as conn:
+        hello = conn.hello()
+        backlog = conn.messages(0.5)
+        metrics = metrics_until(conn, lambda m: m.step == 20)
+    assert hello.session.name == "zc" and hello.session.argv[0] == JOB
+    assert metrics.batch_size == 8  # read from the script's DataLoader
+    assert metrics.samples == 20 * 8  # the validation batches (32) between epochs not counted
+    assert metrics.samples_per_s and metrics.samples_per_s > 0
+    cap = hello.capabilities["set_batch_size"]
+    assert not cap.available and "bsmon run" in cap.reason and "batch_size=N" in cap.reason
+    probe = hello.capabilities["probe"]
+    assert not probe.available and "loss_fn" in probe.reason
+    zero_code = [e for e in events_of(backlog) if e.kind == "zero_code"]
+    assert zero_code and "SGD" in zero_code[0].message and "Net (" in zero_code[0].message
+    assert zero_code[0].data["model"] == "Net"
+    points = [m for m in backlog if isinstance(m, protocol.History)]
+    assert points  # the history is there for a monitor that attaches late
+    assert run.communicate("\n", timeout=60)[0] == ""
+    assert run.returncode == 3
+
+
+def test_ctrl_c_to_bsmon_run_reaches_the_script(bsmon_dir, processes):
+    """Without a terminal to deliver it, bsmon run passes SIGINT on (SIGTERM: the torchrun
+    and tmux tests)."""
+    run = bsmon_run(processes, "--headless", "--name", "sig", "--", sys.executable, JOB, "3", "0")
+    assert run.stdout.readline().strip() == "trained"
+    job_socket("sig", bsmon_dir)
+    (child,) = psutil.Process(run.pid).children()
+    run.send_signal(signal.SIGINT)
+    run.wait(60)  # stdin stays open: the script ends by the signal or not at all
+    err = run.stderr.read()
+    assert run.returncode == 128 + signal.SIGINT  # as a shell reports it
+    assert gone(child.pid)
+    assert "KeyboardInterrupt" in err  # the script saw Ctrl-C, as it would without bsmon
+
+
+def test_a_script_that_crashes_at_import_fails_as_it_would_without_bsmon(
+    bsmon_dir, processes, tmp_path
+):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nimport no_such_module_for_bsmon\n")
+    run = bsmon_run(processes, "--headless", "--", sys.executable, str(script))
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "ModuleNotFoundError: No module named 'no_such_module_for_bsmon'" in err
+    # the script's own output, then one line from bsmon run saying why nothing was monitored
+    lines = err.replace("no_such_module_for_bsmon", "").splitlines()
+    assert [line for line in lines if "bsmon" in line] == [lines[-1]]
+    assert lines[-1] == "bsmon: broken was not monitored: " + autoattach.NOTHING_TRAINED
+    assert out == "" and not list(bsmon_dir.glob("*.sock"))
+
+
+def test_torchrun_workers_each_serve_a_socket(bsmon_dir, processes):
+    run = bsmon_run(
+        processes,
+        "--headless",
+        "--name",
+        "ddp",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "examples" / "ddp_torchrun.py"),
+        "--steps",
+        "0",
+    )
+    hellos, steps = [], []
+    for name in ("ddp", "ddp-rank1"):
+        with JobConnection(job_socket(name, bsmon_dir, timeout=120)) as conn:
+            hellos.append(conn.hello())
+            steps.append(metrics_until(conn, lambda m: m.step >= 5 and m.samples > 0).step)
+    assert [(h.session.rank, h.session.world_size) for h in hellos] == [(0, 2), (1, 2)]
+    assert all(s >= 5 for s in steps)
+    workers = [h.session.pid for h in hellos]
+    assert all(pid != run.pid for pid in workers)  # the workers, not the launcher, serve
+    run.send_signal(signal.SIGTERM)  # passed on to torchrun, which stops its workers
+    run.communicate(timeout=120)
+    assert run.returncode != 0
+    wait_until(lambda: all(gone(pid) for pid in workers), timeout=60, message="workers to stop")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        ([], 2, "run needs a command"),
+        (["--"], 2, "run needs a command"),
+        (["--name", " ", "--", "python"], 2, "--name must not be empty"),
+        (["--bogus", "--", "python"], 2, "unrecognized arguments: --bogus"),
+        (["--", "no-such-command-for-bsmon"], 127, "command not found"),
+        (["--log", "/no/such/dir/x.log", "--", "python"], 2, "cannot write the log"),
+    ],
+)
+def test_wrong_run_arguments_are_one_line(bsmon_dir, args, code, message):
+    result = subprocess.run(
+        [*BSMON, "run", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == code
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bsmon: ") and message in lines[0]
+    assert result.stdout == ""
+
+
+def test_the_start_up_hook_chains_and_never_breaks_the_child(tmp_path):
+    """The sitecustomize bsmon shadows still runs; a Python without bsmon only gets a warning;
+    a process that never imports torch never loads bsmon."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("print('the other sitecustomize ran')\n")
+    env = launch.child_environment(os.environ, "hook", tmp_path, "run-1")
+    env["PYTHONPATH"] += os.pathsep + str(other)
+    probe = "import sys; print('bsmon' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.splitlines() == ["the other sitecustomize ran", "False"]
+    assert result.stderr == ""
+    no_bsmon = "import sys; sys.modules['bsmon'] = None; import torch; print('trained')"
+    result = subprocess.run(
+        [sys.executable, "-c", no_bsmon], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "trained"
+    assert "cannot import bsmon" in result.stderr and "runs unmonitored" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["python", "train.py", "--lr", "3"], "train"),
+        (["/usr/bin/python3.11", "-u", "scripts/fit.py"], "fit"),
+        (["torchrun", "--nproc-per-node", "2", "ddp.py"], "ddp"),
+        (["python", "-m", "torch.distributed.run", "--standalone", "a/b.py"], "b"),
+        (["python", "-m", "pkg.train", "--config", "x.py"], "train"),
+        (["./run.sh", "x.py"], "run.sh"),
+    ],
+)
+def test_job_names_come_from_the_script(command, name):
+    assert launch.job_name(command) == name
+
+
+def test_the_child_environment_puts_the_hook_first(tmp_path):
+    env = launch.child_environment({"PYTHONPATH": "/a:/b", "HOME": "/h"}, "n", tmp_path, "r")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(launch.BOOT_DIR), "/a", "/b"]
+    assert (launch.BOOT_DIR / "sitecustomize.py").is_file()
+    assert env[launch.ENV_RUN] == "n" and env["BSMON_DIR"] == str(tmp_path) and env["HOME"] == "/h"
+    assert launch.log_name("a/b c") == "a_b_c"
+
+
+def test_exit_status_is_what_a_shell_shows():
+    assert [exit_status(c) for c in (0, 3, -signal.SIGTERM)] == [0, 3, 143]
+
+
+def test_the_notes_of_a_run_say_why_nothing_is_monitored(tmp_path):
+    note = run_notes.Note
+    run_notes.write(tmp_path, "r1", note(1, attached=False, trained=False, reason="launcher"))
+    run_notes.write(tmp_path, "r1", note(2, attached=False, trained=True, reason="by hand"))
+    run_notes.write(tmp_path, "other", note(3, attached=True, trained=True))
+    (tmp_path / "notes" / "r1-9.json").write_text("{not json")  # skipped, not fatal
+    assert run_notes.why_unmonitored(run_notes.read(tmp_path, "r1")) == "by hand"
+    assert run_notes.why_unmonitored(run_notes.read(tmp_path, "other")) is None
+    assert "stepped a torch.optim optimizer" in run_notes.why_unmonitored([])
+    run_notes.clear(tmp_path, "r1")
+    assert run_notes.read(tmp_path, "r1") == [] and run_notes.read(tmp_path, "other")
+
+
+def test_a_job_killed_after_attaching_is_not_called_unmonitored(bsmon_dir, processes):
+    run = bsmon_run(
+        processes, "--headless", "--name", "killed", "--", sys.executable, JOB, "3", "0"
+    )
+    assert run.stdout.readline().strip() == "trained"
+    job_socket("killed", bsmon_dir)
+    (child,) = psutil.Process(run.pid).children()
+    child.kill()  # no atexit, no last word
+    run.wait(60)
+    assert run.returncode == 128 + signal.SIGKILL
+    assert "not monitored" not in run.stderr.read()

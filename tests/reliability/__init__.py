@@ -1,0 +1,1 @@
+"""Reliability tests: faults, hostile clients and input, load, corrupt records, security."""

@@ -1,0 +1,113 @@
+"""Device readings: every GPU path has a no-GPU answer with a reason, never an exception."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bsmon.probes.runtime.devices import DeviceSampler, Nvml
+
+from ..fakes import FakeCuda, FakeGpu, FakeNvml
+
+
+def test_readings_from_nvml_and_the_torch_allocator():
+    gpu = FakeGpu()
+    sample = DeviceSampler(Nvml(FakeNvml([gpu])), FakeCuda([gpu])).sample()
+    assert sample.gpu.available and sample.gpu.reason is None
+    (device,) = sample.devices
+    assert device.name == "Fake H100" and device.uuid == "GPU-0000"
+    assert device.util_percent == 87.0 and device.temperature_c == 71.0 and device.power_w == 312.0
+    assert device.memory_used_bytes == 40 << 30 and device.memory_total_bytes == 80 << 30
+    assert (device.torch_allocated_bytes, device.torch_reserved_bytes, device.torch_peak_bytes) == (
+        30 << 30,
+        36 << 30,
+        34 << 30,
+    )
+    assert device.error is None
+    assert sample.host.rss_bytes and sample.host.rss_bytes > 0
+
+
+def test_no_nvml_library_leaves_torch_readings_and_says_why():
+    gpu = FakeGpu()
+    nvml = Nvml(FakeNvml([gpu], init_error="NVML Shared Library Not Found"))
+    sample = DeviceSampler(nvml, FakeCuda([gpu])).sample()
+    (device,) = sample.devices
+    assert device.util_percent is None and device.torch_allocated_bytes == 30 << 30
+    assert "NVML unavailable: NVML Shared Library Not Found" in device.error
+    assert sample.gpu.available and "NVML unavailable" in sample.gpu.reason
+
+
+def test_a_failing_nvml_field_is_na_with_its_reason_and_unsupported_is_silent():
+    gpu = FakeGpu(
+        failing={
+            "nvmlDeviceGetPowerUsage": "Not Supported",
+            "nvmlDeviceGetTemperature": "GPU is lost",
+        }
+    )
+    (device,) = DeviceSampler(Nvml(FakeNvml([gpu])), FakeCuda([gpu])).sample().devices
+    assert device.power_w is None and device.temperature_c is None
+    assert device.util_percent == 87.0
+    assert device.error == "NVML: Temperature: GPU is lost"
+
+
+def test_a_gpu_nvml_cannot_find_is_reported_not_raised():
+    gpu = FakeGpu(uuid="GPU-abcd")
+    other = FakeGpu(uuid="GPU-ffff")
+    (device,) = DeviceSampler(Nvml(FakeNvml([other])), FakeCuda([gpu])).sample().devices
+    assert "no handle for GPU-abcd" in device.error
+    assert device.torch_reserved_bytes == 36 << 30
+
+
+def test_a_job_that_has_not_used_cuda_runs_on_the_cpu():
+    gpu = FakeGpu()
+    nvml = FakeNvml([gpu])
+    sample = DeviceSampler(Nvml(nvml), FakeCuda([gpu], initialised=False)).sample()
+    assert not sample.gpu.available and "has not used CUDA" in sample.gpu.reason
+    assert sample.devices == []
+    assert not nvml.initialised  # NVML is not even touched
+
+
+def test_this_machine_without_a_gpu_gives_a_reason():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    sample = DeviceSampler().sample()
+    assert not sample.gpu.available and sample.gpu.reason
+    assert sample.devices == []
+
+
+def test_torch_cuda_raising_is_a_reason_too():
+    class Broken(FakeCuda):
+        def device_count(self) -> int:
+            raise RuntimeError("driver went away")
+
+    sample = DeviceSampler(Nvml(FakeNvml([])), Broken([FakeGpu()])).sample()
+    assert not sample.gpu.available and "driver went away" in sample.gpu.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_gpu_readings_and_cuda_event_step_times(bsmon_dir):
+    from bsmon.probes import attach
+
+    model = torch.nn.Linear(1024, 1024).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=256, sample_interval_s=0.2) as mon:
+        for _ in range(50):
+            loss = model(torch.randn(256, 1024, device="cuda")).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            mon.log(loss=loss)
+        torch.cuda.synchronize()
+        import time
+
+        time.sleep(0.5)
+        assert mon.flush()
+        stats = mon.stats()
+        sample = mon._service.sampler.latest
+    assert stats["step"] == 50 and stats["step_time_s"] > 0 and stats["scalars"]["loss"] > 0
+    assert sample.gpu.available
+    device = sample.devices[0]
+    assert device.torch_allocated_bytes > 0 and device.memory_total_bytes > 0
+    if sample.gpu.reason is None:
+        assert device.util_percent is not None and device.memory_used_bytes > 0

@@ -1,0 +1,170 @@
+"""The package layout contract: import boundaries and the pyproject package list."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+from ..helpers import ROOT
+
+
+def imported_modules(code: str) -> set[str]:
+    probe = f"{code}\nimport sys\nprint('\\n'.join(sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    return set(result.stdout.split())
+
+
+def test_probes_never_import_textual_or_rich():
+    modules = imported_modules(
+        "import bsmon.probes, bsmon.probes.agent, bsmon.probes.demo, bsmon.probes.wire.client"
+    )
+    assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "textual_plotext")}
+
+
+def test_probes_source_has_no_ui_imports():
+    for path in (ROOT / "probes").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            assert not stripped.startswith(
+                ("import textual", "from textual", "import rich", "from rich")
+            ), f"{path}: {line}"
+
+
+def test_the_dashboard_does_not_import_torch():
+    modules = imported_modules("import bsmon.tui.app, bsmon.tui.cli")
+    assert "torch" not in modules
+
+
+def test_every_package_directory_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    mapping = config["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for package, directory in mapping.items():
+        for init in (ROOT / directory).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / directory)
+            found.add(".".join([package, *relative.parts]))
+    assert found == listed
+
+
+def test_ci_runs_the_readme_test_command():
+    result = subprocess.run(
+        ["bash", ".ci/run", "--print"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    readme = (ROOT / "README.md").read_text()
+    echoed = next(line for line in result.stdout.splitlines() if line.startswith("+ "))
+    assert echoed[2:] in readme
+    assert "pytest" in echoed and "pip install" in echoed
+
+
+FACES = {
+    "bsmon.probes",  # attach, __version__
+    "bsmon.probes.demo",  # bsmon demo runs the demo job
+    "bsmon.probes.wire",
+    "bsmon.probes.wire.protocol",
+    "bsmon.probes.record",
+    "bsmon.probes.summary",
+    "bsmon.probes.launch",  # bsmon run
+}
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of bsmon.probes and bsmon.tui by its import name."""
+    modules = {}
+    for package, directory in (("bsmon.probes", "probes"), ("bsmon.tui", "tui")):
+        for path in (ROOT / directory).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / directory).with_suffix("").parts)
+            if "boot" in parts:  # the start-up hook is not imported as part of the package
+                continue
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, top_level_only: bool, names: bool = True) -> set[str]:
+    """The modules ``name`` imports, by absolute name: with ``names``, ``from a import b`` gives
+    a.b as well as a (b may be a module); with ``top_level_only``, not the imports inside
+    functions or under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(target)
+            if names:
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_dashboard_imports_only_the_faces_of_probes():
+    """tui/ takes what it needs from a wing's face (``from bsmon.probes.record import ...``),
+    never from the modules behind it."""
+    modules = package_modules()
+    for name, path in modules.items():
+        if not name.startswith("bsmon.tui"):
+            continue
+        for imported in imports_of(name, path, top_level_only=False, names=False):
+            if imported.startswith("bsmon.probes") and imported in modules:
+                assert imported in FACES, f"{path.relative_to(ROOT)} imports {imported}"
+
+
+def test_no_import_cycles():
+    modules = package_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = {m for m in imports_of(name, path, top_level_only=True) if m in modules}
+        parents = {  # importing a.b.c runs a.b's __init__ first
+            ".".join(m.split(".")[:n]) for m in imported for n in range(2, m.count(".") + 1)
+        }
+        graph[name] = {m for m in imported | parents if m in modules and not name.startswith(m)}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for dependency in sorted(graph[name]):
+            visit(dependency, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+LONG_MODULE = 420  # lines
+
+
+def test_a_long_module_says_why_it_is_one_module():
+    for path in package_modules().values():
+        lines = path.read_text().count("\n")
+        if lines > LONG_MODULE:
+            docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+            assert "Why one module:" in docstring, f"{path.relative_to(ROOT)}: {lines} lines"
+
+
+def test_every_wing_lists_its_modules():
+    """A wing's package docstring names each of its modules (a newcomer's map of the wing)."""
+    for init in (ROOT / "probes").glob("*/__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for module in init.parent.glob("*.py"):
+            if module.name != "__init__.py":
+                assert f"``{module.stem}``" in docstring, f"{init.parent.name}/{module.name}"

@@ -1,0 +1,347 @@
+"""The summary's numbers against a record whose values are known, and its two renderings."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import msgspec
+import pytest
+
+from bsmon.probes.record.buckets import compact, step_bin
+from bsmon.probes.record.format import (
+    End,
+    ProbeLine,
+    Span,
+    Status,
+    encode_line,
+    header_for,
+    line_decoder,
+)
+from bsmon.probes.summary.build import export_record, summarize_record
+from bsmon.probes.summary.schema import Summary
+from bsmon.probes.wire.protocol import Capability, Event
+
+from ..records import GIB, START, session, two_phase
+
+
+def nearest_rank(values, q):
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+@pytest.fixture
+def synthetic():
+    return two_phase()
+
+
+@pytest.fixture
+def summary(synthetic, tmp_path):
+    return summarize_record(synthetic.write(tmp_path / "r.jsonl"))
+
+
+def test_run_info_steps_samples_and_duration(summary, synthetic):
+    assert summary.steps == synthetic.steps == 1500
+    assert summary.samples == synthetic.samples == 100 * 10 * 32 + 50 * 10 * 64
+    assert summary.duration_s == pytest.approx(150 * 0.5)
+    run = summary.run
+    assert (run.name, run.pid, run.host, run.complete, run.end_reason) == (
+        "synthetic",
+        4242,
+        "gpu-box-7",
+        True,
+        "closed",
+    )
+    assert run.argv == ["train.py", "--lr", "0.1"] and run.start_time == START
+
+
+def test_step_time_mean_and_percentiles(summary, synthetic):
+    times = synthetic.all_step_times
+    st = summary.step_time_s
+    assert st.timed_steps == len(times) == 1500
+    assert st.mean == pytest.approx(statistics.fmean(times), rel=1e-5)
+    assert st.min == pytest.approx(0.010) and st.max == pytest.approx(0.029)
+    for q, got in ((0.5, st.p50), (0.95, st.p95), (0.99, st.p99)):
+        assert got == pytest.approx(nearest_rank(times, q), rel=0.011), q
+    assert (st.p50, st.p95, st.p99) == pytest.approx((0.017, 0.028, 0.029), rel=0.011)
+
+
+def test_throughput_overall_and_per_batch_size(summary, synthetic):
+    total_time = sum(synthetic.all_step_times)
+    approx = lambda value: pytest.approx(value, rel=1e-5)  # noqa: E731 - six digits are kept
+    assert summary.throughput.samples_per_s == approx(synthetic.samples / total_time)
+    assert summary.throughput.steps_per_s == approx(1500 / total_time)
+    phase1 = 32 * 10 / sum(0.010 + 0.001 * i for i in range(10))
+    phase2 = 64 * 10 / sum(0.020 + 0.001 * i for i in range(10))
+    assert phase2 > phase1
+    assert summary.throughput.best_samples_per_s == approx(phase2)
+    assert summary.throughput.worst_samples_per_s == approx(phase1)
+
+    first, second = summary.batch_size_history
+    assert (first.batch_size, first.from_step, first.to_step, first.steps) == (32, 1, 1000, 1000)
+    assert (second.batch_size, second.from_step, second.to_step, second.steps) == (
+        64,
+        1001,
+        1500,
+        500,
+    )
+    assert first.samples_per_s == approx(phase1)
+    assert second.samples_per_s == approx(phase2)
+    assert first.start_s == 0 and second.start_s == pytest.approx(50.0)
+    assert first.duration_s == pytest.approx(50.0) and second.duration_s == pytest.approx(25.0)
+    sizes = {b.batch_size: b for b in summary.batch_sizes}
+    assert sizes[32].samples_per_s == approx(phase1)
+    assert sizes[64].best_samples_per_s == approx(phase2)
+    assert sizes[32].step_time_p50_s == pytest.approx(0.014, rel=0.011)
+
+
+def test_devices_host_noise_scale_and_scalars(summary, synthetic):
+    (gpu,) = summary.devices
+    assert gpu.name == "NVIDIA H100 80GB HBM3" and gpu.readings == 150
+    assert gpu.util_mean_percent == pytest.approx(statistics.fmean(synthetic.utils))
+    assert gpu.util_p95_percent == nearest_rank(synthetic.utils, 0.95)
+    assert gpu.util_max_percent == max(synthetic.utils)
+    assert gpu.memory_peak_bytes == synthetic.mem_peak == 32 * GIB
+    assert gpu.memory_total_bytes == 80 * GIB
+    assert gpu.memory_peak_fraction == pytest.approx(32 / 80)
+    assert gpu.torch_peak_bytes == 31 * GIB
+    assert gpu.torch_reserved_peak_bytes == 32 * GIB - GIB // 2
+    assert summary.no_devices_reason is None
+    assert summary.host.rss_peak_bytes == 2 * GIB
+    assert (summary.b_simple.start, summary.b_simple.end) == (100.0, 249.0)
+    assert (summary.b_simple.min, summary.b_simple.max) == (100.0, 249.0)
+    trajectory = summary.b_simple.trajectory
+    assert 2 <= len(trajectory) <= 256 and trajectory[0][1] == pytest.approx(100.0, abs=1)
+    loss = summary.scalars["loss"]
+    assert (loss.first, loss.last, loss.max) == pytest.approx((2.0, 2.0 / 150, 2.0), rel=1e-5)
+
+
+def test_events_probes_warnings_and_recommendations(summary):
+    assert summary.events == {"total": 3, "info": 1, "warning": 2, "error": 0}
+    assert [w.kind for w in summary.warnings] == ["slow_phase", "slow_phase"]
+    assert summary.warnings[0].step == 1000
+    assert summary.probes == [{"t_s": 75.0, "step": 1500, "max_batch_size": 512}]
+    kinds = {r.kind for r in summary.recommendations}
+    # batch 64 is well below B_simple ~249; memory peaked at 40%; two sizes were used
+    assert {"batch_below_noise_scale", "memory_headroom", "fastest_batch_size"} <= kinds
+    assert all(
+        "estimate" in r.message or "prediction" in r.message or "measured" in r.message
+        for r in summary.recommendations
+        if r.kind != "low_gpu_utilization"
+    )
+
+
+def test_compacted_record_gives_the_same_numbers(synthetic, tmp_path):
+    """Downsampling keeps min/mean/max and histograms exact, so the summary does not move."""
+    whole = summarize_record(synthetic.write(tmp_path / "whole.jsonl"))
+    lines = synthetic.lines()
+    items = [line_decoder.decode(line) for line in lines[1:]]
+    compacted = list(compact(items, start=START, now=synthetic.stop, bucket_s=0.5, per_level=8))
+    assert sum(isinstance(i, Span) for i in compacted) < len(synthetic.spans) / 3
+    path = tmp_path / "compacted.jsonl"
+    path.write_bytes(lines[0] + b"".join(msgspec.json.encode(i) + b"\n" for i in compacted))
+    small = summarize_record(path)
+    for field in ("steps", "samples", "duration_s"):
+        assert getattr(small, field) == getattr(whole, field)
+    assert small.step_time_s == whole.step_time_s
+    assert small.throughput == whole.throughput
+    assert small.devices == whole.devices
+    assert [(s.batch_size, s.from_step, s.to_step) for s in small.batch_size_history] == [
+        (s.batch_size, s.from_step, s.to_step) for s in whole.batch_size_history
+    ]
+    assert small.source.resolution_s > whole.source.resolution_s
+
+
+def test_export_writes_json_that_matches_the_schema_and_markdown_with_charts(synthetic, tmp_path):
+    json_path, md_path = export_record(synthetic.write(tmp_path / "r.jsonl"), tmp_path / "out")
+    assert (json_path.name, md_path.name) == ("summary.json", "summary.md")
+    data = json.loads(json_path.read_text())
+    assert data["steps"] == 1500 and data["summary_version"] == 1
+    msgspec.convert(data, Summary)  # the documented schema, exactly
+    md = md_path.read_text()
+    assert md.startswith("# bsmon summary: synthetic")
+    assert "**1,500 steps**" in md and "p50 17" in md and "| 64 | 1,001–1,500 |" in md
+    for heading in (
+        "## Run",
+        "## Numbers",
+        "## Devices",
+        "## Batch size",
+        "## Charts",
+        "## Warnings",
+        "## Recommendations",
+        "## Probe results",
+    ):
+        assert heading in md
+    assert "step time (ms) by step" in md and "loss by step" in md and "GPU0 utilization" in md
+    assert "⠀" in md or "⣀" in md  # braille text charts from plotext
+    assert "\x1b[" not in md  # no terminal colour codes
+
+
+def test_a_cpu_run_without_steps_still_summarizes(tmp_path):
+    reason = "torch 2.13.0+cpu is a CPU-only build"
+    lines = [
+        encode_line(header_for(session(), 8, START)),
+        encode_line(Status(t=START, gpu=Capability(False, reason), noise_scale=Capability(False))),
+        *(encode_line(Span(t0=START + k, t1=START + k + 1, step=0)) for k in range(3)),
+        encode_line(End(t=START + 3, reason="closed", step=0, samples=0)),
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(lines))
+    json_path, md_path = export_record(path, tmp_path)
+    summary = msgspec.json.decode(json_path.read_bytes(), type=Summary)
+    assert summary.steps == 0 and summary.duration_s == 3.0
+    assert summary.step_time_s.timed_steps == 0 and summary.step_time_s.p50 is None
+    assert summary.throughput.samples_per_s is None and summary.batch_size_history == []
+    assert summary.devices == [] and summary.no_devices_reason == reason
+    assert summary.recommendations == []
+    md = md_path.read_text()
+    assert f"no GPU readings: {reason}" in md and "no steps were recorded" in md
+    assert "none: nothing stood out" in md
+
+
+def test_summary_code_imports_neither_textual_nor_torch_and_replay_no_torch():
+    from .test_layout import imported_modules
+
+    modules = imported_modules(
+        "import bsmon.probes.summary.build, bsmon.probes.summary.markdown, "
+        "bsmon.probes.record.reader"
+    )
+    assert not {m for m in modules if m.split(".")[0] in ("textual", "rich", "torch")}
+    modules = imported_modules("import bsmon.tui.replay, bsmon.tui.export, bsmon.tui.cli.record")
+    assert "torch" not in modules
+
+
+def test_a_sidecar_probe_result_reads_as_a_sentence_and_its_recommendation_is_kept(tmp_path):
+    from bsmon.probes.summary.markdown import probe_text
+
+    synthetic = two_phase()
+    lines = synthetic.lines()
+    probe = {
+        "status": "ok",
+        "max_batch_size": 512,
+        "predicted_max": 900,
+        "device": "cuda:0",
+        "points": [{"batch_size": 64, "fits": True}, {"batch_size": 512, "fits": True}],
+        "recommendation": {"batch_size": 256, "reasons": ["near B_simple"]},
+    }
+    lines.insert(-1, encode_line(ProbeLine(t=START + 70, step=1400, result=probe)))
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(lines))
+    summary = summarize_record(path)
+    assert probe_text(summary.probes[-1]) == (
+        "ok · largest batch that ran 512 · predicted max ≈ 900 (a prediction) · "
+        "recommended 256 (near B_simple) · 2 sizes measured on cuda:0"
+    )
+    (note,) = [r for r in summary.recommendations if r.kind == "probe_recommendation"]
+    assert note.message == "the probe at step 1,400 recommended batch size 256: near B_simple"
+
+
+def write_record(path, items) -> Summary:
+    path.write_bytes(b"".join(encode_line(item) for item in items))
+    json_path, _md = export_record(path, path.parent)
+    return msgspec.json.decode(json_path.read_bytes(), type=Summary)
+
+
+def timed_span(k: int, steps: int, *, samples: int | None, eval_s: float = 0.0) -> Span:
+    """One second of ``steps`` 0.1 s steps; ``samples`` per step (None: not counted)."""
+    timed_s = 0.1 * steps
+    return Span(
+        t0=START + k,
+        t1=START + k + 1,
+        step=steps * (k + 1),
+        steps=steps,
+        samples=(samples or 0) * steps * (k + 1),
+        batch_size=samples,
+        timed_steps=steps,
+        timed_s=timed_s,
+        timed_samples=(samples or 0) * steps,
+        uncounted_s=timed_s if samples is None else 0.0,
+        eval_s=eval_s,
+        step_hist={step_bin(0.1): steps},
+    )
+
+
+def test_uncounted_samples_are_null_with_the_reason_never_zero(tmp_path):
+    reason = "samples not counted: no DataLoader batch was seen and ..."
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), None, START),
+            Event(t=START, step=1, kind="samples_not_counted", message=reason, level="warning"),
+            *(timed_span(k, 5, samples=None) for k in range(3)),
+            End(t=START + 3, reason="closed", step=15, samples=0),
+        ],
+    )
+    assert summary.samples is None and summary.throughput.samples_per_s is None
+    assert summary.step_time_s.timed_steps == 15 and summary.throughput.steps_per_s == 10
+    assert any(w.message == reason for w in summary.warnings)
+    md = (tmp_path / "summary.md").read_text()
+    assert "samples not counted" in md and "n/a (not counted)" in md and " 0 samples" not in md
+
+
+def test_evaluation_time_is_apart_and_the_time_adds_up(tmp_path):
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 8, START),
+            timed_span(0, 5, samples=8),
+            timed_span(1, 2, samples=8, eval_s=0.6),  # a validation pass between two steps
+            End(t=START + 2, reason="closed", step=14, samples=56),
+        ],
+    )
+    assert summary.time.steps_s == pytest.approx(0.7)
+    assert summary.time.evaluation_s == pytest.approx(0.6)
+    assert summary.time.other_s == pytest.approx(2 - 0.7 - 0.6)
+    assert summary.samples == 56 and summary.throughput.samples_per_s == pytest.approx(80)
+    (size,) = summary.batch_sizes
+    assert size.duration_s == pytest.approx(summary.time.steps_s)  # the sizes add up
+    assert "evaluation 0.6 s" in (tmp_path / "summary.md").read_text()
+
+
+def test_no_estimate_says_why_when_every_measured_step_was_skipped(tmp_path):
+    skipped = (
+        "noise scale: skipped step 3: the micro-batch estimator needs gradient accumulation "
+        "(further skips are only counted)"
+    )
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 8, START),
+            Event(t=START, step=3, kind="noise_scale", message=skipped, level="warning"),
+            timed_span(0, 5, samples=8),
+            End(t=START + 1, reason="closed", step=5, samples=40),
+        ],
+    )
+    note = summary.b_simple.note
+    assert (
+        note
+        == "measured steps were skipped (the micro-batch estimator needs gradient accumulation)"
+    )
+    assert note in (tmp_path / "summary.md").read_text()
+
+
+def test_no_estimate_after_many_measured_steps_says_the_gradient_is_not_resolved(tmp_path):
+    """A small batch against a large noise scale: 200 steps measured, |G|² still within its
+    noise. The summary says that (and the bound), not that too few steps were measured."""
+    early = msgspec.structs.replace(timed_span(0, 5, samples=12), noise_steps=5)
+    late = msgspec.structs.replace(
+        timed_span(1, 5, samples=12), noise_steps=200, b_simple_at_least=480.0
+    )
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), 12, START),
+            early,
+            late,
+            End(t=START + 2, reason="x", step=10, samples=120),
+        ],
+    )
+    assert summary.b_simple.end is None
+    assert summary.b_simple.note.startswith("no estimate yet after 200 measured steps")
+    assert "B_simple ≥ 480" in summary.b_simple.note
+    short = write_record(
+        tmp_path / "s.jsonl",
+        [header_for(session(), 12, START), early, End(t=START + 1, reason="x", step=5, samples=60)],
+    )
+    assert short.b_simple.note.startswith("not enough measured steps for an estimate (5 so far)")
