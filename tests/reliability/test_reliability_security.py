@@ -25,11 +25,13 @@ from bsmon.probes.wire.client import JobConnection
 from ..helpers import ROOT
 from ..jobs import TinyJob
 
-# Everything that reads bytes from a socket or a record; the sidecar's recipe reader is not
-# here on purpose (it reads a private file the job wrote, never the socket).
+# Everything that reads bytes from a socket or a record: every module of bsmon but the
+# max-batch probe's (the sidecar reads the recipe, a private file the job wrote, never the
+# socket).
 SOCKET_PATH_MODULES = [
-    *sorted((ROOT / "probes").glob("*.py")),
-    *sorted((ROOT / "tui").glob("*.py")),
+    path
+    for path in sorted([*(ROOT / "probes").rglob("*.py"), *(ROOT / "tui").rglob("*.py")])
+    if "maxbatch" not in path.parts
 ]
 UNPICKLERS = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
 
@@ -102,7 +104,7 @@ def test_the_probe_recipe_is_a_private_file_in_the_private_directory(bsmon_dir):
 
 
 def test_the_unpickler_check_would_see_one():
-    assert "cloudpickle" in imported_modules(ROOT / "probes" / "probe" / "recipe.py")
+    assert "cloudpickle" in imported_modules(ROOT / "probes" / "maxbatch" / "recipe.py")
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to make a directory another uid owns")
