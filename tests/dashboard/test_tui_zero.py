@@ -57,6 +57,8 @@ def test_a_held_change_says_where_it_applies():
     assert "→ 256 at the next step" in size_line(metrics)
     command = protocol.SetBatchSize(value=256)
     held = {"old": 128, "new": 256, "applies_at": "at the end of the epoch"}
-    assert describe_success(command, held) == "batch size 128 → 256 at the end of the epoch"
-    now = {"old": 128, "new": 256, "applies_after_step": 7}
+    reply = protocol.Reply(id=1, ok=True, result=held)  # as the job sends it
+    result = protocol.BatchSizeResult.of(reply)
+    assert describe_success(command, result) == "batch size 128 → 256 at the end of the epoch"
+    now = protocol.BatchSizeResult(old=128, new=256, applies_after_step=7)
     assert describe_success(command, now) == "batch size 128 → 256 after step 7"
