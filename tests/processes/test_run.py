@@ -39,6 +39,13 @@ def bsmon_run(processes, *args: str, **kwargs) -> subprocess.Popen:
     return processes.start([*BSMON, "run", *args], cwd=ROOT, **kwargs)
 
 
+def interruptible() -> None:
+    """Ctrl-C as an interactive shell leaves it: a shell running the suite in the background
+    (``pytest &``, nohup) starts every command with SIGINT ignored, and bsmon run rightly
+    passes that on to the script."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -73,7 +80,8 @@ def test_an_unmodified_script_is_watched_and_its_exit_code_returned(bsmon_dir, p
 def test_ctrl_c_to_bsmon_run_reaches_the_script(bsmon_dir, processes):
     """Without a terminal to deliver it, bsmon run passes SIGINT on (SIGTERM: the torchrun
     and tmux tests)."""
-    run = bsmon_run(processes, "--headless", "--name", "sig", "--", sys.executable, JOB, "3", "0")
+    args = ("--headless", "--name", "sig", "--", sys.executable, JOB, "3", "0")
+    run = bsmon_run(processes, *args, preexec_fn=interruptible)
     assert run.stdout.readline().strip() == "trained"
     job_socket("sig", bsmon_dir)
     (child,) = psutil.Process(run.pid).children()
