@@ -47,8 +47,9 @@ def test_the_waiting_rank_is_communication_bound_and_the_ranks_view_shows_it(
         )  # fmt: skip
     anatomy = seen["last"].anatomy
     assert anatomy.comm_s is not None and anatomy.step_s is not None
-    # the slow rank sleeps 30 ms in each forward pass: rank 0 waits about that long
-    assert 0.015 < anatomy.comm_s < 0.2, anatomy
+    # the slow rank sleeps 30 ms in each forward pass: rank 0 waits that long less whatever
+    # its own compute takes beyond the slow rank's (more on a loaded machine: 15 ms was seen)
+    assert 0.01 < anatomy.comm_s < 0.2, anatomy
     assert anatomy.comm_s / anatomy.step_s >= 0.2
     assert "sampled every 20 steps" in " ".join(anatomy.notes)
     assert "slow rank" in anatomy.advice
