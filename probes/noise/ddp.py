@@ -139,6 +139,11 @@ class _Redirects:
 _redirects = _Redirects()
 
 
+def _pieces(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """A bucket's flat values split into its parameters' (views, in bucket order)."""
+    return list(torch.split(flat.reshape(-1), [p.numel() for p in params]))
+
+
 class DDPSource(Source):
     estimator = "ddp"
 
@@ -182,7 +187,8 @@ class DDPSource(Source):
         if self._copies or (first and self._room_for_a_copy(buffer.device)):
             self._copies.append((buffer.clone(), bucket.parameters()))
         else:
-            self._local.append(self._squared(buffer.reshape(-1), bucket.parameters()))
+            params = bucket.parameters()
+            self._local.append(self._squared(_pieces(buffer, params), params))
         self._end.touch()  # the averaged gradient is read once DDP has written it
 
     def _room_for_a_copy(self, device: torch.device) -> bool:
@@ -194,9 +200,8 @@ class DDPSource(Source):
             room = psutil.virtual_memory().available
         return self._copy_bytes <= COPY_ROOM * room
 
-    def _squared(self, flat: Tensor, params: list[Tensor]) -> Tensor:
-        """Σ|piece|² of a bucket's flat values, weighted like |p.grad|² (Adam's preconditioner)."""
-        pieces = list(torch.split(flat, [p.numel() for p in params]))
+    def _squared(self, pieces: list[Tensor], params: list[Tensor]) -> Tensor:
+        """Σ|piece|² of a bucket's pieces, weighted like |p.grad|² (Adam's preconditioner)."""
         w2 = [self.precond.w2(p) for p in params] if self.precond is not None else None
         if w2 is not None and any(w is None for w in w2):
             self._problem = "Adam state not initialised yet (first step)"
@@ -209,8 +214,7 @@ class DDPSource(Source):
             return
         deviations = []
         for copy, params in self._copies:
-            flat = copy.reshape(-1)
-            pieces = torch.split(flat, [p.numel() for p in params])
+            pieces = _pieces(copy, params)  # views: l − ḡ is taken in place, in the copy
             pairs = [
                 (x, p.grad.reshape(-1))
                 for x, p in zip(pieces, params, strict=True)
@@ -218,7 +222,7 @@ class DDPSource(Source):
             ]
             if pairs:
                 torch._foreach_sub_([x for x, _ in pairs], [g for _, g in pairs])
-            deviations.append(self._squared(flat, params))
+            deviations.append(self._squared(pieces, params))
         self._copies = []
         self._deviation = torch.stack(deviations).sum()
 

@@ -125,22 +125,16 @@ class Telemetry:
         return True
 
     def _add_step(self, record: StepEnded) -> None:
-        step, samples, batch_size, eval_s = (
-            record.step,
-            record.samples,
-            record.batch_size,
-            record.eval_s,
-        )
-        self.step = step
-        if samples is not None:
-            self.samples = (self.samples or 0) + samples
+        self.step = record.step
+        if record.samples is not None:
+            self.samples = (self.samples or 0) + record.samples
         elif not self.samples:
             self.samples = None  # nothing counted yet: unknown, not zero
-        self.batch_size = batch_size
+        self.batch_size = record.batch_size
         self.last_step_time = record.wall
         self._resolver.add(record.mark)
         self._step_meta.append(record)
-        self.eval_s += eval_s
+        self.eval_s += record.eval_s
 
     def add_event(self, event: Event) -> None:
         self.events.append(event)
@@ -155,24 +149,26 @@ class Telemetry:
         tap = self.tap
         for resolved in self._resolver.resolve():
             ended = self._step_meta.popleft()
-            step, samples, batch_size, eval_s, marks = (
-                ended.step,
-                ended.samples,
-                ended.batch_size,
-                ended.eval_s,
-                ended.marks,
-            )
-            duration = training_time(resolved.duration, eval_s)
-            self._window.add_step(duration, samples)
-            self._second.add_step(duration, samples)
+            duration = training_time(resolved.duration, ended.eval_s)
+            self._window.add_step(duration, ended.samples)
+            self._second.add_step(duration, ended.samples)
             phases = None
-            if marks is not None and duration is not None:
-                phases = phases_of(marks, resolved.begin, resolved.end, duration)
+            if ended.marks is not None and duration is not None:
+                phases = phases_of(ended.marks, resolved.begin, resolved.end, duration)
                 if phases is not None:
                     phases = with_comm(phases, self.comm_sample())
                     self.anatomy.add(duration, phases)
             if tap is not None:
-                tap.on_step(StepDone(step, duration, samples, batch_size, eval_s, phases))
+                tap.on_step(
+                    StepDone(
+                        ended.step,
+                        duration,
+                        ended.samples,
+                        ended.batch_size,
+                        ended.eval_s,
+                        phases,
+                    )
+                )
         while self._pending_scalars:
             name, captured = self._pending_scalars[0]
             value = read_scalar(captured)
