@@ -11,8 +11,12 @@ Three parts, each printed as a table (docs/benchmarks.md keeps the figures):
    and the estimate is compared with the truth (goal: within 10%).
 3. **Sequential calibration**: 16 seeds of the sequential estimator at learning rate 0: the
    spread of the estimates against the standard error it reports (goal: ratio ≈ 1).
+4. **Drift**: the closed-form regression with its offset from the optimum shrinking, so the
+   true B_simple doubles every ``DRIFT_DOUBLING`` steps; at checkpoints the estimate at the
+   defaults, at a 5% budget and measuring every step against the truth at that step, and how
+   many steps behind the truth it reads.
 
-    python benchmarks/noise_accuracy.py [--part warmup closed sequential] [--seeds 16]
+    python benchmarks/noise_accuracy.py [--part warmup closed sequential drift] [--seeds 16]
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from gpt import GPT  # noqa: E402
 
 from bsmon.probes import attach  # noqa: E402
 from bsmon.probes.demo import DemoCNN, make_dataset  # noqa: E402
-from tests.noise_jobs import ISO, ISO_BIAS, Regression, train  # noqa: E402
+from tests.noise_jobs import ISO, ISO_BIAS, Case, Regression, train  # noqa: E402
 
 WARMUP_STEPS = 300  # the goal: a first estimate with ±20% within this many steps
 CLOSED_STEPS = 3000
+DRIFT_STEPS, DRIFT_EVERY, DRIFT_DOUBLING = 6000, 500, 3000
 
 
 def warm_up(name: str, model: nn.Module, batches: Callable[[], tuple], loss: Callable) -> dict:
@@ -159,6 +164,53 @@ def sequential_calibration(seeds: int) -> dict:
     }
 
 
+def drifting_case(step: int) -> Case:
+    """ISO with |δ|² halving every ``DRIFT_DOUBLING`` steps: B_simple ≈ 11 + 10/|δ|²."""
+    shrink = 0.5 ** (step / DRIFT_DOUBLING / 2)
+    return Case("drift", c=ISO.c, delta=tuple(d * shrink for d in ISO.delta))
+
+
+def steps_behind(step: int, estimate: float) -> int:
+    """How many steps ago the truth was ``estimate`` (truth rises with the step)."""
+    earlier = next((s for s in range(step, -1, -1) if drifting_case(s).truth() <= estimate), 0)
+    return step - earlier
+
+
+def drift(budget: float | None) -> list[dict]:
+    """The estimate at each checkpoint while the truth drifts (lr 0; the offset is set)."""
+    torch.manual_seed(0)
+    job = Regression(ISO, seed=0)
+    optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
+    rows = []
+    with attach(job.model, optimizer, record=False, serve=False, noise_budget=budget) as mon:
+        xs, ys = job.batches(DRIFT_STEPS, 128)
+        for step in range(DRIFT_STEPS):
+            with torch.no_grad():
+                delta = torch.tensor(drifting_case(step).delta)
+                job.model.weight.copy_(job.w_star + delta)
+            loss = 0.5 * (job.model(xs[step]).squeeze(-1) - ys[step]).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % DRIFT_EVERY == 0:
+                assert mon.flush()
+                noise = mon.stats()["noise"]
+                truth = drifting_case(step).truth()
+                b = noise["b_simple"]
+                rows.append(
+                    {
+                        "step": step + 1,
+                        "truth": truth,
+                        "b_simple": b,
+                        "stderr": noise["stderr"],
+                        "behind": steps_behind(step, b) if b is not None else None,
+                        "share": mon._noise.budget.share,
+                        "detail": noise["detail"],
+                    }
+                )
+    return rows
+
+
 def fmt(x: float | None, digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}g}"
 
@@ -206,6 +258,25 @@ def main() -> None:
             f"| ISO | {r['seeds']} | {fmt(r['mean'])} | {fmt(r['truth'])} | "
             f"{fmt(r['spread'], 2)} | {fmt(r['reported'], 2)} | {r['ratio']:.2f} |"
         )
+
+    if "drift" in args.part:
+        budgets = {"defaults (1%)": 0.01, "budget 5%": 0.05, "every step": None}
+        runs = {name: drift(budget) for name, budget in budgets.items()}
+        print(f"True B_simple doubling every {DRIFT_DOUBLING} steps (ISO, batch 128):\n")
+        print("| step | truth | " + " | ".join(runs) + " |")
+        print("|---|---|" + "---|" * len(runs))
+        for rows in zip(*runs.values(), strict=True):
+            cells = [f"{fmt(r['b_simple'])} ({_error(r)}, {r['behind']} behind)" for r in rows]
+            print(f"| {rows[0]['step']} | {fmt(rows[0]['truth'])} | " + " | ".join(cells) + " |")
+        print()
+        for name, rows in runs.items():
+            last = rows[-1]
+            print(f"{name}: {last['share']:.1%} of steps measured; {last['detail']}")
+
+
+def _error(row: dict) -> str:
+    b = row["b_simple"]
+    return f"{(b - row['truth']) / row['truth']:+.1%}" if b is not None else "n/a"
 
 
 if __name__ == "__main__":

@@ -62,6 +62,11 @@ WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
 
 
+def _round_steps(steps: float) -> int:
+    """Two significant figures: the horizon is a rough guide, and a steady one reads steady."""
+    return int(float(f"{steps:.2g}"))
+
+
 def _world() -> int:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -424,6 +429,9 @@ class NoiseScale:
             detail += f"; warming up: every step until ±{WARMUP_RSE:.0%}"
         elif phase == TRACKING:
             detail += f"; tracking: measured on {self.budget.share:.0%} of steps (cost budget)"
+            age = self.tracker.averages.mean_age
+            if age >= 1:
+                detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,

@@ -11,6 +11,11 @@ steps is (Σw)²/Σw².
 Until the window holds enough steps, or while the mean |G|² is not significantly above zero,
 there is no point estimate: ``b_simple`` is None and, when it can be said, ``lower_bound`` is
 tr Σ / (|G|² + z·se), i.e. "B_simple is at least this".
+
+When a cost budget measures few steps, a horizon in training steps alone would hold too few
+measured ones; the averages then remember as many measured steps as keep the relative
+standard error near ``TRACKING_RSE`` (many when the per-step values are noisy), never fewer
+than ``MIN_MEMORY``. Following a drift is drift.py's job.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 
 Z95 = 1.959963984540054
 MIN_EFFECTIVE_STEPS = 30
-MEASURED_MEMORY = 100  # the averages always remember about this many measured steps
+TRACKING_RSE = 0.15  # the precision a sparsely measured estimate keeps (warm-up ends at 20%)
+MIN_MEMORY, MAX_MEMORY = 100, 1000  # measured steps the averages remember, at least / at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +45,24 @@ class Estimate:
 
 class RatioEMA:
     """EMAs of |G|² and tr Σ with horizon ``window`` training steps (decay β = 1 − 1/window
-    per step), or ``MEASURED_MEMORY`` measured steps when fewer than that fall in the window:
-    a sparsely measured estimate keeps its precision and follows drift more slowly, instead of
-    forgetting what it measured and vanishing."""
+    per step), or ``memory`` measured steps when fewer than that fall in the window: a
+    sparsely measured estimate keeps its precision instead of forgetting what it measured and
+    vanishing. ``memory`` follows the per-step spread of the values (``TRACKING_RSE``): the
+    weights depend on how noisy past steps were, never on which steps were measured."""
 
-    def __init__(self, window: int, min_effective_steps: float = MIN_EFFECTIVE_STEPS) -> None:
+    def __init__(
+        self,
+        window: int,
+        min_effective_steps: float = MIN_EFFECTIVE_STEPS,
+        memory_scale: float = 1.0,
+    ) -> None:
+        """``memory_scale``: remember this share of the measured steps the precision goal
+        asks for (a fast pair of averages beside a slow one)."""
         if window < 1:
             raise ValueError("window must be at least 1 step")
         self.window = window
+        self.memory_scale = memory_scale
         self.beta = 1.0 - 1.0 / window if window > 1 else 0.0
-        self.slowest = 1.0 - 1.0 / MEASURED_MEMORY  # the least decay per measured step
         # at most (1+β)/(1−β) effective steps can ever be reached
         reachable = (1 + self.beta) / (1 - self.beta)
         self.needed = min(min_effective_steps, 0.9 * reachable)
@@ -56,8 +70,10 @@ class RatioEMA:
 
     def reset(self) -> None:
         self.steps = 0
+        self.memory = MIN_MEMORY * self.memory_scale
         self.w = 0.0  # Σ w
         self.w2 = 0.0  # Σ w²
+        self.age = 0.0  # Σ w · (training steps since that measured step)
         self.mean_g = 0.0
         self.mean_s = 0.0
         self.m2_g = 0.0  # Σ w (g − ḡ)²  (decayed Welford co-moments)
@@ -67,9 +83,12 @@ class RatioEMA:
     def update(self, g2: float, trace: float, steps: int = 1) -> None:
         """Fold in one measured step; ``steps`` training steps passed since the last one, so
         the horizon stays ``window`` training steps when not every step is measured (and at
-        least ``MEASURED_MEMORY`` measured steps)."""
-        beta = max(self.beta ** max(1, steps), min(self.beta, self.slowest))
+        least ``memory`` measured steps)."""
+        steps = max(1, steps)
+        slowest = 1.0 - 1.0 / self.memory  # the least decay per measured step
+        beta = max(self.beta**steps, min(self.beta, slowest))
         self.steps += 1
+        self.age = beta * (self.age + steps * self.w)
         self.w = beta * self.w + 1.0
         self.w2 = beta * beta * self.w2 + 1.0
         dg = g2 - self.mean_g
@@ -79,6 +98,42 @@ class RatioEMA:
         self.m2_g = beta * self.m2_g + dg * (g2 - self.mean_g)
         self.m2_s = beta * self.m2_s + ds * (trace - self.mean_s)
         self.c_gs = beta * self.c_gs + ds * (g2 - self.mean_g)
+        self._follow_spread()
+
+    def _follow_spread(self) -> None:
+        """Remember as many measured steps as keep the relative standard error at
+        ``TRACKING_RSE``: (per-step relative variance) / TRACKING_RSE² effective steps, which
+        an EMA of memory M holds 2M − 1 of."""
+        if self.effective_steps < self.needed:
+            return
+        relative = self._relative_variance()
+        if relative is None:
+            return
+        per_step = relative * self.effective_steps
+        wanted = min(max((per_step / TRACKING_RSE**2 + 1) / 2, MIN_MEMORY), MAX_MEMORY)
+        self.memory = max(wanted * self.memory_scale, (self.needed + 1) / 2)
+
+    def forget(self) -> None:
+        """Drop what the averages hold, keeping their horizon and count of steps."""
+        steps, memory = self.steps, self.memory
+        self.reset()
+        self.steps, self.memory = steps, memory
+
+    def log_ratio(self, z: float = Z95) -> tuple[float, float] | None:
+        """ln B_simple and its variance, once there is an estimate; else None."""
+        if self.steps == 0 or self.effective_steps < self.needed:
+            return None
+        relative = self._relative_variance(z)
+        if relative is None:
+            return None
+        return math.log(self.mean_s / self.mean_g), relative
+
+    @property
+    def mean_age(self) -> float:
+        """How many training steps before the latest measured one the averages' steps lie,
+        on average (window − 1 when every step is measured): how far behind a drift they
+        read."""
+        return self.age / self.w if self.w else 0.0
 
     @property
     def effective_steps(self) -> float:
@@ -94,6 +149,15 @@ class RatioEMA:
         factor = (self.w2 / (self.w * self.w)) / denominator
         return self.m2_s * factor, self.m2_g * factor, self.c_gs * factor
 
+    def _relative_variance(self, z: float = Z95) -> float | None:
+        """(se / B_simple)² by the delta method, or None while |G|² is not significantly
+        above zero."""
+        v_s, v_g, c = self._mean_covariance()
+        m_s, m_g = self.mean_s, self.mean_g
+        if not (m_g > z * math.sqrt(max(v_g, 0.0)) and m_s > 0):
+            return None
+        return max(v_s / (m_s * m_s) - 2 * c / (m_s * m_g) + v_g / (m_g * m_g), 0.0)
+
     def estimate(self, z: float = Z95) -> Estimate:
         n_eff = self.effective_steps
         base = Estimate(
@@ -107,19 +171,17 @@ class RatioEMA:
             return base
         v_s, v_g, c = self._mean_covariance()
         m_s, m_g = self.mean_s, self.mean_g
-        se_g = math.sqrt(max(v_g, 0.0))
-        significant = m_g > z * se_g and m_s > 0
-        if not significant:
-            upper_g = m_g + z * se_g
+        relative = self._relative_variance(z)
+        if relative is None:
+            upper_g = m_g + z * math.sqrt(max(v_g, 0.0))
             lower = m_s / upper_g if m_s > 0 and upper_g > 0 else None
             return _replace(base, lower_bound=lower)
         ratio = m_s / m_g
-        var_ratio = max(v_s - 2 * ratio * c + ratio * ratio * v_g, 0.0) / (m_g * m_g)
         low, high = _fieller((m_s, m_g), (v_s, v_g, c), z)
         return _replace(
             base,
             b_simple=ratio,
-            stderr=math.sqrt(var_ratio),
+            stderr=ratio * math.sqrt(relative),
             ci_low=low,
             ci_high=high,
         )

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from ..runtime.timing import finite_or_none as _finite
 from ..wire.protocol import NoiseScaleReading
+from .drift import DriftFollowingRatio
 from .estimators import EstimateError, Units, components, finite
-from .smoothing import Estimate, RatioEMA
+from .smoothing import Estimate
 from .step_record import StepRecord
 
 NONFINITE = "non-finite gradients (e.g. a mixed-precision overflow)"
@@ -37,13 +38,13 @@ class Outcome:
 
 class Tracker:
     def __init__(self, window: int) -> None:
-        self.ema = RatioEMA(window)
+        self.averages = DriftFollowingRatio(window)
         self.skipped = 0
         self.note: str | None = None
         self.last_step = 0
 
     def reset(self) -> None:
-        self.ema.reset()
+        self.averages.reset()
         self.note = None
 
     def add(self, record: StepRecord, values: list[float]) -> Outcome:
@@ -77,7 +78,7 @@ class Tracker:
             return Outcome(False, str(exc))
         if not (math.isfinite(step.g2) and math.isfinite(step.trace)):
             return Outcome(False, NONFINITE)
-        self.ema.update(step.g2, step.trace, record.gap)
+        self.averages.update(step.g2, step.trace, record.gap)
         return Outcome(True)
 
     def reading(
@@ -88,7 +89,7 @@ class Tracker:
         preconditioned: bool,
         detail: str | None,
     ) -> NoiseScaleReading:
-        est = self.ema.estimate()
+        est = self.averages.estimate()
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
             stderr=_finite(est.stderr),

@@ -311,7 +311,7 @@ def test_the_cost_budget_measures_a_share_of_steps_and_says_so():
         assert mon.flush()
         noise = mon.stats()["noise"]
     assert 0 < noise["samples"] < 600
-    assert "of steps (cost budget)" in noise["detail"]
+    assert "of steps (cost budget), averaging the last ~" in noise["detail"]
 
 
 # -- over the socket ---------------------------------------------------------------------------

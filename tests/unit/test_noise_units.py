@@ -13,7 +13,7 @@ from bsmon.probes.noise import estimators
 from bsmon.probes.noise.budget import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.sequential import pair_terms
-from bsmon.probes.noise.smoothing import MEASURED_MEMORY, RatioEMA
+from bsmon.probes.noise.smoothing import MIN_MEMORY, TRACKING_RSE, RatioEMA
 from bsmon.probes.noise.step_record import capture, read
 
 
@@ -145,14 +145,44 @@ def test_the_horizon_is_in_training_steps_when_steps_are_skipped():
 
 def test_a_sparse_estimate_remembers_enough_measured_steps_to_stay():
     """Measured once in 50 steps (a tight cost budget), a 1000-step window would hold 20
-    measured steps and the estimate would vanish; it keeps MEASURED_MEMORY instead."""
+    measured steps and the estimate would vanish; it keeps enough measured steps instead."""
     rng = np.random.default_rng(5)
     ema = RatioEMA(window=1000)
     for _ in range(400):
         ema.update(1.0 + 0.3 * rng.standard_normal(), 50.0 + 5 * rng.standard_normal(), steps=50)
     estimate = ema.estimate()
-    assert estimate.effective_steps > 0.9 * MEASURED_MEMORY
+    assert estimate.effective_steps >= estimate.needed
     assert estimate.b_simple == pytest.approx(50, rel=0.1)
+
+
+def sparse_stream(ema: RatioEMA, steps: int, g2: float, noise: float, rng) -> None:
+    """``steps`` measured steps, one in 50 training steps, of B_simple 50 at |G|² ``g2``."""
+    for _ in range(steps):
+        ema.update(g2 * (1 + noise * rng.standard_normal()), 50.0 * g2, steps=50)
+
+
+@pytest.mark.parametrize("noise", [0.5, 2.0, 4.0])
+def test_a_sparse_estimate_keeps_its_precision_whatever_the_noise(noise):
+    """However noisy the per-step values, the averages remember as many measured steps as
+    keep the relative standard error near TRACKING_RSE (a fixed memory of 100 measured steps
+    would read ±28% at the noisiest)."""
+    rng = np.random.default_rng(7)
+    ema = RatioEMA(window=1000)
+    sparse_stream(ema, 3000, 1.0, noise, rng)
+    estimate = ema.estimate()
+    rse = estimate.stderr / estimate.b_simple
+    assert 0.6 * TRACKING_RSE <= rse <= 1.35 * TRACKING_RSE or ema.memory == MIN_MEMORY
+    assert estimate.b_simple == pytest.approx(50, rel=3 * TRACKING_RSE)
+
+
+def test_the_mean_age_is_the_horizon_in_training_steps():
+    every, sparse = RatioEMA(window=1000), RatioEMA(window=1000)
+    feed(every, 20_000, 1.0, 50.0, 0.1)
+    assert every.mean_age == pytest.approx(999, rel=0.01)
+    rng = np.random.default_rng(9)
+    sparse_stream(sparse, 2000, 1.0, 0.3, rng)  # MIN_MEMORY measured steps, 50 apart
+    assert sparse.memory == MIN_MEMORY
+    assert sparse.mean_age == pytest.approx(50 * (MIN_MEMORY - 1), rel=0.05)
 
 
 def test_the_standard_error_is_calibrated():
