@@ -35,6 +35,7 @@ redirection is made on the class, for the models bsmon watches, not on the insta
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -50,10 +51,20 @@ from .source import Source, hook
 from .step_record import StepRecord
 
 COPY_ROOM = 0.25  # the local copy may take at most this share of the device's free memory
+ROOM_FRESH_S = 2.0  # free memory is read at most this often (a measured step asks each time)
 
 
 class CommHookTaken(RuntimeError):
     """The DDP model already has a communication hook, registered before attach()."""
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Memory a new tensor on ``device`` could take: free plus cached by the allocator."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return free + cached
+    return psutil.virtual_memory().available
 
 
 def _builtin_hooks() -> dict[Any, Callable]:
@@ -170,6 +181,7 @@ class DDPSource(Source):
         self._ddp = ddp
         _redirects.watch(ddp, self)
         self._copy_bytes = sum(p.numel() * p.element_size() for p in params)
+        self._room: tuple[float, int] | None = None  # (when read, free bytes)
         self._copies: list[tuple[Tensor, list[Tensor]]] = []  # this step's local buckets
         self._local: list[Tensor] = []  # this step's |l|² per bucket, when there is no copy
         self._deviation: Tensor | None = None  # |l − ḡ|², at the end of backward
@@ -192,13 +204,10 @@ class DDPSource(Source):
         self._end.touch()  # the averaged gradient is read once DDP has written it
 
     def _room_for_a_copy(self, device: torch.device) -> bool:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-            room = free + cached
-        else:
-            room = psutil.virtual_memory().available
-        return self._copy_bytes <= COPY_ROOM * room
+        now = time.monotonic()
+        if self._room is None or now - self._room[0] > ROOM_FRESH_S:
+            self._room = now, _free_bytes(device)
+        return self._copy_bytes <= COPY_ROOM * self._room[1]
 
     def _squared(self, pieces: list[Tensor], params: list[Tensor]) -> Tensor:
         """Σ|piece|² of a bucket's pieces, weighted like |p.grad|² (Adam's preconditioner)."""

@@ -67,7 +67,7 @@ def test_measured_after_unscaling_and_before_clipping():
             optimizer.zero_grad()
         assert mon.flush()
         noise = mon.stats()["noise"]
-        components = mon._noise.tracker.ema.estimate()
+        components = mon._noise.tracker.averages.estimate()
     assert scaler.get_scale() >= 2.0**20  # the scale really changed along the way
     assert within(noise["b_simple"], ISO_BIAS.truth()), noise
     # absolute units, as after unscale_ (mean reduction: the per-example gradient itself)

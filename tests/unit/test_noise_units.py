@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from bsmon.probes.noise import estimators
+from bsmon.probes.noise import ddp, estimators
 from bsmon.probes.noise.budget import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.sequential import pair_terms
@@ -252,3 +253,29 @@ def test_capture_and_read_on_the_cpu():
     captured = capture(values)
     assert read(captured) == [2.0, 3.0, 1.0]
     assert all(math.isfinite(v) for v in read(captured))
+
+
+def test_the_ddp_source_reads_free_memory_at_most_every_few_seconds(monkeypatch):
+    """Each measured DDP step asks whether a copy of the local gradient fits; the free memory
+    behind the answer is read once per ROOM_FRESH_S, not on every step."""
+    clock = SimpleNamespace(now=100.0)
+    free = {"bytes": 10**9}
+    reads = []
+
+    def free_bytes(device):
+        reads.append(clock.now)
+        return free["bytes"]
+
+    monkeypatch.setattr(ddp, "_free_bytes", free_bytes)
+    monkeypatch.setattr(ddp, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    source = ddp.DDPSource.__new__(ddp.DDPSource)
+    source._room, source._copy_bytes = None, 10**8
+    cpu = torch.device("cpu")
+    assert all(source._room_for_a_copy(cpu) for _ in range(100))
+    assert reads == [100.0]
+    free["bytes"] = 10**8  # the copy no longer fits in a quarter of it
+    clock.now += ddp.ROOM_FRESH_S / 2
+    assert source._room_for_a_copy(cpu)  # still the earlier reading
+    clock.now += ddp.ROOM_FRESH_S
+    assert not source._room_for_a_copy(cpu)
+    assert len(reads) == 2
