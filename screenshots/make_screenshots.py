@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,16 +27,52 @@ SHOTS = [  # (name, terminal size, keys pressed first)
 ]
 
 
+# One run of text in Rich's SVG: every cell of it is ``textLength`` / len(text) wide.
+TEXT_RUN = re.compile(
+    r'<text class="(?P<cls>[^"]*)" x="(?P<x>[\d.]+)" y="(?P<y>[\d.]+)" '
+    r'textLength="(?P<length>[\d.]+)" clip-path="url\(#(?P<clip>[^)]*)\)">(?P<text>[^<]*)</text>'
+)
+
+
+def braille_in_cells(svg_text: str) -> str:
+    """The SVG with each braille character (the charts) placed in its own cell.
+
+    Rich gives a run of text its width with ``textLength``, which librsvg ignores; no
+    installed monospace font has braille, so the fallback's wider glyphs would push a chart's
+    lines past its frame in the PNG. Placing every glyph at its cell keeps the picture true to
+    the terminal."""
+
+    def place(run: re.Match) -> str:
+        text = html.unescape(run["text"])
+        if not any("\u2800" <= c <= "\u28ff" for c in text):
+            return run[0]
+        cell = float(run["length"]) / len(text)
+        x = float(run["x"])
+        return "".join(
+            f'<text class="{run["cls"]}" x="{x + i * cell:.1f}" y="{run["y"]}" '
+            f'textLength="{cell:.1f}" clip-path="url(#{run["clip"]})">{html.escape(c)}</text>'
+            for i, c in enumerate(text)
+            if c != " "
+        )
+
+    return TEXT_RUN.sub(place, svg_text)
+
+
 def to_png(svg: Path) -> Path | None:
     png = svg.with_suffix(".png")
     if shutil.which("rsvg-convert"):
-        subprocess.run(["rsvg-convert", "-o", str(png), str(svg)], check=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as fixed:
+            fixed.write(braille_in_cells(svg.read_text(encoding="utf-8")))
+            fixed.flush()
+            subprocess.run(["rsvg-convert", "-o", str(png), fixed.name], check=True)
         return png
     try:
         import cairosvg
     except ImportError:
         return None
-    cairosvg.svg2png(url=str(svg), write_to=str(png))
+    cairosvg.svg2png(
+        bytestring=braille_in_cells(svg.read_text(encoding="utf-8")).encode(), write_to=str(png)
+    )
     return png
 
 
