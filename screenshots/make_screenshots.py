@@ -34,6 +34,10 @@ TEXT_RUN = re.compile(
 )
 
 
+def has_braille(text: str) -> bool:
+    return any("\u2800" <= c <= "\u28ff" for c in text)
+
+
 def braille_in_cells(svg_text: str) -> str:
     """The SVG with each braille character (the charts) placed in its own cell.
 
@@ -44,7 +48,7 @@ def braille_in_cells(svg_text: str) -> str:
 
     def place(run: re.Match) -> str:
         text = html.unescape(run["text"])
-        if not any("\u2800" <= c <= "\u28ff" for c in text):
+        if not has_braille(text):
             return run[0]
         cell = float(run["length"]) / len(text)
         x = float(run["x"])
@@ -60,9 +64,10 @@ def braille_in_cells(svg_text: str) -> str:
 
 def to_png(svg: Path) -> Path | None:
     png = svg.with_suffix(".png")
+    svg_text = braille_in_cells(svg.read_text(encoding="utf-8"))
     if shutil.which("rsvg-convert"):
         with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as fixed:
-            fixed.write(braille_in_cells(svg.read_text(encoding="utf-8")))
+            fixed.write(svg_text)
             fixed.flush()
             subprocess.run(["rsvg-convert", "-o", str(png), fixed.name], check=True)
         return png
@@ -70,9 +75,7 @@ def to_png(svg: Path) -> Path | None:
         import cairosvg
     except ImportError:
         return None
-    cairosvg.svg2png(
-        bytestring=braille_in_cells(svg.read_text(encoding="utf-8")).encode(), write_to=str(png)
-    )
+    cairosvg.svg2png(bytestring=svg_text.encode(), write_to=str(png))
     return png
 
 

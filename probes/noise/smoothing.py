@@ -74,6 +74,7 @@ class RatioEMA:
         self.w = 0.0  # Σ w
         self.w2 = 0.0  # Σ w²
         self.age = 0.0  # Σ w · (training steps since that measured step)
+        self.relative: float | None = None  # (se / B_simple)² at the latest update
         self.mean_g = 0.0
         self.mean_s = 0.0
         self.m2_g = 0.0  # Σ w (g − ḡ)²  (decayed Welford co-moments)
@@ -98,17 +99,15 @@ class RatioEMA:
         self.m2_g = beta * self.m2_g + dg * (g2 - self.mean_g)
         self.m2_s = beta * self.m2_s + ds * (trace - self.mean_s)
         self.c_gs = beta * self.c_gs + ds * (g2 - self.mean_g)
-        self._follow_spread()
+        enough = self.effective_steps >= self.needed
+        self.relative = self._relative_variance() if enough else None
+        if self.relative is not None:
+            self._follow_spread(self.relative)
 
-    def _follow_spread(self) -> None:
+    def _follow_spread(self, relative: float) -> None:
         """Remember as many measured steps as keep the relative standard error at
         ``TRACKING_RSE``: (per-step relative variance) / TRACKING_RSE² effective steps, which
         an EMA of memory M holds 2M − 1 of."""
-        if self.effective_steps < self.needed:
-            return
-        relative = self._relative_variance()
-        if relative is None:
-            return
         per_step = relative * self.effective_steps
         wanted = min(max((per_step / TRACKING_RSE**2 + 1) / 2, MIN_MEMORY), MAX_MEMORY)
         self.memory = max(wanted * self.memory_scale, (self.needed + 1) / 2)
@@ -119,14 +118,12 @@ class RatioEMA:
         self.reset()
         self.steps, self.memory = steps, memory
 
-    def log_ratio(self, z: float = Z95) -> tuple[float, float] | None:
-        """ln B_simple and its variance, once there is an estimate; else None."""
-        if self.steps == 0 or self.effective_steps < self.needed:
+    def log_ratio(self) -> tuple[float, float] | None:
+        """ln B_simple and its variance as of the latest update, once there is an estimate;
+        else None."""
+        if self.relative is None:
             return None
-        relative = self._relative_variance(z)
-        if relative is None:
-            return None
-        return math.log(self.mean_s / self.mean_g), relative
+        return math.log(self.mean_s / self.mean_g), self.relative
 
     @property
     def mean_age(self) -> float:
