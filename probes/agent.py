@@ -1,13 +1,15 @@
 """``attach()`` and the ``Monitor``: the part of bsmon that lives inside the training job.
 
-The training thread does O(1) work per step: a few attribute updates and one
-``deque.append`` of a small record (``runtime.inbox``). Aggregation, device sampling and the
+The training thread's part is ``runtime.hot_path``: per ordinary step one ``perf_counter``
+and one ``deque.append`` of a tuple in the optimizer's post-hook, and one ``deque.append`` per
+``mon.log``. Work that needs the training thread at some steps (a batch-size change, the noise
+scale's measured steps, the anatomy's sampled steps, DDP timing) is scheduled: the hot path
+calls ``Monitor._at_boundary`` at the steps it asked for. Aggregation, device sampling and the
 socket all live on the agent's daemon threads (``runtime.service.AgentService``).
 
 Why one module: ``Monitor`` is the composition root (it builds every wing's part and wires
 them together) and the public API of DESIGN.md; its training-thread methods are the targets
-of the optimizer's and the DataLoader's hooks and update its own state on every step, where
-an extra object between them would cost a lookup per step. Everything else lives in the
+of the DataLoader's hooks and of the hot path's scheduled boundaries. Everything else lives in the
 wings: option checks (``options``), identity (``runtime.session``), the inbox records, the
 recorder, the extensions.
 """
@@ -31,6 +33,7 @@ import torch
 
 from .anatomy.extension import AnatomyExtension
 from .anatomy.marks import PhaseMarks
+from .anatomy.sampling import AnatomySampler, stride_from_environment
 from .anatomy.verdict import LoaderFacts, loader_facts
 from .batch.control import BatchController, Pending
 from .batch.extension import BatchExtension
@@ -52,14 +55,21 @@ from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
-from .runtime.hooks import Progress, StepHooks
-from .runtime.inbox import Flush, Logged, StepEnded, make_inbox
-from .runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
-from .runtime.samples import StepSamples
+from .runtime.hot_path import LOGGED, NEVER, HotPath, Progress, StepWork
+from .runtime.inbox import Flush, make_inbox
+from .runtime.ranks import (
+    DDP_SAMPLE_EVERY,
+    DdpTiming,
+    RankExchange,
+    RanksExtension,
+    rank_summary,
+    store_for,
+)
+from .runtime.samples import CHECK_EVERY, StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
 from .runtime.session import default_name, private_temp_dir, session_info
 from .runtime.telemetry import Telemetry
-from .runtime.timing import ScalarError, StepClock, capture_scalar
+from .runtime.timing import StepClock
 from .summary import build as summary_build
 from .wire import discovery, protocol
 from .wire.protocol import Capability, Event, ProbeResult
@@ -130,8 +140,6 @@ class Monitor:
         # training-thread state
         self._progress = Progress()
         self._samples = StepSamples()
-        self._micro_batches = 0
-        self._batches_since_step: list[tuple[MonitoredDataLoader, list[int]]] = []
         self._inbox = make_inbox()
         self._guard = FaultGuard(self._emit_event, self._progress)
         self._warned: set[str] = set()
@@ -141,7 +149,10 @@ class Monitor:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self._clock = StepClock.for_parameters(params)
         self._phases = PhaseMarks(self._clock) if step_anatomy else None
+        stride, stride_error = stride_from_environment()
+        self._anatomy_sampler = AnatomySampler(stride)
         self._loader_facts: tuple[int, LoaderFacts] | None = None  # (iterator id, facts)
+        self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
@@ -170,6 +181,9 @@ class Monitor:
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
         self.telemetry.noise = self._noise.reading
+        self.telemetry.report = self._guard.report
+        self.telemetry.samples_reason = self._samples_reason
+        self.telemetry.duration_listeners.append(self._noise.on_duration)
         self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
         self.batch_control = self._make_batch_control(
@@ -181,9 +195,28 @@ class Monitor:
             rank=rank,
             world_size=world_size,
         )
-        self._hooks = StepHooks(optimizer, self._on_step_begin, self._on_step_end, self._guard)
-        self._closure_step = False  # the step in progress runs its backward pass inside
         self._reevaluates = isinstance(optimizer, torch.optim.LBFGS)
+        self._boundary_listeners: list[Callable[[bool], None]] = []
+        work = StepWork()
+        work.noise_step = self._noise.on_step
+        work.on_boundary = self._at_boundary
+        if self._phases is not None:
+            work.optimizer_starting = self._phases.optimizer_starting
+            work.take_marks = self._phases.take
+        self._hot = HotPath(
+            optimizer,
+            self._inbox,
+            self._progress,
+            self._guard,
+            work,
+            samples=self._samples,
+            examples=self._model_examples,
+            evals=self._evals,
+            reevaluates=self._reevaluates,
+        )
+        self._hot.control = self.batch_control
+        self._hot.need_pre_hook(self._noise.due(1))
+        self._hot.noise_due = self._noise.due(1)
         if self._reevaluates:
             self._noise.refuse(REEVALUATES)
         self._shared = (  # the estimate's only concern: nothing to watch when it is off
@@ -212,6 +245,8 @@ class Monitor:
         self._anatomy: AnatomyExtension | None = None
         if self._phases is not None:
             self._phases.install()
+            if stride_error is not None:
+                self._warn("anatomy_stride", stride_error)
             self._anatomy = self._anatomy_extension(world_size)
             extensions.append(self._anatomy)
         if world_size > 1 and ranks_view and (ranks := self._make_ranks(rank, world_size)):
@@ -280,6 +315,7 @@ class Monitor:
             noise_scale=lambda: self.noise_scale,
             sync=distributed.StepSync(group, rank) if group is not None else None,
             rank=rank,
+            wake=lambda: self._hot.wake(),  # noqa: PLW0108 (self._hot is made later)
         )
         register_batch_commands(self.router, controller)
         if rank != 0:
@@ -436,57 +472,75 @@ class Monitor:
             stacklevel=4,
         )
 
-    # -- training-thread hot path ------------------------------------------------------------
+    # -- training thread, at the steps the hot path was asked for ----------------------------
 
-    def _on_step_begin(self, closure: bool) -> None:
-        """A step given a closure runs its backward pass inside ``step()`` (Lightning's way):
-        its measurement is taken when the step ends, not before the closure has run."""
-        self._closure_step = closure
-        if not closure:
-            self._noise.on_step()
-        if self._phases is not None:
-            self._phases.optimizer_starting(time.perf_counter())
-
-    def _on_step_end(self) -> None:
-        if self._closure_step:
-            self._noise.on_step()  # numbers the step it measured as the pre-hook would
-        if self._shared is not None:
-            self._shared.step_ended()
-        self._progress.step += 1
+    def _at_boundary(self, step: int, now: float) -> int:
+        """The slow path at the end of ``step``: apply what is due and get the next step
+        ready; returns the next step whose end needs it."""
+        following = NEVER
         control = self.batch_control
-        watching = self._watch.armed  # before its first step ends, the model is not watched
-        drawing = self._samples.drawing
-        model_examples = self._model_examples.take(one_batch=self._reevaluates)
-        samples, size = self._samples.end_step(
-            model_examples, control.size if control is not None else None
-        )
-        # nothing counts this job's samples and no batch size was declared: count the model's
-        # inputs (see forward_watch; this keeps a global forward hook registered)
-        self._model_examples.want(not drawing and control is None)
-        if samples is None and watching and self.telemetry.samples_note is None:
-            self.telemetry.samples_note = reason = self._samples_reason()
-            self._warn("samples_not_counted", reason)
-        self._micro_batches = 0
-        if self._batches_since_step:
-            self._batches_since_step = []
-        now = time.perf_counter()
-        eval_s = self._evals.take(now)
-        self._inbox.append(
-            StepEnded(
-                self._progress.step,
-                time.time(),
-                self._clock.mark(now),
-                samples,
-                size,
-                eval_s,
-                self._phases.take() if self._phases is not None else None,
-            )
-        )
         if control is not None:
             control.at_step_boundary()
-        self._ddp_timing.at_step(self._progress.step)
+            pending = control.pending is not None and control.apply_at is None
+            if control.size != control.last_good or control.synced or pending:
+                following = step + 1  # the change's first step ends: it is the last good size
+        if self._ddp_timing.model is not None:
+            self._ddp_timing.at_step(step)
+            following = min(following, (step // DDP_SAMPLE_EVERY + 1) * DDP_SAMPLE_EVERY)
         if not self._watch.armed:
             self._watch.arm()
+        following = min(following, self._prepare_example_count(step, control))
+        noise_due = self._prepare_noise(step)
+        sampling = self._prepare_anatomy(step, now)
+        hot = self._hot
+        hot.noise_due, hot.sampling = noise_due, sampling
+        hot.need_pre_hook(noise_due or sampling)
+        for listener in self._boundary_listeners:
+            listener(sampling)
+        if noise_due or sampling:
+            return min(following, step + 1)
+        noise_next = self._noise.next_measured - 1 if self._noise.source is not None else NEVER
+        anatomy_next = self._anatomy_sampler.next_step - 1 if self._phases is not None else NEVER
+        return min(following, noise_next, anatomy_next)
+
+    def _prepare_example_count(self, step: int, control: Any) -> int:
+        """Count the model's examples on step + 1 if nothing else says its samples (no
+        DataLoader, no declared size), and the step the count next changes at."""
+        tally, counter = self.telemetry.tally, self._model_examples
+        wanted = control is None and tally.counts_model_examples(step + 1)
+        if wanted is not counter.wanted:
+            counter.want(wanted)
+        if control is not None or tally.batches_seen:
+            return NEVER
+        if wanted and tally.steady is not None:
+            return step + 1  # a check: off again after it
+        return (step // CHECK_EVERY + 1) * CHECK_EVERY - 1  # the next check, or steadiness
+
+    def _prepare_noise(self, step: int) -> bool:
+        """Whether step + 1 is measured; its hooks (and the shared-backward watch) on if so."""
+        noise, shared = self._noise, self._shared
+        due = noise.due(step + 1)
+        if due:
+            noise.arm()
+        if shared is not None:
+            if shared.armed:
+                shared.step_ended()
+            if due and noise.source is not None:
+                shared.arm()
+            else:
+                shared.disarm()
+        return due
+
+    def _prepare_anatomy(self, step: int, now: float) -> bool:
+        """Whether step + 1 is one the anatomy samples; its marks armed if so."""
+        phases = self._phases
+        if phases is None or not phases.installed:
+            return False
+        if not self._anatomy_sampler.due(step + 1):
+            phases.disarm()
+            return False
+        phases.arm(now)
+        return phases.armed
 
     def _on_loader(self, iterator: Any, batch: Any, started: float, finished: float) -> None:
         """Any DataLoader's batch (loader_watch): training or evaluation activity; a
@@ -497,15 +551,31 @@ class Monitor:
                 self._evals.evaluate(finished)
                 return
             self._evals.train(finished)
-            if self._phases is not None and batch is not None:
+            if self._phases is not None and self._hot.sampling and batch is not None:
                 self._phases.batch(started, finished)
                 if self._loader_facts is None or self._loader_facts[0] != id(iterator):
                     self._loader_facts = (id(iterator), loader_facts(iterator))
             n = batch_length(batch) if batch is not None else None
-            if n is not None and not isinstance(iterator._index_sampler, DynamicBatchSampler):
-                self._samples.draw(n, loader_watch.nominal_batch_size(iterator))
+            if n is None:
+                return
+            known = self._loader_sizes
+            if known[0]() is not iterator:  # a new iterator (an epoch): its facts, once
+                known = self._loader_sizes = self._sizes_of(iterator)
+            if known[1]:
+                self._samples.draw(n, known[2])
         except Exception as exc:
             self._guard.report("DataLoader batch accounting", exc)
+
+    @staticmethod
+    def _sizes_of(iterator: Any) -> tuple[Callable[[], Any], bool, int | None]:
+        """(a weak reference to the iterator, whether its batches count as samples here — not
+        bsmon's own resizable loader's, which counts them itself — and its nominal size)."""
+        try:
+            ref: Callable[[], Any] = weakref.ref(iterator)
+        except TypeError:
+            ref = lambda: None  # noqa: E731  (never matches: looked up on every batch)
+        counted = not isinstance(iterator._index_sampler, DynamicBatchSampler)
+        return ref, counted, loader_watch.nominal_batch_size(iterator)
 
     def _on_root_pass(self, root_pass: RootPass, _output: Any) -> None:
         if root_pass.grad and root_pass.training:
@@ -513,19 +583,25 @@ class Monitor:
         else:
             self._evals.evaluate(time.perf_counter())
 
-    def _samples_reason(self) -> str:
+    def _samples_reason(self, step: int) -> str | None:
+        """Agent thread: why step ``step``'s samples are unknown, warned once (None for the
+        first step: the model's inputs are counted from the second on)."""
+        if step <= 1:
+            return None
         seen = self._watch.blocked() or "the model's own forward was not called"
-        return (
+        reason = (
             f"samples not counted: no DataLoader batch was seen and {seen}; "
             "attach(..., batch_size=N) declares them"
         )
+        self._warn("samples_not_counted", reason)
+        return reason
 
     def _on_batch(self, loader: MonitoredDataLoader, batch: Any, indices: list[int]) -> None:
         try:
             n = batch_length(batch)
             size = n if n is not None else len(indices)
             self._samples.count(size, one_pass=True)
-            self._batches_since_step.append((loader, indices))
+            self._hot.batches_since_step.append((loader, indices))
             self.probe_source.offer(batch, size)
             if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
                 self._warn_uneven_batch(size)
@@ -595,22 +671,28 @@ class Monitor:
     def should_step(self) -> bool:
         """Accumulation mode: call once per micro-batch, after backward; True when the loop
         should call ``optimizer.step()`` (every ``accumulation_steps`` micro-batches)."""
-        self._micro_batches += 1
-        return self._micro_batches >= self.accumulation_steps
+        self._hot.micro_batches += 1
+        return self._hot.micro_batches >= self.accumulation_steps
 
     def log(self, **scalars: Any) -> None:
-        """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU."""
-        try:
-            values = {}
-            for key, value in scalars.items():
-                try:
-                    values[key] = capture_scalar(key, value)
-                except ScalarError as exc:
-                    self._guard.report(f"log({key}=...)", exc)
-            if values:
-                self._inbox.append(Logged(self._progress.step, values))
-        except Exception as exc:
-            self._guard.report("log()", exc)
+        """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU.
+
+        Part of the hot path (``runtime.hot_path``): one append; the agent thread reads the
+        values soon after, and reports one it cannot show as a number. A tensor is read then,
+        not now: log a fresh one (the loss, ``acc / n``), not one the loop changes in place
+        afterwards (``acc.zero_()``: log ``acc.clone()``)."""
+        self._inbox.append((LOGGED, self._progress.step, scalars))
+
+    def record_backward_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Tensor.backward`` that also shows the tensor as the loss (``bsmon run``): one
+        append on the training thread; the agent thread keeps it if it is a scalar."""
+        return self._hot.loss_at_backward(original)
+
+    def at_scheduled_boundaries(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(sampled)`` on the training thread at each step boundary the hot
+        path schedules (at least at every step before and after a sampled one): ``sampled``
+        says whether the next step is one the step anatomy samples."""
+        self._boundary_listeners.append(listener)
 
     def dataloader(self, dataset: Any, **kwargs: Any) -> MonitoredDataLoader:
         """A DataLoader whose batch size follows ``mon.batch_size`` for every batch."""
@@ -687,14 +769,15 @@ class Monitor:
         self.optimizer.zero_grad(set_to_none=True)
         release_memory()
         requeued = 0
-        for loader, indices in self._batches_since_step:
+        for loader, indices in self._hot.batches_since_step:
             loader.requeue(indices)
             requeued += len(indices)
-        self._batches_since_step = []
+        self._hot.batches_since_step = []
         self._samples.discard()
         if self._phases is not None:
             self._phases.discard()
-        self._micro_batches = 0
+        self._hot.micro_batches = 0
+        self._hot.wake()
         if fallback != control.size:
             control.switch(Pending(fallback, f"out of memory at {failed}", "oom guard"))
         again = (
@@ -762,7 +845,7 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
-        self._hooks.remove()
+        self._hot.remove()
         if self._shared is not None:
             self._shared.remove()
         loader_watch.unsubscribe(self._on_loader)

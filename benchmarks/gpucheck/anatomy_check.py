@@ -12,6 +12,7 @@ Runs on a CPU as well (tests/processes/test_gpu_check.py runs it there).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .procs import Deadline
@@ -31,6 +32,7 @@ def measure(device: str, batch: int, steps: int = STEPS) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from bsmon.probes import attach
+    from bsmon.probes.anatomy.sampling import STRIDE_VARIABLE
 
     torch.manual_seed(0)
     model, inputs, loss_fn, _ = MODELS["cnn"][0](batch)
@@ -51,7 +53,12 @@ def measure(device: str, batch: int, steps: int = STEPS) -> dict[str, Any]:
 
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+    os.environ[STRIDE_VARIABLE] = "1"  # every step timed: the same steps as the profiler's
+    try:
+        mon = attach(model, optimizer, serve=False, record=False, noise_scale=None)
+    finally:
+        del os.environ[STRIDE_VARIABLE]
+    with mon:
         for _ in range(WARMUP):
             step(ranges=False)
         with profile(activities=activities) as prof:

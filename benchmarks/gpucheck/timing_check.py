@@ -1,12 +1,13 @@
-"""Step times from CUDA events against synchronize-bracketed timing, and proof that the
-training thread never synchronizes.
+"""The agent's step times against synchronize-bracketed timing, and proof that the training
+thread never synchronizes.
 
 The steps are benchmarks/overhead.py's CNN on the GPU, its batch doubled until a step takes
 at least 4 ms (the device, not the host, sets the pace, as in real training).
 
-1. Events: blocks with the agent attached (its StepClock marks, its DurationResolver turns
-   them into durations; a telemetry tap collects each one) alternate with blocks of the same
-   steps, each bracketed by ``torch.cuda.synchronize()`` and timed on the host.
+1. Step times: blocks with the agent attached (its step times are host time between the
+   optimizer's post-hooks, which in steady state follows the device; a telemetry tap collects
+   each one) alternate with blocks of the same steps, each bracketed by
+   ``torch.cuda.synchronize()`` and timed on the host.
 2. Overhead: overhead.py's interleaved blocks — no agent, the agent attached and serving with
    a monitor reading — plus a control that synchronizes after every step, which shows what a
    hidden synchronization would cost here.

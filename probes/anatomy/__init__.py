@@ -1,10 +1,12 @@
 """Step anatomy: where each training step's time goes — waiting for data, forward, backward,
-the optimizer, the all-reduce wait and the rest — live, on every step, and a verdict in words.
+the optimizer, the all-reduce wait and the rest — live, on a random sample of steps, and a
+verdict in words.
 
 Modules, one job each:
 
 - ``marks``: the training thread's O(1) signals (DataLoader batches, backward passes, the
   optimizer step) as timing marks: wall clock on a CPU, CUDA events on a GPU;
+- ``sampling``: which steps are timed (one in every 4 to 12, drawn at random);
 - ``phases``: one step's marks turned into seconds per phase (agent thread);
 - ``window``: the last steps' totals and each history interval's;
 - ``verdict``: input-, communication-, host- or compute-bound, with evidence and advice;

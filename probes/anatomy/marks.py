@@ -1,11 +1,18 @@
-"""The training thread's side: the boundaries of each step's phases, O(1) per signal.
+"""The training thread's side: the boundaries of a sampled step's phases, O(1) per signal.
 
-Four signals mark a step: a training batch arriving from a DataLoader (``loader_watch``), a
-backward pass starting and ending (``torch.autograd.backward`` wrapped once for the process:
-``loss.backward()`` goes through it), and the optimizer step starting (its pre-hook). The step
-ends at the optimizer's post-hook. Each boundary is a timing mark (``timing.StepClock``): a
-``perf_counter`` reading on a CPU, a CUDA event recorded on the current stream on a GPU, so
-the phases come out in device time there without the training thread ever waiting.
+The anatomy measures a sample of steps (``ANATOMY_STRIDE``: one step in every 4 to 12, drawn
+at random so that no periodic pattern of the job aliases with it); the shares of a window of
+sampled steps are the shares of the run. Off the sampled steps nothing here runs: the
+backward wrapper is installed when a sampled step is about to start (``arm``) and removed
+after it (``disarm``).
+
+Four signals mark a sampled step: a training batch arriving from a DataLoader
+(``loader_watch``), a backward pass starting and ending (``torch.autograd.backward`` wrapped
+while armed: ``loss.backward()`` goes through it), and the optimizer step starting (its
+pre-hook). The step runs from the previous step's end (``arm``) to its own post-hook
+(``take``). Each boundary is a timing mark (``timing.StepClock``): a ``perf_counter`` reading
+on a CPU, a CUDA event recorded on the current stream on a GPU, so the phases come out in
+device time there without the training thread ever waiting.
 
 Only the training thread's signals count (the thread that steps the optimizer): a backward
 pass run by another thread is someone else's.
@@ -35,13 +42,15 @@ class PassMarks(NamedTuple):
 
 
 class StepMarks(NamedTuple):
-    """One step's boundaries, handed to the agent thread with the step."""
+    """One sampled step's boundaries, handed to the agent thread with the step."""
 
     passes: tuple[PassMarks, ...]
     optimizer: Mark | None  # the optimizer step's start
     optimizer_t: float | None
     data_s: float  # host seconds inside DataLoader.__next__ for this step's training batches
     batches: int  # training batches drawn from a DataLoader in this step
+    begin: Mark | None = None  # the previous step's end
+    end: Mark | None = None  # this step's end
 
 
 class PhaseMarks:
@@ -49,6 +58,8 @@ class PhaseMarks:
 
     def __init__(self, clock: StepClock) -> None:
         self._clock = clock
+        self.armed = False
+        self._begin: Mark | None = None
         self._thread: int | None = None
         self._passes: list[PassMarks] = []
         self._batch: Mark | None = None
@@ -61,14 +72,28 @@ class PhaseMarks:
         self.why_not: str | None = None  # why backward passes are not seen
 
     def install(self) -> None:
-        starting = self._backward_starting if self._clock.device is not None else None
-        self.why_not = backward_calls.subscribe(self._backward, starting)
+        """Find out whether backward passes can be seen (the wrapper goes in at ``arm``)."""
+        self.why_not = backward_calls.why_not()
         self.installed = self.why_not is None
 
     def remove(self) -> None:
-        starting = self._backward_starting if self._clock.device is not None else None
-        backward_calls.unsubscribe(self._backward, starting)
+        self.disarm()
         self.installed = False
+
+    def arm(self, now: float) -> None:
+        """The next step is sampled: it begins ``now`` (the step that just ended)."""
+        if not self.armed and self.installed:
+            starting = self._backward_starting if self._clock.device is not None else None
+            self.why_not = backward_calls.subscribe(self._backward, starting)
+            self.armed = self.why_not is None
+        self.take(now)  # forget what came between the steps
+        self._begin = self._clock.mark(now)
+
+    def disarm(self) -> None:
+        if self.armed:
+            starting = self._backward_starting if self._clock.device is not None else None
+            backward_calls.unsubscribe(self._backward, starting)
+            self.armed = False
 
     def batch(self, start: float, end: float) -> None:
         """A training batch arrived (its ``__next__`` ran from ``start`` to ``end``)."""
@@ -81,13 +106,19 @@ class PhaseMarks:
         self._optimizer_t = now
         self._optimizer = self._clock.mark(now)
 
-    def take(self) -> StepMarks:
-        """The step that just ended; the next one starts empty."""
+    def take(self, now: float | None = None) -> StepMarks:
+        """The sampled step that just ended (``now``); the next one starts empty."""
         marks = StepMarks(
-            tuple(self._passes), self._optimizer, self._optimizer_t, self._data_s, self._batches
+            tuple(self._passes),
+            self._optimizer,
+            self._optimizer_t,
+            self._data_s,
+            self._batches,
+            self._begin,
+            self._clock.mark(now) if now is not None else None,
         )
         self._passes = []
-        self._batch = self._optimizer = self._optimizer_t = None
+        self._batch = self._optimizer = self._optimizer_t = self._begin = None
         self._data_s = 0.0
         self._batches = 0
         return marks

@@ -3,8 +3,11 @@ switch happens on the training thread at the next step boundary.
 
 A request that passes the policy but that the memory model predicts above 90% of the device
 budget, or that is above the size a probe found to fit, or at a size that already ran out of
-memory, is refused until it is sent again with ``confirm``. Every switch is an event; once
-enough steps have run at the new size, a second event says what it bought in throughput.
+memory, is refused until it is sent again with ``confirm``. Every switch is an event; a
+second, once enough steps ran at the new size, says what it bought in throughput.
+
+Why one module: a request, its pending switch, the DDP agreement on the step it applies at and
+its throughput verdict are one state machine whose transitions share one lock.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class BatchController:
         noise_scale: Callable[[], float | None],
         sync: StepSync | None = None,
         rank: int = 0,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.size = initial
         self.micro = micro_batch_size
@@ -105,6 +109,8 @@ class BatchController:
         self._step = step
         self._noise_scale = noise_scale
         self._sync = sync
+        self.synced = sync is not None  # the ranks agree at step boundaries: every one counts
+        self._wake = wake  # asks the training thread for the next step boundary
         self._rank = rank
         self._in_flight: Pending | None = None
         self._callbacks: list[BatchCallback] = []
@@ -143,6 +149,7 @@ class BatchController:
             if not confirm and (why := self.confirmation_reason(value)) is not None:
                 raise NeedsConfirmation(why, value)
             self.pending = Pending(value, reason or "requested", source)
+            self._wake()
             step = self._step()
             result = BatchSizeResult(old=self.size, new=value, step=step)
             if self.apply_at is None:

@@ -13,6 +13,10 @@
 - wraps ``Tensor.backward``, so the scalar the script calls ``backward()`` on is shown as its
   loss (as the script computed it: divided for accumulation, or scaled by AMP, if it is).
 
+Once attached, the per-step cost is the monitor's own (``runtime.hot_path``) plus one append
+in ``backward()``: the global hook is registered only around the steps the anatomy samples,
+where it notices a second optimizer.
+
 A process that never steps an optimizer (torchrun's launcher, DataLoader workers, tools)
 never attaches: no thread, no socket. It leaves ``bsmon run`` a note (``run_notes``) saying
 why — a script that calls ``backward()`` but updates its parameters by hand is told apart
@@ -104,7 +108,9 @@ class AutoAttach:
         self._first = 0  # the job's batch size, from the first training batch
         self._backwards = 0  # backward() calls before the first optimizer step
         self._unwrap: list[Any] = []  # puts back what install() changed
-        self._hook: Any = None
+        self._hook: Any = None  # torch's global step pre-hook, while registered
+        self._original_backward: Any = None
+        self._backward: Any = None  # the wrapper install() put on Tensor.backward
         self._notes: tuple[Path, str] | None = None  # (bsmon directory, run id) of bsmon run
         self._script_attached = False
         self._started = time.time()
@@ -125,6 +131,16 @@ class AutoAttach:
             self._notes = (discovery.default_dir(), run_id)
             atexit.register(self._at_exit)
 
+    def uninstall(self) -> None:
+        """Undo ``install()`` and close the monitor (in-process tests and benchmarks; a
+        ``bsmon run`` process keeps the agent until it exits)."""
+        self._unwrap_all()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.monitor is not None:
+            self.monitor.close()
+
     def _unwrap_all(self) -> None:
         while self._unwrap:
             self._unwrap.pop()()
@@ -139,7 +155,28 @@ class AutoAttach:
             return original(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward  # type: ignore[method-assign]
+        self._original_backward, self._backward = original, backward
         self._unwrap.append(lambda: setattr(torch.Tensor, "backward", original))
+
+    def _lean_after_attach(self, monitor: Any) -> None:
+        """Once attached, the per-step cost drops to the monitor's own: ``backward()`` hands
+        its tensor over in one append, and the global step hook (there to find the first
+        optimizer) watches for other optimizers only around the steps the anatomy samples."""
+        if torch.Tensor.backward is self._backward:  # not wrapped again by someone since
+            lean = monitor.record_backward_loss(self._original_backward)
+            torch.Tensor.backward = lean  # type: ignore[method-assign]
+        monitor.at_scheduled_boundaries(self._watch_other_optimizers)
+
+    def _watch_other_optimizers(self, sampled: bool) -> None:
+        """At a step boundary (not inside torch's loop over the global hooks, which may not
+        change while it runs): the global hook on for a sampled step, off otherwise."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        if sampled and self._hook is None:
+            self._hook = register_optimizer_step_pre_hook(self._pre_step)
+        elif not sampled and self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     # -- training-thread callbacks -------------------------------------------------------------
 
@@ -187,6 +224,7 @@ class AutoAttach:
             except Exception as exc:
                 self._stand_down(f"could not attach ({type(exc).__name__}: {exc})")
             if self.monitor is not None:
+                self._lean_after_attach(self.monitor)
                 self._leave_note()  # said now: a job killed later never reaches its atexit
                 loader_watch.unsubscribe(self._on_batch)  # the batches drawn before it count
                 if self._total:  # toward the first step; the monitor counts the later ones

@@ -111,11 +111,15 @@ class ExampleCounter:
         self._known = known  # the job says its batches itself: no forward hook is needed
         self.pending = 0
         self.largest = 0  # the largest single pass among them
+        self.wanted = False  # the last want(): read by the hot path, which calls want() on change
         watch.on_root(self._count)
 
     def want(self, counting: bool) -> None:
         """Count the next step's examples; only when the job does not say them itself (a
         DataLoader, a declared batch size), for the forward hook makes every call dearer."""
+        if counting and not self.wanted:
+            self.pending = self.largest = 0  # passes seen for other holders do not count
+        self.wanted = counting
         if counting and not self._known():
             self._watch.hold(self._holder)
         else:

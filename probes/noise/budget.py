@@ -3,6 +3,7 @@ from how much longer measured steps really take. Timing only, never the gradient
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -64,6 +65,40 @@ class Budget:
         extra = measured.median - plain.median  # type: ignore[operator]
         return min(max(extra, cost), 3 * cost)
 
+    def add_duration(self, measured: bool, duration: float | None) -> None:
+        """A step's duration (agent thread): a measured one, or another."""
+        if duration is not None and duration > 0:
+            (self.measured_times if measured else self.plain_times).add(duration)
+
+    def gap(
+        self,
+        measured: bool,
+        cost: float,
+        step_time: float | None,
+        steps: int = 1,
+        free: bool = False,
+    ) -> int:
+        """At a step the estimator saw (``cost`` of it in the hooks; ``steps`` since the last
+        call, this one included): how many steps ahead the next one to measure is (1: the
+        next). ``free``: the step was measured outside the budget (the warm-up): learn its
+        price, charge nothing. The bucket is credited for every step in between, so calling
+        this only at measured steps decides exactly as calling it at every step would."""
+        if measured and cost > 0:
+            self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
+        fraction, price = self.fraction, self.price
+        base = self.plain_times.median or step_time
+        if fraction is None or fraction >= 1 or not base or price is None:
+            ahead = 1
+        else:
+            per_step = fraction * base
+            self.credit += per_step * steps - (price if measured and not free else 0.0)
+            self.credit = min(self.credit, 2 * price)  # no bursts after a long pause
+            short = price - self.credit
+            ahead = 1 if short <= 0 else 1 + math.ceil(short / per_step)
+        keep = 0.98**steps
+        self.share = keep * self.share + (1 - keep) * (measured / steps)
+        return ahead
+
     def next(
         self,
         measured: bool,
@@ -72,20 +107,6 @@ class Budget:
         duration: float | None = None,
         free: bool = False,
     ) -> bool:
-        """After a step (``duration`` long, ``cost`` of it in the hooks): measure the next?
-        ``free``: the step was measured outside the budget (the warm-up): learn its price,
-        charge nothing."""
-        if duration is not None and duration > 0:
-            (self.measured_times if measured else self.plain_times).add(duration)
-        if measured and cost > 0:
-            self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
-        fraction, price = self.fraction, self.price
-        base = self.plain_times.median or step_time
-        if fraction is None or fraction >= 1 or not base or price is None:
-            decision = True
-        else:
-            self.credit += fraction * base - (price if measured and not free else 0.0)
-            self.credit = min(self.credit, 2 * price)  # no bursts after a long pause
-            decision = self.credit >= price
-        self.share = 0.98 * self.share + 0.02 * decision
-        return decision
+        """Called at every step (``duration`` long): measure the next one?"""
+        self.add_duration(measured, duration)
+        return self.gap(measured, cost, step_time, 1, free) == 1

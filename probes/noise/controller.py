@@ -16,9 +16,11 @@ Modes (``attach(..., noise_scale=...)``):
 ``None``
     off.
 
-Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook (one
-record appended to a deque). Agent thread: ``agent_tick`` reads records, smooths, and writes
-``telemetry.noise``.
+Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook of the
+steps it measures (one record appended to a deque); the per-example source is not looked at
+on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
+the step before). Agent thread: ``agent_tick`` reads records, smooths, and writes
+``telemetry.noise``; ``on_duration`` feeds the budget the steps' durations.
 
 Why one module: choosing a source, switching it as the job starts or stops accumulating, and
 refusing with a reason all act on the one source in use and the reading shown for it.
@@ -110,7 +112,9 @@ class NoiseScale:
         self.budget = Budget(budget)
         self._step_time = step_time
         self._last_measured = 0
-        self._last_wall: float | None = None  # perf_counter at the previous optimizer step
+        self._last_call = 0  # the step of the previous on_step
+        self.next_measured = 1  # the next step whose pre-hook calls on_step
+        self._measured_steps: set[int] = set()  # measured, their durations not yet seen
         self.phase = WARMING_UP
         self._phase_steps = 0  # steps since the estimate (re)started
         self._examples_hint = examples_hint
@@ -248,7 +252,8 @@ class NoiseScale:
 
     def on_step(self) -> None:
         """At the optimizer's pre-step hook (post-step for a step given a closure, whose
-        backward pass runs inside it): hand this step's record to the agent thread."""
+        backward pass runs inside it), on the steps ``next_measured`` names (the hot path asks
+        only then): hand this step's record to the agent thread and choose the next step."""
         source = self.source
         if source is None:
             return
@@ -259,6 +264,8 @@ class NoiseScale:
                     source.exclude_params(ids, UNACCOUNTED)
             step = self._step() + 1
             measured = source.measuring
+            if measured:
+                self._measured_steps.add(step)
             gap = step - self._last_measured if self._last_measured else 1
             record = source.take_record(step, max(1, gap))
             if record is not None:
@@ -267,21 +274,48 @@ class NoiseScale:
             counts_passes = measured or isinstance(source, MicrobatchSource)
             if self.mode == "auto" and self._ddp is None and counts_passes:
                 self._maybe_switch(source.last_backwards)
-            now = time.perf_counter()
-            duration = now - self._last_wall if self._last_wall is not None else None
-            self._last_wall = now
+            steps = step - self._last_call if self._last_call else 1
+            self._last_call = step
             waiting = self._waiting_for_accumulation()
             warming = not waiting and self._warming_up()
-            measure_next = self.budget.next(
-                measured, source.take_cost(), self._step_time(), duration, free=warming
+            ahead = self.budget.gap(
+                measured, source.take_cost(), self._step_time(), max(1, steps), free=warming
             )
-            self.source.set_measuring(  # type: ignore[union-attr]
-                (measure_next or warming) and not waiting
-            )
-            if isinstance(self.source, PerExampleSource) and self.source.refused:
-                self._per_example_refused(self.source.refused)
+            source = self.source
+            if source is None:
+                return
+            if warming:
+                ahead = 1
+            if isinstance(source, PerExampleSource):
+                self.next_measured = step + ahead  # the steps between are not even looked at
+            else:
+                self.next_measured = step + 1  # micro-batches, DDP: passes counted every step
+            source.set_measuring(ahead == 1 and not waiting)
+            if isinstance(source, PerExampleSource) and source.refused:
+                self._per_example_refused(source.refused)
         except Exception as exc:
             self._guard.report("noise scale: step", exc)
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one whose pre-step hook must call ``on_step``."""
+        return self.source is not None and step >= self.next_measured
+
+    def arm(self) -> None:
+        """The next step is the one ``next_measured`` names: the per-example source measures
+        it (training thread). The other sources see every step, and ``on_step`` decides."""
+        source = self.source
+        if isinstance(source, PerExampleSource) and not source.measuring:
+            source.set_measuring(True)
+
+    def on_duration(self, step: int, duration: float | None) -> None:
+        """A step's duration (agent thread): what measured and other steps take, for the
+        budget's price."""
+        measured = step in self._measured_steps
+        if measured:
+            self._measured_steps.discard(step)
+        elif len(self._measured_steps) > BACKLOG:
+            self._measured_steps.clear()  # steps whose durations never came (a reset)
+        self.budget.add_duration(measured, duration)
 
     def _waiting_for_accumulation(self) -> bool:
         """auto fell back to micro-batch norms and the job does not accumulate: measuring a
@@ -361,6 +395,7 @@ class NoiseScale:
             new.set_measuring(old.measuring and not auto_microbatch)
         self.source = new
         self._last_measured = 0
+        self.next_measured = 0  # from the next step on, as the new source decides
         self.phase, self._phase_steps = WARMING_UP, 0
         self._auto_microbatch = auto_microbatch
         self._accumulating_steps = self._single_steps = 0

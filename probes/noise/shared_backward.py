@@ -7,9 +7,11 @@ step). Per-step gradient statistics of the discriminator are then not defined, a
 is its noise scale. Two models trained side by side in one process, each with its own loss,
 are fine: neither's backward pass reaches the other.
 
-So: a gradient hook on one trainable parameter counts the backward passes that reach this
-model; when another optimizer steps parameters outside this model and such a pass came after
-this optimizer's last step, the pattern is found. (Several optimizers over the parameters of
+So: while the noise scale measures (``arm`` at the end of the step before a measured one,
+``disarm`` after it: nothing is registered on the steps between), a gradient hook on one
+trainable parameter counts the backward passes that reach this model; when another optimizer
+steps parameters outside this model and such a pass came after this optimizer's last step,
+the pattern is found. (Several optimizers over the parameters of
 one model, one per parameter group, share its backward pass: fine.) One counter bump per
 backward pass; nothing on the model (a tensor hook on a parameter is not pickled or copied
 with it)."""
@@ -40,12 +42,26 @@ class SharedBackward:
         self.passes = 0  # backward passes that reached this model
         self._at_step = 0  # ... as of this optimizer's last step
         self.found = False
-        sentinel = next(
+        self._sentinel = next(
             (p for g in optimizer.param_groups for p in g["params"] if p.requires_grad), None
         )
-        self._handles: list[Any] = [register_optimizer_step_pre_hook(self._any_step)]
-        if sentinel is not None:
-            self._handles.append(sentinel.register_hook(self._reached))
+        self._handles: list[Any] = []
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    def arm(self) -> None:
+        """Watch from now (the end of this optimizer's step) on."""
+        if self._handles or self.found:
+            return
+        self._at_step = self.passes
+        self._handles.append(register_optimizer_step_pre_hook(self._any_step))
+        if self._sentinel is not None:
+            self._handles.append(self._sentinel.register_hook(self._reached))
+
+    def disarm(self) -> None:
+        self.remove()
 
     def _reached(self, _grad: torch.Tensor) -> None:
         self.passes += 1

@@ -2,10 +2,11 @@
 
 Modules, one job each:
 
-- ``hooks``: optimizer step hooks that count each ``optimizer.step()`` once, and the count;
+- ``hot_path``: all bsmon does on the training thread per step (the optimizer's hooks, which
+  count each ``optimizer.step()`` once, record it, and run the scheduled slow path);
 - ``inbox``: the records the training thread hands to the agent thread;
 - ``session``: who this process is (the session the protocol and the record describe);
-- ``timing``: step marks on the training thread, resolved into durations on the agent;
+- ``timing``: timing marks (wall clock, or CUDA events on a GPU) for the sampled steps;
 - ``samples``: the samples of each step, and the batch size a person would say;
 - ``evaluation``: evaluation time inside the loop, kept apart from step time;
 - ``forward_watch``, ``loader_watch``, ``call_watch``: the model's forward passes, every

@@ -12,7 +12,6 @@ removed with the last (if it is still the one installed: someone may have wrappe
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import time
@@ -57,6 +56,13 @@ class CallWatch:
             if not self._subscribers and self._installed is not None:
                 self._uninstall()
 
+    def why_not(self) -> str | None:
+        """Why the calls cannot be seen (None: they can), without installing anything."""
+        if self._installed is not None:
+            return None
+        found = self._locate()
+        return found if isinstance(found, str) else None
+
     @property
     def installed(self) -> bool:
         return self._installed is not None
@@ -97,13 +103,16 @@ class CallWatch:
 
     def _call_starting(self) -> None:
         for callback in self._starting:
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (contextlib.suppress costs 3 calls per step)
                 callback()
+            except Exception:  # a subscriber reports its own errors; the job never sees one
+                pass
 
     def _notify(self, args: tuple, result: Any, started: float) -> None:
         finished = time.perf_counter()
         first = args[0] if args else None
         for callback in self._subscribers:
-            # a subscriber reports its own errors; the job must never see one
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (free in CPython 3.11 unless raised; suppress costs 3 calls)
                 callback(first, result, started, finished)
+            except Exception:  # a subscriber reports its own errors; the job never sees one
+                pass

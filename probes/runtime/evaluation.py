@@ -11,17 +11,29 @@ long (a false stall, a wrong p99). The training thread signals what it sees, O(1
 An evaluation span starts where training activity last stopped (the end of the previous step,
 or a training batch drawn after it) and ends at its last evaluation signal: from the moment
 training paused to the end of the last evaluation batch or pass. ``take(t)`` at the end of a
-step returns the step's evaluation seconds and starts the next window at ``t``.
+step returns the step's evaluation seconds and starts the next window at ``t``. The hot path
+calls it only when ``pending`` (an evaluation signal since the last step) and otherwise just
+stores each step's end in ``step_end``, where training activity last stopped.
 """
 
 from __future__ import annotations
 
 
 class EvalClock:
-    __slots__ = ("_closed", "_eval_end", "_eval_start", "_last_train", "spans")
+    __slots__ = (
+        "_closed",
+        "_eval_end",
+        "_eval_start",
+        "_last_train",
+        "pending",
+        "spans",
+        "step_end",
+    )
 
     def __init__(self, now: float) -> None:
         self._last_train = now
+        self.step_end = now  # the latest step's end (the hot path writes it)
+        self.pending = False  # an evaluation signal came since the last take()
         self._eval_start: float | None = None  # the open span's start
         self._eval_end = 0.0
         self._closed = 0.0  # seconds of the spans already closed in this step window
@@ -33,8 +45,9 @@ class EvalClock:
         self._last_train = max(self._last_train, t)
 
     def evaluate(self, t: float) -> None:
+        self.pending = True
         if self._eval_start is None:
-            self._eval_start = self._last_train
+            self._eval_start = max(self._last_train, self.step_end)
             self._eval_end = t
             self.spans += 1
         self._eval_end = max(self._eval_end, t)
@@ -45,7 +58,8 @@ class EvalClock:
             self._eval_end = min(self._eval_end, now)
             self._close()
         seconds, self._closed = self._closed, 0.0
-        self._last_train = now
+        self._last_train = self.step_end = now
+        self.pending = False
         return seconds
 
     def _close(self) -> None:

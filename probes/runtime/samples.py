@@ -11,23 +11,39 @@ From the best source there is, in this order:
 4. the batch size declared with ``attach(..., batch_size=N)``.
 
 None of these: the samples are unknown (``None``, shown as n/a with the reason), never 0.
+
+The training thread keeps only the running counts of sources 1 and 2 (``StepSamples``) and
+hands them over at each step's end; the agent thread weighs the sources (``StepTally``).
+
+Source 3 costs every module call a global forward hook, so it is read on every step only until
+the count has been the same for ``STEADY_AFTER`` steps in a row (a script that cuts a fixed
+batch by hand, like nanoGPT's ``get_batch``); from then on one step in ``CHECK_EVERY`` is
+counted and the steps between take the steady count. A checked step that differs ends that
+for good: every step is counted again.
 """
 
 from __future__ import annotations
 
 from ..batch.loader import NominalBatch
 
+Taken = tuple[int, int | None]  # a step's samples from sources 1–2 and its first batch's size
+NOT_COUNTED = -1  # the model's examples were not counted on this step (a steady count holds)
+STEADY_AFTER = 32  # equal counts in a row before the model's examples are only checked
+CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in this many
+
 
 class StepSamples:
+    """Training thread: the samples the job's batches say, as they come."""
+
     def __init__(self) -> None:
-        self.nominal = NominalBatch()
         self.last_batch: int | None = None  # the latest training batch: one pass's examples
+        self.drawing = False  # this step has samples from sources 1 or 2
+        self.passes_known = False  # the last step's batches were seen one by one (a DataLoader)
         self._counted = 0
         self._counted_first: int | None = None
         self._drawn = 0
         self._drawn_first: int | None = None
         self._one_pass_each = False
-        self.passes_known = False  # the last step's batches were seen one by one (a DataLoader)
 
     def count(self, samples: int, batch_size: int | None = None, *, one_pass: bool = False) -> None:
         """The job's own count (source 1); ``batch_size``: the step's first batch, default
@@ -38,6 +54,7 @@ class StepSamples:
         self._counted += samples
         if self._counted_first is None:
             self._counted_first = batch_size or samples or None
+        self.drawing = True
 
     def draw(self, examples: int, loader_batch_size: int | None) -> None:
         """A training batch from a DataLoader (source 2)."""
@@ -46,31 +63,66 @@ class StepSamples:
         self._drawn += examples
         if self._drawn_first is None:
             self._drawn_first = loader_batch_size or examples
+        self.drawing = True
 
     @property
     def so_far(self) -> int:
         """The step's samples until now (its micro-batches so far)."""
         return self._counted or self._drawn
 
-    @property
-    def drawing(self) -> bool:
-        """Whether this step has samples from sources 1 or 2 (no need to count the model's)."""
-        return bool(self._counted or self._drawn)
-
-    def end_step(self, model_examples: int, declared: int | None) -> tuple[int | None, int | None]:
-        """The step's samples and the job's batch size, then a fresh step."""
-        samples = self._counted or self._drawn or model_examples or declared or None
-        if declared is not None:
-            size: int | None = declared
-        else:
-            first = self._counted_first or self._drawn_first or model_examples or None
-            size = self.nominal.update(first)
+    def take(self) -> Taken:
+        """At the step's end (only when ``drawing``): its samples and first batch's size, then
+        a fresh step."""
+        taken = (self._counted or self._drawn, self._counted_first or self._drawn_first)
         self.passes_known = self._one_pass_each
         self.discard()
-        return samples, size
+        return taken
 
     def discard(self) -> None:
         """Forget the step's samples so far (they will run again: the OOM guard)."""
         self._counted, self._counted_first = 0, None
         self._one_pass_each = False
         self._drawn, self._drawn_first = 0, None
+        self.drawing = False
+
+
+class StepTally:
+    """Agent thread: each step's samples and the job's batch size, from what the training
+    thread handed over."""
+
+    def __init__(self) -> None:
+        self.nominal = NominalBatch()
+        self.batches_seen = False  # the job's batches say its samples (sources 1–2)
+        self.steady: int | None = None  # the model's examples per step, while steady
+        self.varies = False  # a checked step differed from the steady count: count them all
+        self._run = 0
+        self._last = 0
+
+    def counts_model_examples(self, step: int) -> bool:
+        """Whether ``step`` needs the model's examples counted (source 3)."""
+        if self.batches_seen:
+            return False
+        return self.steady is None or step % CHECK_EVERY == 0
+
+    def resolve(
+        self, taken: Taken | None, model_examples: int, declared: int | None
+    ) -> tuple[int | None, int | None]:
+        drawn, first = taken if taken is not None else (0, None)
+        if drawn:
+            self.batches_seen = True
+        if model_examples == NOT_COUNTED:
+            model_examples = self.steady or 0
+        elif not drawn and declared is None and model_examples:
+            self._follow(model_examples)
+        samples = drawn or model_examples or declared or None
+        if declared is not None:
+            return samples, declared
+        return samples, self.nominal.update(first or model_examples or None)
+
+    def _follow(self, examples: int) -> None:
+        if self.steady is not None and examples != self.steady:
+            self.steady, self.varies = None, True
+        self._run = self._run + 1 if examples == self._last else 1
+        self._last = examples
+        if self._run >= STEADY_AFTER and not self.varies:
+            self.steady = examples

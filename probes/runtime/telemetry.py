@@ -19,8 +19,10 @@ from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
-from .inbox import Flush, Logged, StepEnded
-from .timing import Captured, DurationResolver, read_scalar
+from .hot_path import LOGGED, LOSS, STEP
+from .inbox import Flush, StepEnded
+from .samples import StepTally
+from .timing import Captured, CudaMark, ScalarError, capture_scalar, elapsed, read_scalar
 
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
@@ -34,6 +36,10 @@ def training_time(duration: float | None, eval_s: float) -> float | None:
         return duration
     rest = duration - eval_s
     return rest if rest > 0 else None
+
+
+def _no_report(_where: str, _exc: BaseException) -> None:
+    return None
 
 
 class StepTap(Protocol):
@@ -91,8 +97,9 @@ class Telemetry:
         self.noise = NoiseScaleReading()
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
-        self._resolver = DurationResolver()
-        self._step_meta: deque[StepEnded] = deque()  # the steps whose durations are pending
+        self.tally = StepTally()
+        self._steps: deque[StepEnded] = deque()  # taken in, waiting for their phase marks
+        self._previous_end: float | None = None  # the previous step's end (perf_counter)
         self.anatomy = PhaseWindow()
         self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
@@ -107,15 +114,25 @@ class Telemetry:
         # Sees every resolved step and scalar (agent thread): on_step(StepDone) and
         # on_scalar(name, value). The session recorder uses it.
         self.tap: StepTap | None = None
+        self.duration_listeners: list[Callable[[int, float | None], None]] = []
+        self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
+        # why a step's samples are unknown (None: they are not; called once per session)
+        self.samples_reason: Callable[[int], str | None] = lambda _step: None
 
     # -- ingest (agent thread) ----------------------------------------------------------------
 
     def ingest(self, record: object) -> bool:
         """Take one inbox record; False: not one of telemetry's (it goes to the extensions)."""
-        if isinstance(record, StepEnded):
-            self._add_step(record)
-        elif isinstance(record, Logged):
-            self._pending_scalars.extend(record.values.items())
+        if type(record) is tuple:
+            kind = record[0]
+            if kind == STEP:
+                self._add_step(record)
+            elif kind == LOGGED:
+                self._capture(record[2])
+            elif kind == LOSS:
+                self._capture_loss(record[2])
+            else:
+                return False
         elif isinstance(record, Event):
             self.add_event(record)
         elif isinstance(record, Flush):
@@ -124,17 +141,38 @@ class Telemetry:
             return False
         return True
 
-    def _add_step(self, record: StepEnded) -> None:
-        self.step = record.step
-        if record.samples is not None:
-            self.samples = (self.samples or 0) + record.samples
-        elif not self.samples:
-            self.samples = None  # nothing counted yet: unknown, not zero
-        self.batch_size = record.batch_size
-        self.last_step_time = record.wall
-        self._resolver.add(record.mark)
-        self._step_meta.append(record)
-        self.eval_s += record.eval_s
+    def _add_step(self, record: tuple) -> None:
+        """A step the hot path recorded: ``(STEP, step, end, taken, model_examples, declared,
+        eval_s, marks)`` (see ``runtime.hot_path.HotPath._post_hook``)."""
+        _, step, end, taken, model_examples, declared, eval_s, marks = record
+        samples, size = self.tally.resolve(taken, model_examples, declared)
+        self.step = step
+        if samples is not None:
+            self.samples = (self.samples or 0) + samples
+        else:
+            if not self.samples:
+                self.samples = None  # nothing counted yet: unknown, not zero
+            if self.samples_note is None:
+                self.samples_note = self.samples_reason(step)
+        self.batch_size = size
+        self.last_step_time = wall = time.time() - (time.perf_counter() - end)
+        self._steps.append(StepEnded(step, wall, end, samples, size, eval_s, marks))
+        self.eval_s += eval_s
+
+    def _capture(self, scalars: dict[str, object]) -> None:
+        for name, value in scalars.items():
+            try:
+                self._pending_scalars.append((name, capture_scalar(name, value)))
+            except (ScalarError, RuntimeError) as exc:
+                self.report(f"log({name}=...)", exc)
+
+    def _capture_loss(self, loss: object) -> None:
+        """The tensor ``backward()`` was called on (bsmon run): the loss when it is a scalar."""
+        try:
+            if loss.numel() == 1:  # type: ignore[attr-defined]
+                self._pending_scalars.append(("loss", capture_scalar("loss", loss)))
+        except (ScalarError, RuntimeError) as exc:
+            self.report("reading the loss at backward()", exc)
 
     def add_event(self, event: Event) -> None:
         self.events.append(event)
@@ -147,17 +185,30 @@ class Telemetry:
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
         tap = self.tap
-        for resolved in self._resolver.resolve():
-            ended = self._step_meta.popleft()
-            duration = training_time(resolved.duration, ended.eval_s)
+        steps = self._steps
+        while steps:
+            ended = steps[0]
+            marks = ended.marks
+            end = marks.end if marks is not None else None
+            if isinstance(end, CudaMark) and not end.event.query():
+                break  # the sampled step's device work is still running; keep the order
+            steps.popleft()
+            previous, self._previous_end = self._previous_end, ended.end
+            duration = (
+                training_time(ended.end - previous, ended.eval_s) if previous is not None else None
+            )
             self._window.add_step(duration, ended.samples)
             self._second.add_step(duration, ended.samples)
+            for listener in self.duration_listeners:
+                listener(ended.step, duration)
             phases = None
-            if ended.marks is not None and duration is not None:
-                phases = phases_of(ended.marks, resolved.begin, resolved.end, duration)
+            if marks is not None and marks.begin is not None:
+                span = training_time(elapsed(marks.begin, marks.end), ended.eval_s)
+                if span is not None:
+                    phases = phases_of(marks, marks.begin, marks.end, span)
                 if phases is not None:
                     phases = with_comm(phases, self.comm_sample())
-                    self.anatomy.add(duration, phases)
+                    self.anatomy.add(span, phases)  # type: ignore[arg-type]
             if tap is not None:
                 tap.on_step(
                     StepDone(

@@ -1,13 +1,16 @@
-"""Step marks taken on the training thread and resolved into durations on the agent thread.
+"""Timing marks and logged scalars, read without ever waiting for the device.
 
-On the CPU a mark is ``time.perf_counter()``. On a GPU it is a CUDA event recorded on the
-current stream: recording is asynchronous, and the agent thread only calls ``query()`` (never
-``synchronize()``), so the training thread never waits for the device. The duration between
-two consecutive step-end marks is the full iteration as the device saw it, data loading and
-Python overhead included.
+A step's time is host time: the ``perf_counter`` difference between consecutive optimizer
+post-hooks (``hot_path``), which on a GPU is the pace the training loop keeps. The marks here
+serve the steps the anatomy samples: on the CPU a mark is ``time.perf_counter()``; on a GPU it
+is a CUDA event recorded on the current stream (asynchronous), and the agent thread only calls
+``query()``, never ``synchronize()``. ``DurationResolver`` turns a run of marks into
+durations (the GPU check's reference timing uses it).
 
-Logged scalars follow the same rule: a CUDA tensor is copied to pinned host memory with
-``non_blocking=True`` and read once its event has completed.
+Logged scalars follow the same rule: the agent thread copies a CUDA tensor to pinned host
+memory with ``non_blocking=True`` on the device's current stream of the agent thread (the
+default stream, which the training loop uses unless it set one of its own) and reads it once
+its event has completed.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ Captured = float | torch.Tensor | PendingScalar
 
 
 def capture_scalar(name: str, value: Any) -> Captured:
-    """Training thread: keep what is needed to read ``value`` later, without a device sync."""
+    """Agent thread: keep what is needed to read ``value`` later, without a device sync."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ScalarError(

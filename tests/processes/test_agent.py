@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from bsmon.probes import attach
-from bsmon.probes.runtime.timing import StepClock
+from bsmon.probes.runtime import hot_path
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
@@ -108,22 +108,22 @@ def test_an_exception_in_bsmon_code_never_reaches_the_job(job, bsmon_dir, monkey
     try:
         conn.hello()
 
-        def broken(_self, _now):
+        def broken():
             raise ZeroDivisionError("injected")
 
-        # deep inside both step hooks: the step anatomy's mark at the start of the
-        # optimizer step, the step's own at its end
-        monkeypatch.setattr(StepClock, "mark", broken)
+        # inside the optimizer's post-step hook, on every step: its clock reading
+        monkeypatch.setattr(hot_path, "perf_counter", broken)
         for _ in range(10):
             job.step(mon)  # must not raise
+        monkeypatch.undo()
         assert mon.flush()
-        assert mon.stats()["errors"] == 20
+        assert mon.stats()["errors"] == 10 and mon.step == 10
         event = conn.wait_for(protocol.Event, timeout=5)
         while event.kind != "agent_error":
             event = conn.wait_for(protocol.Event, timeout=5)
         assert "ZeroDivisionError" in event.message and event.level == "error"
         metrics = [m for m in conn.messages(1.5) if isinstance(m, protocol.Metrics)]
-        assert metrics and metrics[-1].errors == 20
+        assert metrics and metrics[-1].errors == 10
     finally:
         conn.close()
         mon.close()

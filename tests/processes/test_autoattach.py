@@ -209,3 +209,36 @@ def test_bsmon_run_leaves_a_script_that_attaches_itself_to_do_so(bsmon_dir):
     assert (
         result.stdout.strip() == "1 the script attaches bsmon itself; bsmon run leaves it to that"
     )
+
+
+def test_once_attached_bsmon_run_costs_one_append_at_backward_and_still_sees_a_second_optimizer(
+    bsmon_dir,
+):
+    agent = AutoAttach("lean")
+    original_backward = torch.Tensor.backward
+    model, critic = nn.Linear(3, 1), nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    other = torch.optim.SGD(critic.parameters(), lr=0.01)
+    agent.install()
+    hooked_steps = 0
+    try:
+        for step in range(60):
+            hooked_steps += agent._hook is not None
+            loss = model(torch.ones(4, 3)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            critic(torch.ones(4, 3)).sum().backward()
+            other.step()
+            if step == 0:  # attached at the first step: the wrappers are the lean ones now
+                assert torch.Tensor.backward not in (agent._backward, original_backward)
+        mon = agent.monitor
+        assert mon.flush()
+        # the loss shown is the last scalar backward() ran on (the critic's, here)
+        last_critic = critic(torch.ones(4, 3)).sum().item()
+        assert abs(mon.stats()["scalars"]["loss"] - last_critic) < 0.05 * abs(last_critic) + 1e-3
+        notes = [e.message for e in mon.telemetry.events if "another optimizer" in e.message]
+        assert len(notes) == 1  # seen on a sampled step, said once
+        assert 2 <= hooked_steps <= 60 // 3  # the global hook only around the sampled steps
+    finally:
+        agent.uninstall()
+    assert torch.Tensor.backward is original_backward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -13,6 +14,12 @@ from bsmon.probes import attach
 from bsmon.probes.anatomy import marks as anatomy_marks
 from bsmon.probes.anatomy.marks import PassMarks, StepMarks
 from bsmon.probes.anatomy.phases import phases_of
+from bsmon.probes.anatomy.sampling import (
+    DEFAULT_STRIDE,
+    STRIDE_VARIABLE,
+    AnatomySampler,
+    stride_from_environment,
+)
 from bsmon.probes.anatomy.verdict import (
     SETTLE,
     Judgement,
@@ -192,7 +199,13 @@ def train(loader, model, steps: int, **options):
     return stats["anatomy"], truth
 
 
-def test_an_input_bound_job_shows_its_injected_data_share_within_five_points():
+@pytest.fixture
+def every_step(monkeypatch):
+    """The anatomy times every step (it samples one in 4 to 12 by default)."""
+    monkeypatch.setenv(STRIDE_VARIABLE, "1")
+
+
+def test_an_input_bound_job_shows_its_injected_data_share_within_five_points(every_step):
     torch.manual_seed(0)
     loader = DataLoader(SleepyImages(0.003), batch_size=8)  # 24 ms of sleep per batch
     reading, truth = train(loader, mlp(256), steps=60)
@@ -206,7 +219,50 @@ def test_an_input_bound_job_shows_its_injected_data_share_within_five_points():
     assert parts == pytest.approx(reading["step_s"], rel=1e-6)
 
 
-def test_a_compute_heavy_job_is_compute_bound():
+def test_sampled_steps_are_split_as_truly_as_every_step():
+    torch.manual_seed(0)
+    model = mlp(256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    dataset = SleepyImages(0.003)
+    sampled_wall = sampled_inside = 0.0
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        before = (time.perf_counter(), 0.0)
+        for step, (x, y) in enumerate(DataLoader(dataset, batch_size=8), 1):
+            sampled = mon._hot.sampling  # decided at the previous step's end
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            now = (time.perf_counter(), dataset.inside)
+            if sampled:
+                sampled_wall += now[0] - before[0]
+                sampled_inside += now[1] - before[1]
+            before = now
+            if step == 160:
+                break
+        assert mon.flush()
+        reading = mon.stats()["anatomy"]
+    assert reading is not None and 159 // 12 <= reading["steps"] <= 159 // 4 + 1
+    share = reading["data_s"] / reading["step_s"]
+    assert abs(share - sampled_inside / sampled_wall) <= 0.05, (share, reading)
+
+
+def test_the_stride_variable_is_read_and_a_wrong_one_is_said():
+    assert stride_from_environment("1") == ((1, 1), None)
+    assert stride_from_environment("2-6") == ((2, 6), None)
+    for wrong in ("0", "6-2", "every", "1-x"):
+        stride, why = stride_from_environment(wrong)
+        assert stride == DEFAULT_STRIDE and why is not None and STRIDE_VARIABLE in why
+
+
+def test_the_sampler_times_one_step_in_its_stride_and_never_two_in_a_row():
+    sampler = AnatomySampler((4, 12))
+    timed = [step for step in range(1, 2001) if sampler.due(step)]
+    gaps = [b - a for a, b in itertools.pairwise(timed)]
+    assert timed[0] == 2 and min(gaps) == 4 and max(gaps) == 12
+    assert 7.0 < sum(gaps) / len(gaps) < 9.0  # uniform on 4..12: a mean of 8
+
+
+def test_a_compute_heavy_job_is_compute_bound(every_step):
     torch.manual_seed(0)
     # whole batches made ahead (collating 256 samples one by one would itself take a share)
     batches = [(torch.randn(256, FEATURES), torch.randint(0, 10, (256,))) for _ in range(30)]
@@ -222,16 +278,25 @@ def test_a_compute_heavy_job_is_compute_bound():
     assert reading["data_s"] / reading["step_s"] < 0.2
 
 
-def test_anatomy_off_adds_no_wrapper_and_closing_removes_it():
+def test_the_backward_wrapper_is_there_only_on_sampled_steps_and_closing_removes_it():
     model = mlp(8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     original = torch.autograd.backward
+    x, y = torch.randn(4, FEATURES), torch.randint(0, 10, (4,))
+
+    def wrapped_steps(mon, steps: int) -> int:
+        wrapped = 0
+        for _ in range(steps):
+            wrapped += torch.autograd.backward is not original
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return wrapped
+
     with attach(model, optimizer, serve=False, record=False, step_anatomy=False) as mon:
-        assert torch.autograd.backward is original
-        assert mon.stats()["anatomy"] is None
-    with attach(model, optimizer, serve=False, record=False):
-        assert torch.autograd.backward is not original
-        assert anatomy_marks.backward_calls.installed
+        assert wrapped_steps(mon, 20) == 0 and mon.stats()["anatomy"] is None
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        wrapped = wrapped_steps(mon, 200)
+        assert 199 // 12 <= wrapped <= 199 // 4 + 1  # one step in 4 to 12
     assert torch.autograd.backward is original and not anatomy_marks.backward_calls.installed
 
 
@@ -254,7 +319,7 @@ def test_a_backward_on_another_thread_is_not_this_jobs():
     assert marks.passes == ()
 
 
-def test_the_record_summary_and_replay_carry_the_breakdown(tmp_path):
+def test_the_record_summary_and_replay_carry_the_breakdown(tmp_path, every_step):
     from bsmon.probes.summary.build import summarize_record
     from bsmon.probes.summary.markdown import render_markdown
     from bsmon.tui.replay import RecordSource, load_replay

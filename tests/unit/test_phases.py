@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bsmon.probes.runtime.evaluation import EvalClock
-from bsmon.probes.runtime.samples import StepSamples
+from bsmon.probes.runtime.samples import StepSamples, StepTally
 
 
 def test_no_evaluation_no_time_taken():
@@ -49,33 +49,48 @@ def test_evaluation_never_reaches_past_the_step_end():
     assert clock.take(2.0) == pytest.approx(2.0)
 
 
+class Steps:
+    """The training thread's counts handed to the agent thread's tally, as the hot path does."""
+
+    def __init__(self):
+        self.samples, self.tally = StepSamples(), StepTally()
+
+    def end_step(self, model_examples, declared):
+        taken = self.samples.take() if self.samples.drawing else None
+        return self.tally.resolve(taken, model_examples, declared)
+
+
 def test_the_jobs_own_count_wins_over_loaders_and_the_model():
-    samples = StepSamples()
+    steps = Steps()
+    samples = steps.samples
     samples.count(16, 8)
     samples.draw(16, 8)  # the same batches, seen again through the DataLoader
-    assert samples.end_step(model_examples=0, declared=None) == (16, 8)
+    assert steps.end_step(model_examples=0, declared=None) == (16, 8)
 
 
 def test_loader_batches_then_the_models_inputs_then_the_declared_size():
-    samples = StepSamples()
+    steps = Steps()
+    samples = steps.samples
     samples.draw(8, 8)
     samples.draw(8, 8)
-    assert samples.end_step(model_examples=99, declared=None) == (16, 8)
-    assert samples.end_step(model_examples=12, declared=None) == (12, 8)  # one step at 12
-    assert samples.end_step(model_examples=0, declared=64) == (64, 64)
-    assert samples.end_step(model_examples=0, declared=None) == (None, 8)  # unknown, not 0
+    assert steps.end_step(model_examples=99, declared=None) == (16, 8)
+    assert steps.end_step(model_examples=12, declared=None) == (12, 8)  # one step at 12
+    assert steps.end_step(model_examples=0, declared=64) == (64, 64)
+    assert steps.end_step(model_examples=0, declared=None) == (None, 8)  # unknown, not 0
 
 
 def test_a_short_last_batch_is_not_a_new_batch_size_but_a_kept_change_is():
-    samples = StepSamples()
+    steps = Steps()
+    samples = steps.samples
     sizes = []
     for drawn in (32, 32, 4, 32, 16, 16):
         samples.draw(drawn, None)
-        sizes.append(samples.end_step(model_examples=0, declared=None)[1])
+        sizes.append(steps.end_step(model_examples=0, declared=None)[1])
     assert sizes == [32, 32, 32, 32, 32, 16]
 
 
 def test_the_loaders_own_batch_size_is_the_jobs():
-    samples = StepSamples()
+    steps = Steps()
+    samples = steps.samples
     samples.draw(4, 32)  # the epoch's short last batch of a loader built with batch_size=32
-    assert samples.end_step(model_examples=0, declared=None) == (4, 32)
+    assert steps.end_step(model_examples=0, declared=None) == (4, 32)

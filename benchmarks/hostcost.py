@@ -1,0 +1,338 @@
+"""What bsmon costs the training thread per step: Python calls (counted, deterministic) and
+microseconds (timed side by side), on steps small enough to be all fixed host overhead.
+
+On a GPU a small or medium model's step is host-bound, so every Python call bsmon makes on
+the training thread is added to the step. The same cost shows on a CPU with a step that is
+mostly PyTorch's own fixed overhead: ``tiny`` is ``nn.Linear(16, 16)`` at batch 4 (~160 µs
+here), ``mid`` an MLP 256-512-512-10 at batch 16 (~0.9 ms).
+
+Counts: cProfile on the training thread only (CPython's profiler is per thread), one profile
+per step, every category — bsmon's own functions and the builtins, torch and stdlib calls
+they cause — minus the same loop without bsmon. An *ordinary* step is the most common count
+(a step the noise scale does not measure and the anatomy does not sample); the mean includes
+the measured and sampled ones.
+
+Times: rounds of blocks, one block per configuration in an order rotated every round, each
+block a fresh attach, untimed warm-up steps, then timed steps; the figure is the median over
+rounds of (configuration − bare) per step, with its interquartile range. Printed, never
+asserted: the counts are pinned in ``tests/unit/test_hot_path.py``.
+
+    python benchmarks/hostcost.py                      # counts and times, tiny model
+    python benchmarks/hostcost.py --model mid --rounds 15
+    python benchmarks/hostcost.py --counts-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ROOT = Path(__file__).resolve().parent.parent
+BSMON_DIRS = (str(ROOT / "probes"), str(ROOT / "tui"))
+TORCH_DIR = str(Path(torch.__file__).parent)
+STDLIB_DIR = os.path.dirname(os.__file__)
+
+Step = Callable[[], None]
+
+
+@dataclass
+class Loop:
+    """One training step of a model, with an optional logging call after it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    x: torch.Tensor
+    y: torch.Tensor
+    log: Callable[[torch.Tensor], None] | None = None
+    batches: Iterator | None = None  # a DataLoader's, drawn each step (else x and y again)
+
+    def step(self) -> None:
+        if self.batches is not None:
+            self.x, self.y = next(self.batches)
+        loss = nn.functional.mse_loss(self.model(self.x), self.y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.log is not None:
+            self.log(loss)
+
+
+MODELS = ("tiny", "mid", "tiny-loader")
+
+
+def endless(loader: DataLoader) -> Iterator:
+    while True:
+        yield from loader
+
+
+def make_loop(model_name: str) -> Loop:
+    """``tiny``, ``mid``, or ``tiny-loader``: the tiny step drawing its batch from a
+    DataLoader (the per-batch hook's cost)."""
+    torch.manual_seed(0)
+    if model_name.startswith("tiny"):
+        model: nn.Module = nn.Linear(16, 16)
+        x, y = torch.randn(4, 16), torch.randn(4, 16)
+    else:
+        model = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+        x, y = torch.randn(16, 256), torch.randn(16, 10)
+    loop = Loop(model, torch.optim.SGD(model.parameters(), lr=1e-3), x, y)
+    if model_name.endswith("loader"):
+        data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 16))
+        loop.batches = endless(DataLoader(data, batch_size=4))
+    return loop
+
+
+# -- configurations: each one sets a loop up and gives back how to take it down ---------------
+
+Setup = Callable[[Loop], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def bare(_loop: Loop) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def floor(loop: Loop) -> Iterator[None]:
+    """The least the same step record could cost: one post-hook, one clock, one append."""
+    inbox: deque = deque(maxlen=4096)
+    clock, append = time.perf_counter, inbox.append
+    handle = loop.optimizer.register_step_post_hook(lambda *_: append(clock()))
+    yield
+    handle.remove()
+
+
+def bsmon(**options: object) -> Setup:
+    @contextlib.contextmanager
+    def setup(loop: Loop) -> Iterator[None]:
+        from bsmon.probes import attach
+
+        with tempfile.TemporaryDirectory() as where:
+            record = Path(where) / "run.jsonl" if options.get("record") else False
+            settings = {"serve": False, **options, "record": record}
+            with attach(loop.model, loop.optimizer, **settings) as mon:  # type: ignore[arg-type]
+                loop.log = lambda loss: mon.log(loss=loss)
+                yield
+                loop.log = None
+
+    return setup
+
+
+@contextlib.contextmanager
+def zero_code(loop: Loop) -> Iterator[None]:
+    """What ``bsmon run`` loads into an unmodified script (in this process: the same agent,
+    without the process boot)."""
+    from bsmon.probes.launch.autoattach import AutoAttach
+
+    agent = AutoAttach("hostcost")
+    agent.install()
+    try:
+        yield
+    finally:
+        agent.uninstall()
+
+
+@contextlib.contextmanager
+def tensorboard(loop: Loop) -> Iterator[None]:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with tempfile.TemporaryDirectory() as where:
+        writer = SummaryWriter(where)
+        steps = iter(range(10**9))
+        loop.log = lambda loss: writer.add_scalar("loss", loss.item(), next(steps))
+        yield
+        loop.log = None
+        writer.close()
+
+
+@contextlib.contextmanager
+def weights_and_biases(loop: Loop) -> Iterator[None]:
+    import wandb
+
+    with tempfile.TemporaryDirectory() as where:
+        run = wandb.init(mode="offline", dir=where, project="hostcost")
+        loop.log = lambda loss: run.log({"loss": loss.item()})
+        yield
+        loop.log = None
+        run.finish()
+
+
+NO_NOISE = {"noise_scale": None}
+DECLARED = {"batch_size": 4}  # as the README's attach() does; bsmon run declares none
+CONFIGS: dict[str, Setup] = {
+    "bare": bare,
+    "floor: perf_counter + append in a post-hook": floor,
+    "telemetry (noise, anatomy, record off)": bsmon(**NO_NOISE, **DECLARED, step_anatomy=False),
+    "+ step anatomy": bsmon(**NO_NOISE, **DECLARED),
+    "+ record": bsmon(**NO_NOISE, **DECLARED, record=True),
+    "defaults (noise scale on its budget)": bsmon(**DECLARED, record=True),
+    "noise scale every step": bsmon(**DECLARED, record=True, noise_budget=None),
+    "defaults, no batch size declared": bsmon(record=True),
+    "bsmon run (zero-code)": zero_code,
+    "TensorBoard add_scalar(loss.item())": tensorboard,
+    "W&B offline run.log(loss.item())": weights_and_biases,
+}
+WARMUP = {
+    "defaults (noise scale on its budget)": 800,
+    "defaults, no batch size declared": 800,
+    "bsmon run (zero-code)": 800,
+}
+
+
+def available(name: str) -> str | None:
+    """Why a configuration cannot run here, or None."""
+    package = {"TensorBoard": "tensorboard", "W&B": "wandb"}.get(name.split(maxsplit=1)[0])
+    if package is not None:
+        try:
+            __import__(package)
+        except ImportError:
+            return f"{name}: left out, {package} is not installed (pip install {package})"
+    return None
+
+
+# -- counting ---------------------------------------------------------------------------------
+
+
+def category(code: object) -> str:
+    if isinstance(code, str):
+        return "C"  # a builtin: cProfile names it by a string
+    filename = getattr(code, "co_filename", "")
+    if filename.startswith(BSMON_DIRS):
+        return "bsmon"
+    if filename.startswith(TORCH_DIR):
+        return "torch"
+    if filename.startswith(STDLIB_DIR):
+        return "stdlib"
+    if filename.startswith("<"):
+        return "generated"
+    return "other"
+
+
+def calls_of_one_step(step: Step) -> Counter[str]:
+    """The Python calls one step makes on this thread, by category."""
+    profile = cProfile.Profile()
+    profile.enable()
+    step()
+    profile.disable()
+    counts: Counter[str] = Counter()
+    for entry in profile.getstats():
+        counts[category(entry.code)] += entry.callcount
+    return counts
+
+
+@dataclass(frozen=True)
+class CallCount:
+    ordinary: int  # the most common step's added calls
+    mean: float  # over all counted steps
+    bsmon: int  # of the ordinary step's, bsmon's own functions
+    by_category: dict[str, int]  # the ordinary step's, added per category
+
+
+def count_calls(
+    setup: Setup, model_name: str = "tiny", steps: int = 300, warmup: int = 50
+) -> CallCount:
+    """Calls added per step against the bare loop (both counted the same way)."""
+
+    def per_step(config: Setup) -> list[Counter[str]]:
+        loop = make_loop(model_name)
+        with config(loop):
+            for _ in range(warmup):
+                loop.step()
+            return [calls_of_one_step(loop.step) for _ in range(steps)]
+
+    base = Counter(dict(statistics.mode(tuple(sorted(c.items())) for c in per_step(bare))))
+    counted = per_step(setup)
+    totals = [sum(c.values()) - sum(base.values()) for c in counted]
+    ordinary = statistics.mode(totals)
+    typical = next(c for c, t in zip(counted, totals, strict=True) if t == ordinary)
+    added = {k: typical[k] - base[k] for k in sorted(set(typical) | set(base))}
+    return CallCount(
+        ordinary=ordinary,
+        mean=statistics.fmean(totals),
+        bsmon=added.get("bsmon", 0),
+        by_category={k: v for k, v in added.items() if v},
+    )
+
+
+# -- timing -----------------------------------------------------------------------------------
+
+
+def time_block(setup: Setup, model_name: str, steps: int, warmup: int) -> float:
+    loop = make_loop(model_name)
+    with setup(loop):
+        for _ in range(warmup):
+            loop.step()
+        began = time.perf_counter()
+        for _ in range(steps):
+            loop.step()
+        return (time.perf_counter() - began) / steps
+
+
+def time_configs(
+    names: list[str], model_name: str, rounds: int, steps: int
+) -> dict[str, list[float]]:
+    """Seconds per step of each configuration, one block per round, order rotated."""
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            warmup = WARMUP.get(name, 200)
+            seconds[name].append(time_block(CONFIGS[name], model_name, steps, warmup))
+    return seconds
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return q1, median, q3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="tiny")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=2000, help="timed steps per block")
+    parser.add_argument("--counts-only", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    names = [name for name in CONFIGS if (why := available(name)) is None or print(why)]
+
+    print(f"\nPython calls added per step on the training thread ({args.model} model)\n")
+    print(f"{'configuration':46} {'ordinary':>8} {'mean':>7} {'bsmon':>6}  by category")
+    for name in names[1:]:
+        count = count_calls(CONFIGS[name], args.model, warmup=WARMUP.get(name, 50))
+        parts = ", ".join(f"{k} {v:+d}" for k, v in count.by_category.items())
+        print(f"{name:46} {count.ordinary:>+8d} {count.mean:>+7.1f} {count.bsmon:>+6d}  {parts}")
+    if args.counts_only:
+        return
+
+    print(f"\nµs added per step, {args.rounds} rounds × {args.steps} steps (median [IQR])\n")
+    seconds = time_configs(names, args.model, args.rounds, args.steps)
+    bare_s = seconds["bare"]
+    print(f"{'bare':46} {statistics.median(bare_s) * 1e6:8.1f} µs/step")
+    for name in names[1:]:
+        added = [(c - b) * 1e6 for c, b in zip(seconds[name], bare_s, strict=True)]
+        ratios = [c / b for c, b in zip(seconds[name], bare_s, strict=True)]
+        q1, median, q3 = quartiles(added)
+        ratio = statistics.median(ratios)
+        print(f"{name:46} {median:+8.1f} [{q1:+.1f}, {q3:+.1f}]  ×{ratio:.3f}")
+    print(f"\nload average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""Everything bsmon does on the training thread at each optimizer step, and nothing more.
+
+An ordinary step (the noise scale not measuring it, the step anatomy not sampling it) costs
+the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
+
+- the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()`` and one
+  ``deque.append`` of a plain tuple — 3 calls;
+- ``mon.log(loss=loss)`` (``Monitor.log``, which appends the same way): one ``deque.append``
+  of the step and the keyword dict — 2 calls (the values are read, checked and copied off a
+  device on the agent thread).
+
+Everything else happens on the agent thread (durations, wall-clock times, the samples and
+batch size of each step, scalars, windows, the record) or on *scheduled* steps. A part that
+needs a step boundary asks for it with ``wake(step)``: the post-hook of the first step at or
+after it runs ``on_boundary`` (the composition root's slow path: a pending batch-size change,
+the noise scale's next measured step, the anatomy's next sampled step, DDP timing), which
+returns the next step it needs. The test on an ordinary step is one integer comparison.
+
+The optimizer's pre-step hook is registered only while a step needs it (a step the noise scale
+measures or the anatomy samples), or for good when the optimizer's class can nest ``step()``
+calls: a subclass whose ``step`` calls ``super().step()`` fires torch's hooks twice per step
+once an instance of the parent class exists, and a depth counter then counts each
+user-level step once. Should a step raise, that counter would stay raised; a pre-hook that
+finds it raised counts torch's step wrappers on the stack to tell a nested call from a stale
+counter. Every exception is counted and reported (``FaultGuard``), never raised into the job.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections import deque
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from .fault_guard import FaultGuard
+from .samples import NOT_COUNTED
+
+NEVER = sys.maxsize  # no boundary scheduled
+STEP, LOGGED, LOSS = "step", "logged", "loss"  # the first field of the hot path's records
+
+
+def _step_wrapper_code() -> Any:
+    make = getattr(torch.optim.Optimizer, "profile_hook_step", None)
+    if make is None:
+        return None
+    return make(lambda *args, **kwargs: None).__code__
+
+
+_WRAPPER_CODE = _step_wrapper_code()
+
+
+class Progress:
+    """The training job's step count, advanced at each step's end; the parts that stamp an
+    event or a record with its step call it (``progress()`` is the current step)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def __call__(self) -> int:
+        return self.step
+
+
+def steps_with_closure(args: tuple, kwargs: dict) -> bool:
+    """Whether a step was given a closure (LBFGS and the like: the closure re-evaluates the
+    model, several times per step for LBFGS). Step hooks get ``(optimizer, closure, ...)``:
+    torch passes the wrapped method's arguments, ``self`` first."""
+    positional = args[1:] if args and isinstance(args[0], torch.optim.Optimizer) else args
+    closure = kwargs.get("closure", positional[0] if positional else None)
+    return callable(closure)
+
+
+def can_nest_steps(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether two classes of the optimizer's lineage define ``step`` (a subclass calling
+    ``super().step()``): torch may then fire the hooks twice for one step."""
+    base = torch.optim.Optimizer
+    own = [c for c in type(optimizer).__mro__ if c is not base and "step" in c.__dict__]
+    return len(own) > 1
+
+
+def _wrapper_frames_on_stack() -> int:
+    count = 0
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _WRAPPER_CODE:
+            count += 1
+        frame = frame.f_back
+    return count
+
+
+class StepWork:
+    """What the training thread does on a step besides recording it; the composition root
+    fills these in. All run on the training thread, inside the hot path's guard."""
+
+    def __init__(self) -> None:
+        # before the optimizer updates (non-closure steps) or after it (closure steps)
+        self.noise_step: Callable[[], None] = lambda: None
+        # the optimizer starting, on a sampled step (the anatomy's mark)
+        self.optimizer_starting: Callable[[float], None] = lambda _now: None
+        # the anatomy's marks of the sampled step that just ended
+        self.take_marks: Callable[[float], Any] = lambda _now: None
+        # the scheduled slow path: (step, now) -> the next step that needs it
+        self.on_boundary: Callable[[int, float], int] = lambda _step, _now: NEVER
+
+
+class HotPath:
+    """The optimizer hooks and ``log``: records the step, defers the rest."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inbox: deque[Any],
+        progress: Progress,
+        guard: FaultGuard,
+        work: StepWork,
+        *,
+        samples: Any,
+        examples: Any,
+        evals: Any,
+        reevaluates: bool = False,
+    ) -> None:
+        self._optimizer = optimizer
+        self._append = inbox.append
+        self._progress = progress
+        self._guard = guard
+        self._work = work
+        self._samples = samples  # runtime.samples.StepSamples
+        self._examples = examples  # noise.autograd.ExampleCounter of the model's inputs
+        self._evals = evals  # runtime.evaluation.EvalClock
+        self._reevaluates = reevaluates
+        self.control: Any = None  # batch.control.BatchController, once made
+        self.next_boundary = 0  # the first step's end runs the slow path
+        self.noise_due = False  # the step in progress is one the noise scale measures
+        self.sampling = False  # the step in progress is one the anatomy samples
+        self.micro_batches = 0  # mon.should_step() calls since the last step
+        self.batches_since_step: list[Any] = []  # mon.dataloader batches of the step so far
+        self.stale_recoveries = 0
+        self._depth = 0
+        self._nested = can_nest_steps(optimizer)
+        self._pre_handle: Any = None
+        self._post_handle = optimizer.register_step_post_hook(self._post_hook)
+        if self._nested:
+            self._pre_handle = optimizer.register_step_pre_hook(self._nested_pre_hook)
+
+    # -- scheduling (any thread) ---------------------------------------------------------------
+
+    def wake(self, step: int = 0) -> None:
+        """Run the slow path at the end of ``step`` (or the next step, if it is past)."""
+        self.next_boundary = min(self.next_boundary, step)
+
+    def need_pre_hook(self, needed: bool) -> None:
+        """Training thread, at a boundary: register the pre-hook for the next step, or not."""
+        if self._nested or self._post_handle is None:
+            return
+        if needed and self._pre_handle is None:
+            self._pre_handle = self._optimizer.register_step_pre_hook(self._pre_hook)
+        elif not needed and self._pre_handle is not None:
+            self._pre_handle.remove()
+            self._pre_handle = None
+
+    @property
+    def pre_hook_registered(self) -> bool:
+        return self._pre_handle is not None
+
+    @property
+    def installed(self) -> bool:
+        return self._post_handle is not None
+
+    def remove(self) -> None:
+        for handle in (self._pre_handle, self._post_handle):
+            if handle is not None:
+                handle.remove()
+        self._pre_handle = self._post_handle = None
+
+    def loss_at_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A ``Tensor.backward`` that appends ``(LOSS, step, tensor)`` and calls ``original``:
+        the tensor stays referenced until the agent thread drains it (its saved activations
+        are freed by the backward pass itself, unless ``retain_graph=True``)."""
+        append, progress = self._append, self._progress
+
+        @functools.wraps(original)
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            append((LOSS, progress.step, tensor))
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+    # -- the hooks (training thread) ---------------------------------------------------------
+
+    def _nested_pre_hook(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            if self._depth and _WRAPPER_CODE is not None and _wrapper_frames_on_stack() <= 1:
+                self._depth = 0  # the previous step raised before its post-hook ran
+                self.stale_recoveries += 1
+            self._depth += 1
+            if self._depth == 1:
+                self._pre_hook(optimizer, args, kwargs)
+        except Exception as exc:
+            self._guard.report("optimizer pre-step hook", exc)
+
+    def _pre_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            closure = (args[1:] or kwargs) and steps_with_closure(args, kwargs)
+            if self.noise_due and not closure:
+                self._work.noise_step()
+            if self.sampling:
+                self._work.optimizer_starting(perf_counter())
+        except Exception as exc:
+            self._guard.report("optimizer pre-step hook", exc)
+
+    def _post_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            if self._nested:
+                self._depth -= 1
+                if self._depth > 0:
+                    return
+                self._depth = 0
+            if self.noise_due and (args[1:] or kwargs) and steps_with_closure(args, kwargs):
+                self._work.noise_step()  # a closure ran its backward pass inside the step
+            progress = self._progress
+            step = progress.step + 1
+            progress.step = step
+            now = perf_counter()
+            samples = self._samples
+            if samples.drawing:
+                taken = samples.take()
+            else:
+                taken = None
+                samples.passes_known = False
+            counter = self._examples
+            examples = counter.take(self._reevaluates) if counter.wanted else NOT_COUNTED
+            evals = self._evals
+            eval_s = evals.take(now) if evals.pending else 0.0
+            evals.step_end = now
+            marks = self._work.take_marks(now) if self.sampling else None
+            control = self.control
+            self._append(
+                (
+                    STEP,
+                    step,
+                    now,
+                    taken,
+                    examples,
+                    control.size if control is not None else None,
+                    eval_s,
+                    marks,
+                )
+            )
+            self.micro_batches = 0
+            if self.batches_since_step:
+                self.batches_since_step = []
+            if step >= self.next_boundary:
+                self._boundary(step, now)
+        except Exception as exc:
+            self._guard.report("optimizer post-step hook", exc)
+
+    def _boundary(self, step: int, now: float) -> None:
+        self.next_boundary = NEVER
+        following = self._work.on_boundary(step, now)
+        self.wake(following)  # a wake() from another thread in between stays in force

@@ -1,0 +1,104 @@
+"""What bsmon costs the training thread, pinned: the Python calls it adds to an ordinary step
+(one the noise scale does not measure and the anatomy does not sample), counted with cProfile
+on the training thread the way ``benchmarks/hostcost.py`` counts them. Counts, not times: they
+do not depend on the machine's load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.runtime.samples import CHECK_EVERY, NOT_COUNTED, STEADY_AFTER, StepTally
+
+from ..gpu_check_kit import BENCHMARKS  # noqa: F401  (puts benchmarks/ on the import path)
+
+# the logging call the loop makes is a lambda of the benchmark's: one call of its own
+LOG_CALL = 1
+
+
+@pytest.fixture(scope="module")
+def hostcost():
+    import hostcost
+
+    return hostcost
+
+
+@pytest.mark.parametrize(
+    ("config", "most"),
+    [
+        # post-hook + perf_counter + append; log + append
+        ("telemetry (noise, anatomy, record off)", 5),
+        ("defaults (noise scale on its budget)", 5),
+        ("defaults, no batch size declared", 5),
+        # the post-hook's 3 and backward()'s wrapper + append (no log call)
+        ("bsmon run (zero-code)", 5),
+    ],
+)
+def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most):
+    count = hostcost.count_calls(hostcost.CONFIGS[config], "tiny", steps=200, warmup=120)
+    added = count.ordinary - (LOG_CALL if "zero-code" not in config else 0)
+    assert added <= most, count
+    assert count.bsmon <= 2, count  # the post-hook, and log() or the backward wrapper
+
+
+def test_telemetry_alone_costs_the_same_on_every_step(hostcost):
+    config = hostcost.CONFIGS["telemetry (noise, anatomy, record off)"]
+    count = hostcost.count_calls(config, "tiny", steps=200, warmup=20)
+    assert count.mean == count.ordinary  # no step does more: nothing is sampled or measured
+
+
+def test_the_floor_is_what_the_benchmark_says(hostcost):
+    count = hostcost.count_calls(hostcost.CONFIGS["floor: perf_counter + append in a post-hook"])
+    assert count.ordinary == 3 and count.by_category == {"C": 2, "other": 1}
+
+
+def test_sampled_and_measured_steps_stay_a_minority_of_the_cost(hostcost):
+    count = hostcost.count_calls(
+        hostcost.CONFIGS["defaults (noise scale on its budget)"], "tiny", steps=400, warmup=800
+    )
+    assert count.mean < 8 * count.ordinary, count  # was 99 calls on every step
+
+
+# -- the model's examples, counted on every step only until they are steady ------------------
+
+
+def test_a_steady_count_is_then_only_checked_and_a_change_counts_every_step_again():
+    tally = StepTally()
+    for _ in range(STEADY_AFTER):
+        assert tally.resolve(None, 12, None) == (12, 12)
+    assert tally.steady == 12
+    assert [s for s in range(1, 49) if tally.counts_model_examples(s)] == [16, 32, 48]
+    assert tally.resolve(None, NOT_COUNTED, None)[0] == 12  # a step between checks
+    assert tally.resolve(None, 7, None)[0] == 7  # a check that differs
+    assert tally.steady is None and tally.varies
+    assert all(tally.counts_model_examples(s) for s in range(1, 40))
+    for _ in range(STEADY_AFTER + 5):
+        tally.resolve(None, 7, None)
+    assert tally.steady is None  # once varied, counted for good
+
+
+def test_the_job_s_own_batches_stop_the_count():
+    tally = StepTally()
+    tally.resolve((8, 8), 0, None)
+    assert not any(tally.counts_model_examples(s) for s in range(1, 40))
+
+
+def test_a_job_without_a_dataloader_counts_its_samples_and_drops_the_forward_hook():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    held = []
+    steps = STEADY_AFTER + 4 * CHECK_EVERY
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        for step in range(1, steps + 1):
+            held.append(mon._model_examples.wanted)
+            model(torch.randn(6, 4)).sum().backward()
+            optimizer.step()
+            if step % 8 == 0:
+                assert mon.flush()  # the agent thread keeps pace, as it does in a real job
+        assert mon.flush()
+        assert mon.telemetry.samples == 6 * (steps - 1)  # the first step has no count
+        assert mon.telemetry.batch_size == 6
+    late = held[-2 * CHECK_EVERY :]
+    assert 1 <= sum(late) <= 4  # only the checks (and the steps the anatomy samples)
