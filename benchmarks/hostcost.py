@@ -273,22 +273,26 @@ def count_calls(
 # -- timing -----------------------------------------------------------------------------------
 
 
-def time_block(setup: Setup, model_name: str, steps: int, warmup: int) -> float:
+def time_block(setup: Setup, model_name: str, steps: int, warmup: int) -> tuple[float, float]:
+    """Seconds per step: wall clock, and the training thread's own CPU time (what bsmon's
+    calls cost it, without the other threads' share of the GIL and the cores)."""
     loop = make_loop(model_name)
     with setup(loop):
         for _ in range(warmup):
             loop.step()
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             loop.step()
-        return (time.perf_counter() - began) / steps
+        wall, cpu = time.perf_counter() - began, time.thread_time() - began_cpu
+        return wall / steps, cpu / steps
 
 
 def time_configs(
     names: list[str], model_name: str, rounds: int, steps: int
-) -> dict[str, list[float]]:
-    """Seconds per step of each configuration, one block per round, order rotated."""
-    seconds: dict[str, list[float]] = {name: [] for name in names}
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall, thread CPU) seconds per step of each configuration, one block per round, the
+    order rotated."""
+    seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
@@ -308,9 +312,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2000, help="timed steps per block")
     parser.add_argument("--counts-only", action="store_true")
+    parser.add_argument(
+        "--only", nargs="+", metavar="WORD", help="the configurations whose names have a WORD"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     names = [name for name in CONFIGS if (why := available(name)) is None or print(why)]
+    if args.only:
+        names = [n for n in names if n == "bare" or any(w in n for w in args.only)]
 
     print(f"\nPython calls added per step on the training thread ({args.model} model)\n")
     print(f"{'configuration':46} {'ordinary':>8} {'mean':>7} {'bsmon':>6}  by category")
@@ -321,16 +330,21 @@ def main() -> None:
     if args.counts_only:
         return
 
-    print(f"\nµs added per step, {args.rounds} rounds × {args.steps} steps (median [IQR])\n")
+    print(f"\nµs added per step, {args.rounds} rounds × {args.steps} steps: median [IQR] of the")
+    print("rounds' differences, wall clock and the training thread's CPU time\n")
     seconds = time_configs(names, args.model, args.rounds, args.steps)
-    bare_s = seconds["bare"]
-    print(f"{'bare':46} {statistics.median(bare_s) * 1e6:8.1f} µs/step")
+    bare_wall = statistics.median(wall for wall, _ in seconds["bare"])
+    bare_cpu = statistics.median(cpu for _, cpu in seconds["bare"])
+    print(f"{'bare':46} {bare_wall * 1e6:8.1f} µs/step wall, {bare_cpu * 1e6:.1f} thread CPU")
     for name in names[1:]:
-        added = [(c - b) * 1e6 for c, b in zip(seconds[name], bare_s, strict=True)]
-        ratios = [c / b for c, b in zip(seconds[name], bare_s, strict=True)]
-        q1, median, q3 = quartiles(added)
-        ratio = statistics.median(ratios)
-        print(f"{name:46} {median:+8.1f} [{q1:+.1f}, {q3:+.1f}]  ×{ratio:.3f}")
+        pairs = list(zip(seconds[name], seconds["bare"], strict=True))
+        wall = quartiles([(c[0] - b[0]) * 1e6 for c, b in pairs])
+        cpu = quartiles([(c[1] - b[1]) * 1e6 for c, b in pairs])
+        ratio = statistics.median(c[0] / b[0] for c, b in pairs)
+        print(
+            f"{name:46} {wall[1]:+8.1f} [{wall[0]:+.1f}, {wall[2]:+.1f}] ×{ratio:.3f}"
+            f"   CPU {cpu[1]:+.1f} [{cpu[0]:+.1f}, {cpu[2]:+.1f}]"
+        )
     print(f"\nload average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}")
 
 

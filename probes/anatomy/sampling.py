@@ -45,5 +45,6 @@ class AnatomySampler:
     def due(self, step: int) -> bool:
         if step < self.next_step:
             return False
-        self.next_step = step + self._rng.randint(*self.stride)
+        low, high = self.stride
+        self.next_step = step + low + int(self._rng.random() * (high - low + 1))
         return True

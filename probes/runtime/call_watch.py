@@ -7,7 +7,8 @@ returns (or raises) exactly what it does; around the call it takes two ``time.pe
 readings and calls each subscriber with ``(first argument, result, start, end)`` (the result
 is ``None`` when the call raised). Subscribers must do O(1) work; what they raise is
 swallowed, so the job never sees it. The wrapper is installed with the first subscriber and
-removed with the last (if it is still the one installed: someone may have wrapped it again).
+removed with the last (if it is still the one installed: someone may have wrapped it again);
+a watch installed and removed around sampled steps makes its wrapper once.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class CallWatch:
         self._subscribers: tuple[Subscriber, ...] = ()
         self._starting: tuple[Starting, ...] = ()
         self._installed: tuple[Any, str, Any, Any] | None = None  # owner, name, original, ours
+        self._made: tuple[Any, str, Any, Any] | None = None  # the last one installed
 
     def subscribe(self, callback: Subscriber, starting: Starting | None = None) -> str | None:
         """Call ``callback`` after every call (and ``starting`` just before it); None, or why
@@ -73,6 +75,11 @@ class CallWatch:
             return found
         owner, name = found
         original = getattr(owner, name)
+        made = self._made
+        if made is not None and made[0] is owner and made[1] == name and made[2] is original:
+            setattr(owner, name, made[3])  # the wrapper made before: put back, not made anew
+            self._installed = made
+            return None
         notify_on = self._notify_on
         notify = self._notify
 
@@ -90,7 +97,7 @@ class CallWatch:
             return result
 
         setattr(owner, name, wrapper)
-        self._installed = (owner, name, original, wrapper)
+        self._installed = self._made = (owner, name, original, wrapper)
         return None
 
     def _uninstall(self) -> None:
