@@ -50,7 +50,7 @@ from .noise.shared_backward import SharedBackward
 from .options import check_options
 from .record.recorder import Recorder
 from .record.writer import claim_record_path, default_record_path
-from .runtime import distributed, loader_watch, signals
+from .runtime import distributed, loader_watch, mode_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
@@ -224,6 +224,8 @@ class Monitor:
             if self._noise.source is not None
             else None
         )
+        if model is not None:
+            mode_watch.subscribe(self._on_mode_switch)
         if (why := loader_watch.subscribe(self._on_loader)) is not None:
             self._warn("loaders_unseen", f"{why}; evaluation time counts as step time")
         self.socket_path: Path | None = None
@@ -577,6 +579,20 @@ class Monitor:
         counted = not isinstance(iterator._index_sampler, DynamicBatchSampler)
         return ref, counted, loader_watch.nominal_batch_size(iterator)
 
+    def _on_mode_switch(self, module: Any, _result: Any, started: float, finished: float) -> None:
+        """``model.eval()`` starts an evaluation, ``model.train()`` ends it (mode_watch)."""
+        if module is not self.model:
+            return  # one of its submodules, or another model
+        try:
+            if module.training:
+                if self._evals.open:
+                    self._evals.evaluate(started)
+                self._evals.train(finished)
+            else:
+                self._evals.evaluate(finished)
+        except Exception as exc:
+            self._guard.report("model.train()/eval() accounting", exc)
+
     def _on_root_pass(self, root_pass: RootPass, _output: Any) -> None:
         if root_pass.grad and root_pass.training:
             self._evals.train(time.perf_counter())
@@ -849,6 +865,7 @@ class Monitor:
         if self._shared is not None:
             self._shared.remove()
         loader_watch.unsubscribe(self._on_loader)
+        mode_watch.unsubscribe(self._on_mode_switch)
         if self._phases is not None:
             self._phases.remove()
         self._noise.close()

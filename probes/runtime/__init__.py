@@ -9,8 +9,9 @@ Modules, one job each:
 - ``timing``: timing marks (wall clock, or CUDA events on a GPU) for the sampled steps;
 - ``samples``: the samples of each step, and the batch size a person would say;
 - ``evaluation``: evaluation time inside the loop, kept apart from step time;
-- ``forward_watch``, ``loader_watch``, ``call_watch``: the model's forward passes, every
-  DataLoader's batches, and torch functions wrapped once per process with subscribers;
+- ``forward_watch``, ``loader_watch``, ``mode_watch``, ``call_watch``: the model's forward
+  passes, every DataLoader's batches, ``train()``/``eval()`` switches, and torch functions
+  wrapped once per process with subscribers;
 - ``telemetry``: step records in, metrics windows and history points out (agent thread);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);

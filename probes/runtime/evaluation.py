@@ -39,6 +39,11 @@ class EvalClock:
         self._closed = 0.0  # seconds of the spans already closed in this step window
         self.spans = 0  # evaluation spans so far
 
+    @property
+    def open(self) -> bool:
+        """An evaluation span is open (signalled, not yet closed)."""
+        return self._eval_start is not None
+
     def train(self, t: float) -> None:
         if self._eval_start is not None:
             self._close()

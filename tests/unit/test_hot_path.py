@@ -102,3 +102,31 @@ def test_a_job_without_a_dataloader_counts_its_samples_and_drops_the_forward_hoo
         assert mon.telemetry.batch_size == 6
     late = held[-2 * CHECK_EVERY :]
     assert 1 <= sum(late) <= 4  # only the checks (and the steps the anatomy samples)
+
+
+def test_evaluation_without_a_dataloader_stays_out_of_the_step_time_once_the_count_is_steady():
+    """nanoGPT's estimate_loss: model.eval(), passes under no_grad, model.train() — seen by
+    the train()/eval() switches although the forward watch is no longer held."""
+    import time
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    evaluated = 0.0
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        for step in range(1, 121):
+            model(torch.randn(6, 4)).sum().backward()
+            optimizer.step()
+            if step % 8 == 0:
+                assert mon.flush()
+            if step in (60, 90):  # well after the count became steady
+                began = time.perf_counter()
+                model.eval()
+                with torch.no_grad():
+                    while time.perf_counter() - began < 0.05:
+                        model(torch.randn(6, 4))
+                model.train()
+                evaluated += time.perf_counter() - began
+        assert not mon._model_examples.wanted or mon.telemetry.tally.steady is None
+        assert mon.flush()
+        eval_s = mon.telemetry.eval_s
+    assert abs(eval_s - evaluated) <= 0.01, (eval_s, evaluated)
