@@ -167,7 +167,7 @@ def _anatomy(s: Summary) -> str:
     notes = "".join(f"- {note}\n" for note in a.notes)
     return (
         f"## Where the step time went\n\n{verdict}"
-        f"Per step, averaged over {a.steps:,} steps ({a.clock or 'wall clock'}):\n\n"
+        f"Per step, averaged over {a.steps:,} sampled steps ({a.clock or 'wall clock'}):\n\n"
         + _table(rows, ("phase", "per step", "share"))
         + (f"\n{notes}" if notes else "")
     )
