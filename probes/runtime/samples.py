@@ -10,7 +10,10 @@ From the best source there is, in this order:
    batches by hand; a closure step's several passes over one batch count once;
 4. the batch size declared with ``attach(..., batch_size=N)``.
 
-None of these: the samples are unknown (``None``, shown as n/a with the reason), never 0.
+None of these: the samples are unknown (``None``, shown as n/a with the reason), never 0 —
+except a step that drew no batch in a job whose batches come from a DataLoader: a loader that
+fetches one batch ahead (timm's ``PrefetchLoader``, a look-ahead generator) drew it in the
+step before, where it was counted, so that step trained 0 new samples.
 
 The training thread keeps only the running counts of sources 1 and 2 (``StepSamples``) and
 hands them over at each step's end; the agent thread weighs the sources (``StepTally``).
@@ -114,7 +117,10 @@ class StepTally:
             model_examples = self.steady or 0
         elif not drawn and declared is None and model_examples:
             self._follow(model_examples)
-        samples = drawn or model_examples or declared or None
+        if drawn or not self.batches_seen:
+            samples = drawn or model_examples or declared or None
+        else:  # a loader that fetches ahead drew this step's batch in the step before
+            samples = 0
         if declared is not None:
             return samples, declared
         return samples, self.nominal.update(first or model_examples or None)

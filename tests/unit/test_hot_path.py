@@ -130,3 +130,29 @@ def test_evaluation_without_a_dataloader_stays_out_of_the_step_time_once_the_cou
         assert mon.flush()
         eval_s = mon.telemetry.eval_s
     assert abs(eval_s - evaluated) <= 0.01, (eval_s, evaluated)
+
+
+def test_a_loader_that_fetches_ahead_is_counted_once_and_raises_no_warning():
+    """The last step of an epoch draws no batch (the loader drew it a step early): its
+    samples were counted where they were drawn, and nothing says they were not counted."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def ahead(loader):
+        batches = iter(loader)
+        following = next(batches, None)
+        while following is not None:
+            current, following = following, next(batches, None)
+            yield current
+
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(96, 4)), batch_size=16)  # 6 steps an epoch
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        for _ in range(3):
+            for (x,) in ahead(loader):
+                model(x).sum().backward()
+                optimizer.step()
+        assert mon.flush()
+        assert mon.telemetry.samples == 3 * 96
+        assert mon.telemetry.samples_note is None
+        assert not [e for e in mon.telemetry.events if e.kind == "samples_not_counted"]

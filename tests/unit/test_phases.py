@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bsmon.probes.runtime.evaluation import EvalClock
-from bsmon.probes.runtime.samples import StepSamples, StepTally
+from bsmon.probes.runtime.samples import NOT_COUNTED, StepSamples, StepTally
 
 
 def test_no_evaluation_no_time_taken():
@@ -70,13 +70,22 @@ def test_the_jobs_own_count_wins_over_loaders_and_the_model():
 
 def test_loader_batches_then_the_models_inputs_then_the_declared_size():
     steps = Steps()
+    assert steps.end_step(model_examples=0, declared=None) == (None, None)  # unknown, not 0
+    assert steps.end_step(model_examples=12, declared=None) == (12, 12)
+    assert steps.end_step(model_examples=0, declared=64) == (64, 64)
     samples = steps.samples
     samples.draw(8, 8)
     samples.draw(8, 8)
-    assert steps.end_step(model_examples=99, declared=None) == (16, 8)
-    assert steps.end_step(model_examples=12, declared=None) == (12, 8)  # one step at 12
-    assert steps.end_step(model_examples=0, declared=64) == (64, 64)
-    assert steps.end_step(model_examples=0, declared=None) == (None, 8)  # unknown, not 0
+    assert steps.end_step(model_examples=99, declared=None) == (16, 12)  # 8 twice to take over
+
+
+def test_once_a_loader_says_the_samples_a_step_without_a_batch_trained_none_new():
+    """A loader that fetches ahead drew the step's batch in the step before."""
+    steps = Steps()
+    steps.samples.draw(8, 8)
+    assert steps.end_step(model_examples=NOT_COUNTED, declared=None) == (8, 8)
+    assert steps.end_step(model_examples=NOT_COUNTED, declared=None) == (0, 8)
+    assert steps.end_step(model_examples=NOT_COUNTED, declared=64) == (0, 64)
 
 
 def test_a_short_last_batch_is_not_a_new_batch_size_but_a_kept_change_is():
