@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -71,7 +71,8 @@ class DynamicBatchSampler(Sampler[list[int]]):
 
 
 def batch_length(batch: Any) -> int | None:
-    """Samples in a collated batch: dim 0 of its first tensor, else the length of a list."""
+    """Samples in a collated batch: dim 0 of its first tensor (in a tuple, list, dict or any
+    mapping), else the length of a list."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, dict):
@@ -83,6 +84,8 @@ def batch_length(batch: Any) -> int | None:
         if (n := batch_length(batch[0])) is not None:
             return n
         return len(batch)
+    if isinstance(batch, Mapping):  # a UserDict: Hugging Face's BatchEncoding
+        return batch_length(dict(batch))
     return None
 
 

@@ -156,3 +156,24 @@ def test_a_loader_that_fetches_ahead_is_counted_once_and_raises_no_warning():
         assert mon.telemetry.samples == 3 * 96
         assert mon.telemetry.samples_note is None
         assert not [e for e in mon.telemetry.events if e.kind == "samples_not_counted"]
+
+
+def test_a_tokenizer_s_batch_encoding_is_counted_from_the_dataloader():
+    """Hugging Face's BatchEncoding (tokenizer.pad, DataCollatorWithPadding) is a UserDict, not
+    a dict: its first tensor still says the samples, from the first step on."""
+    from collections import UserDict
+
+    from torch.utils.data import DataLoader
+
+    def collate(rows):
+        return UserDict({"input_ids": torch.stack(rows), "attention_mask": torch.stack(rows)})
+
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(list(torch.randn(40, 4)), batch_size=8, collate_fn=collate)
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        for batch in loader:
+            model(batch["input_ids"]).sum().backward()
+            optimizer.step()
+        assert mon.flush()
+        assert mon.telemetry.samples == 40 and mon.telemetry.batch_size == 8
