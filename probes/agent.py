@@ -49,7 +49,7 @@ from .noise.autograd import ExampleCounter
 from .noise.shared_backward import SharedBackward
 from .options import check_options
 from .record.recorder import Recorder
-from .record.writer import claim_record_path, default_record_path
+from .record.writer import RECORDS_SUBDIR, claim_record_path, default_record_path
 from .runtime import distributed, loader_watch, mode_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
@@ -410,15 +410,18 @@ class Monitor:
     def _make_recorder(
         self, record: bool | str | os.PathLike[str], socket_dir: str | os.PathLike[str] | None
     ) -> Recorder | None:
-        """The session recorder (``record=True``: in BSMON_DIR/records; a path: there)."""
+        """The session recorder (``record=True``: in ``discovery.records_dir()``, or beside
+        the socket when ``socket_dir`` is given; a path: there)."""
         if record is False:
             return None
         private_dir = None
         if record is True:
-            base = (
-                Path(socket_dir).expanduser() if socket_dir is not None else discovery.default_dir()
+            records = (
+                Path(socket_dir).expanduser() / RECORDS_SUBDIR
+                if socket_dir is not None
+                else discovery.records_dir()
             )
-            path = default_record_path(base, self.name, self.session.start_time, self._pid)
+            path = default_record_path(records, self.name, self.session.start_time, self._pid)
             private_dir = path.parent
         elif isinstance(record, (str, os.PathLike)) and os.fspath(record):
             path = Path(record).expanduser().absolute()

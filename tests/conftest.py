@@ -13,6 +13,12 @@ import pytest
 from .helpers import Processes
 
 
+@pytest.fixture(autouse=True)
+def private_data_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> None:
+    """Records of tests that set no BSMON_DIR go to a temporary XDG data home, never ~."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.getbasetemp() / "data-home"))
+
+
 @pytest.fixture
 def bsmon_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A short private directory for sockets (Unix socket paths are limited to 107 bytes)."""

@@ -293,7 +293,9 @@ class AutoAttach:
             reason = self.stood_down
         else:
             reason = HAND_UPDATES if trained else NOTHING_TRAINED
-        run_notes.write(*self._notes, run_notes.Note(os.getpid(), attached, trained, reason))
+        record = getattr(getattr(self.monitor, "session", None), "record", None)
+        note = run_notes.Note(os.getpid(), attached, trained, reason, record)
+        run_notes.write(*self._notes, note)
 
     def _at_exit(self) -> None:
         """The last word of a process that trained but was never monitored: its note, and a
@@ -306,7 +308,7 @@ class AutoAttach:
                 session = session_info(self.name)
                 session.start_time = self._started
                 reason = self.stood_down or HAND_UPDATES
-                write_summary_beside(write_unattached(discovery.default_dir(), session, reason))
+                write_summary_beside(write_unattached(discovery.records_dir(), session, reason))
         except Exception:  # nothing may escape at exit: the note and record are best effort
             return
 

@@ -26,6 +26,7 @@ class Note:
     attached: bool
     trained: bool  # the process called backward(): it was training, or meant to
     reason: str | None = None  # why it did not attach
+    record: str | None = None  # the session record it writes, once attached
 
 
 def _directory(base: Path) -> Path:
@@ -70,3 +71,8 @@ def why_unmonitored(notes: list[Note]) -> str | None:
     if reasons:
         return reasons[0]
     return "no process of the command imported torch and stepped a torch.optim optimizer"
+
+
+def records(notes: list[Note]) -> list[str]:
+    """The session records the run's processes write (rank 0's first, by pid)."""
+    return [note.record for note in sorted(notes, key=lambda n: n.pid) if note.record]

@@ -41,11 +41,11 @@ _claimed_lock = threading.Lock()
 _CLOSE = object()
 
 
-def default_record_path(base: Path, name: str, start: float, pid: int) -> Path:
-    """``<base>/records/<YYYYmmdd-HHMMSS>-<name>-<pid>.jsonl``."""
+def default_record_path(records: Path, name: str, start: float, pid: int) -> Path:
+    """``<records>/<YYYYmmdd-HHMMSS>-<name>-<pid>.jsonl``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(start))
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "job"
-    return base / RECORDS_SUBDIR / f"{stamp}-{safe}-{pid}.jsonl"
+    return records / f"{stamp}-{safe}-{pid}.jsonl"
 
 
 def claim_record_path(path: Path) -> Path:
@@ -208,7 +208,7 @@ class RecordWriter(threading.Thread):
         self.done.set()
 
 
-def write_unattached(base: Path, session: SessionInfo, reason: str) -> Path:
+def write_unattached(records: Path, session: SessionInfo, reason: str) -> Path:
     """The record of a process bsmon could not attach to: its session, why, and its end (its
     summary beside it lets ``bsmon export`` and ``replay`` say why too)."""
     now = time.time()
@@ -219,7 +219,7 @@ def write_unattached(base: Path, session: SessionInfo, reason: str) -> Path:
         End(t=now, reason=message, step=0, samples=0),
     )
     path = claim_record_path(
-        default_record_path(base, session.name, session.start_time, session.pid)
+        default_record_path(records, session.name, session.start_time, session.pid)
     )
     discovery.ensure_private_dir(path.parent)
     with open(path, "xb") as f:

@@ -36,6 +36,17 @@ def default_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"bsmon-{os.getuid()}"
 
 
+def records_dir() -> Path:
+    """Where session records are kept: ``$BSMON_DIR/records``, else
+    ``$XDG_DATA_HOME/bsmon/records`` (``~/.local/share/bsmon/records``) — a data directory that
+    survives logout and reboot, unlike the socket directory (``$XDG_RUNTIME_DIR`` is a tmpfs the
+    system may clear at logout; ``/tmp`` is cleared at reboot)."""
+    if explicit := os.environ.get(ENV_DIR):
+        return Path(explicit).expanduser() / "records"
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser() / "bsmon" / "records"
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` as a 0700 directory, or check that an existing one is safe to use."""
     try:

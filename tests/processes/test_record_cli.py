@@ -136,3 +136,49 @@ def test_replay_in_a_real_terminal_shows_the_run_and_quits(tmp_path):
         tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
     finally:
         tmux.kill()
+
+
+def test_records_are_kept_where_they_survive_logout_and_reboot(monkeypatch, tmp_path):
+    from bsmon.probes.wire import discovery
+
+    monkeypatch.delenv("BSMON_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))  # a tmpfs: not for records
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert discovery.records_dir() == tmp_path / "data" / "bsmon" / "records"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert discovery.records_dir() == tmp_path / "home" / ".local/share/bsmon/records"
+    monkeypatch.setenv("BSMON_DIR", str(tmp_path / "mine"))
+    assert discovery.records_dir() == tmp_path / "mine" / "records"
+
+
+def test_bsmon_records_lists_them_newest_first_and_a_damaged_one_with_its_reason(bsmon_dir):
+    import os
+
+    records = bsmon_dir / "records"
+    records.mkdir()
+    older = two_phase().write(records / "older.jsonl")
+    os.utime(older, (1, 1))
+    newer = two_phase().write(records / "newer.jsonl")
+    (records / "broken.jsonl").write_text("not a record\n")
+    os.utime(records / "broken.jsonl", (0, 0))
+    listed = bsmon("records", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [row["path"] for row in rows] == [
+        str(newer),
+        str(older),
+        str(records / "broken.jsonl"),
+    ]
+    assert rows[0]["steps"] > 0 and rows[0]["problem"] is None
+    assert "not a bsmon record" in rows[2]["problem"]
+    text = bsmon("records")
+    assert text.returncode == 0 and str(newer) in text.stdout and "STEPS" in text.stdout
+
+
+def test_bsmon_records_says_where_it_looked_when_there_are_none(bsmon_dir):
+    result = bsmon("records")
+    assert result.returncode == 0
+    assert result.stdout.strip() == (
+        f"no records in {bsmon_dir / 'records'} (a job's record is written there when it ends)"
+    )

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "export", parents=[common], help="write summary.json and summary.md of a session record"
     )
-    p.add_argument("record", type=Path, help="a record (.jsonl), e.g. from $BSMON_DIR/records")
+    p.add_argument("record", type=Path, help="a record (.jsonl): `bsmon records` lists them")
     p.add_argument(
         "-o",
         "--output",
@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds of the run per second (default: the whole run in about 30 s)",
     )
+
+    p = sub.add_parser(
+        "records",
+        help="list the session records kept on this machine, newest first",
+        description="List the session records in $BSMON_DIR/records, else "
+        "$XDG_DATA_HOME/bsmon/records (~/.local/share/bsmon/records).",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     add_run_parser(sub, [common])
     return parser
@@ -157,6 +165,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_probe(
             args.target, as_json=args.json, memory_budget=args.memory_budget, timeout=args.timeout
         )
+    if command == "records":
+        from .records import cmd_records
+
+        return cmd_records(args, discovery.records_dir())
     if command in ("export", "replay"):
         from . import record
 
