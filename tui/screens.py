@@ -62,6 +62,7 @@ class DashboardScreen(Screen):
         Binding("t", "anatomy", "Time", id="anatomy"),
         Binding("r", "ranks", "Ranks", id="ranks"),
         Binding("e", "export", "Export", id="export"),
+        Binding("l", "events", "Events", id="events"),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
     JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
@@ -80,10 +81,10 @@ class DashboardScreen(Screen):
                 yield DevicePanel(id="devices", classes="panel")
                 yield BatchPanel(id="batch", classes="panel")
                 yield NoisePanel(id="noise", classes="panel")
-                yield EventLog(id="events", classes="panel")
             with Vertical(id="right"):
                 yield ThroughputChart(id="throughput", classes="panel")
                 yield ScalarChart(id="scalars", classes="panel")
+                yield EventLog(id="events", classes="panel")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -96,6 +97,17 @@ class DashboardScreen(Screen):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width >= 140, "wide")
+        self.set_class(event.size.height < 30, "compact")
+        self.query_one(Footer).compact = event.size.width < 100  # every key fits at 80
+
+    def action_events(self) -> None:
+        """The Events panel over the whole screen, or back (``l`` again, or ``esc``)."""
+        log = self.query_one(EventLog)
+        if self.maximized is log:
+            self.minimize()
+        else:
+            self.maximize(log, container=False)
+            log.scroll_end(animate=False)
 
     def _pump_source(self) -> None:
         self.source.run(lambda update: self.post_message(SnapshotArrived(update)))

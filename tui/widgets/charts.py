@@ -14,6 +14,9 @@ from .. import format as fmt
 from ..session import Snapshot
 
 
+LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
+
+
 @dataclass(frozen=True)
 class Series:
     label: str
@@ -63,6 +66,8 @@ class RunChart(PlotextPlot):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._drawn: tuple[int, int, object] | None = None
+        self._series: list[Series] | None = None
+        self._height = 0
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         raise NotImplementedError
@@ -78,7 +83,13 @@ class RunChart(PlotextPlot):
     def _extra_key(self, snap: Snapshot) -> object:
         return None
 
+    def on_resize(self) -> None:
+        """Redraw at a new height: the axis label comes and goes with the room."""
+        if self._series is not None and self.size.height != self._height:
+            self.draw(self._series)
+
     def draw(self, all_series: list[Series]) -> None:
+        self._series, self._height = all_series, self.size.height
         plt = self.plt
         plt.clear_figure()
         limit = max(16, 2 * max(self.size.width, 40))
@@ -96,7 +107,8 @@ class RunChart(PlotextPlot):
             plt.xticks(ticks, [fmt.count(t) for t in ticks])
         else:
             plt.title(self.empty_hint)
-        plt.xlabel("step")
+        if self.size.height >= LABEL_MIN_ROWS:  # in a low chart the data takes the row
+            plt.xlabel("step")
         self.refresh()
 
 

@@ -35,7 +35,6 @@ MARKER = "braille"
 KEY = "[cyan]━━[/] B_simple  [#8a8a8a]━━[/] 95%  [orange]──[/] batch"
 CHART_MIN_ROWS = 7
 CHART_MAX_ROWS = 12
-EVENTS_MIN_ROWS = 4  # the events panel below keeps at least this (see bsmon.tcss)
 CITATION = "an order-of-magnitude guide (McCandlish et al. 2018)"
 
 
@@ -287,17 +286,13 @@ class NoisePanel(Vertical):
 
     def rows_to_spare(self) -> int:
         """Rows this panel's content may take: the column's height less the other panels
-        (at their current size) and the events panel's minimum."""
+        (at their current size)."""
         column = self.parent
         if column is None or not column.size.height:
             return 3
-        others = sum(
-            w.outer_size.height
-            for w in column.children
-            if w is not self and w.id != "events" and w.display
-        )
+        others = sum(w.outer_size.height for w in column.children if w is not self and w.display)
         border = self.outer_size.height - self.content_size.height if self.size.height else 2
-        return max(1, column.size.height - others - EVENTS_MIN_ROWS - border)
+        return max(1, column.size.height - others - border)
 
     def show(self, snap: Snapshot) -> None:
         self._snap = snap
