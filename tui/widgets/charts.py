@@ -13,7 +13,6 @@ from bsmon.probes.wire.protocol import MetricsPoint
 from .. import format as fmt
 from ..session import Snapshot
 
-
 LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
 
 
