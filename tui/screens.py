@@ -20,13 +20,14 @@ from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
+from .disabled import ACTIONS, KEY_ACTIONS, keys_off, why_off
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
 from .ranks_screen import RanksScreen
 from .session import Snapshot
 from .sources import Source, Update
 from .widgets.banner import StateBanner
-from .widgets.batch import BatchPanel, keys_off
+from .widgets.batch import BatchPanel
 from .widgets.charts import ScalarChart, ThroughputChart
 from .widgets.devices import DevicePanel
 from .widgets.eventlog import EventLog
@@ -139,16 +140,21 @@ class DashboardScreen(Screen):
         self.app.push_screen(HelpScreen(off))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "ranks":  # only a distributed job has ranks to show
-            snap = self.snapshot
-            return snap is not None and snap.session is not None and snap.session.world_size > 1
-        capability = self.JOB_ACTIONS.get(action)
-        if capability is None:
-            return True
-        if self.commands.readonly:
+        if action in self.JOB_ACTIONS and self.commands.readonly:
             return False  # hidden: the monitor was started with --readonly
-        snap = self.snapshot
-        return True if snap is not None and snap.can(capability) else None  # None: greyed
+        return None if why_off(self.snapshot, action) else True  # None: greyed
+
+    def on_key(self, event: events.Key) -> None:
+        """A greyed or hidden key says why it does nothing (its binding did not run)."""
+        action = KEY_ACTIONS.get(event.key)
+        if action is None or self.check_action(action, ()) is True:
+            return
+        if action in self.JOB_ACTIONS and self.commands.readonly:
+            why = self.source.readonly_reason or "the monitor is read-only (bsmon --readonly)"
+        else:
+            why = why_off(self.snapshot, action) or "not available now"
+        self.notify(f"{ACTIONS[action][0]} is off: {why}", severity="warning", timeout=5)
+        event.stop()
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
