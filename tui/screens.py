@@ -25,6 +25,7 @@ from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
 from .ranks_screen import RanksScreen
 from .session import Snapshot
+from .settings import interval_text, next_interval, settings
 from .sources import Source, Update
 from .widgets.banner import StateBanner
 from .widgets.batch import BatchPanel
@@ -64,15 +65,22 @@ class DashboardScreen(Screen):
         Binding("r", "ranks", "Ranks", id="ranks"),
         Binding("e", "export", "Export", id="export"),
         Binding("l", "events", "Events", id="events"),
+        Binding("right_square_bracket", "interval(1)", "Slower", id="interval_up", show=False),
+        Binding("left_square_bracket", "interval(-1)", "Faster", id="interval_down", show=False),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
     JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
 
-    def __init__(self, source: Source, readonly: bool = False) -> None:
+    def __init__(
+        self, source: Source, readonly: bool = False, interval: float | None = None
+    ) -> None:
         super().__init__()
         self.source = source
         self.snapshot: Snapshot | None = None
         self.commands = CommandDesk(source, readonly)
+        self.interval = interval or settings.interval_s
+        self._waiting: Snapshot | None = None  # the newest snapshot, drawn at the next tick
+        self._keys_state: tuple[str | None, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield JobHeader()
@@ -91,6 +99,7 @@ class DashboardScreen(Screen):
     def on_mount(self) -> None:
         for panel_id, title in PANEL_TITLES.items():
             self.query_one(f"#{panel_id}").border_title = title
+        self._ticker = self.set_interval(self.interval, self._tick)
         self.run_worker(self._pump_source, thread=True, name="source", exit_on_error=False)
 
     def on_unmount(self) -> None:
@@ -110,15 +119,49 @@ class DashboardScreen(Screen):
             self.maximize(log, container=False)
             log.scroll_end(animate=False)
 
+    def action_interval(self, direction: int) -> None:
+        """Redraw less (``]``) or more (``[``) often."""
+        self.set_refresh_interval(next_interval(self.interval, direction))
+
+    def set_refresh_interval(self, seconds: float) -> None:
+        self.interval = settings.interval_s = seconds
+        self._ticker.stop()
+        self._ticker = self.set_interval(seconds, self._tick)
+        self.notify(f"the dashboard redraws every {interval_text(seconds)}", timeout=3)
+
     def _pump_source(self) -> None:
         self.source.run(lambda update: self.post_message(SnapshotArrived(update)))
 
     @on(SnapshotArrived)
     def _show(self, message: SnapshotArrived) -> None:
-        self.show(message.update)
+        """Replies and notices at once; the panels at the refresh interval, or at once for
+        the first frame, a change of state, a reply (a key's result) and a replay."""
+        update = message.update
+        snap, last = update.snapshot, self.snapshot
+        now = last is None or snap.state is not last.state or snap.replay is not None
+        if now or update.replies:
+            self.show_snapshot(snap)
+        else:
+            self._waiting = snap
+        self._tell(update)
+
+    def _tick(self) -> None:
+        if self._waiting is not None:
+            self.show_snapshot(self._waiting)
 
     def show(self, update: Update) -> None:
-        snap = update.snapshot
+        """Show an update at once (its snapshot, replies and notices)."""
+        self.show_snapshot(update.snapshot)
+        self._tell(update)
+
+    def _tell(self, update: Update) -> None:
+        for reply in update.replies:
+            self._answer(reply)
+        for notice in update.notices:
+            self.notify(notice.message, severity="warning", timeout=6)
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        self._waiting = None
         self.snapshot = snap
         self.query_one(JobHeader).show(snap)
         self.query_one(StateBanner).show(snap)
@@ -129,11 +172,10 @@ class DashboardScreen(Screen):
         screen = self.app.screen
         if isinstance(screen, (ProbeScreen, RanksScreen, AnatomyScreen)) and screen.is_mounted:
             screen.show(snap)
-        for reply in update.replies:
-            self._answer(reply)
-        for notice in update.notices:
-            self.notify(notice.message, severity="warning", timeout=6)
-        self.refresh_bindings()
+        keys_state = tuple(why_off(snap, action) for action in ACTIONS)
+        if keys_state != self._keys_state:  # the footer is rebuilt only when a key changes
+            self._keys_state = keys_state
+            self.refresh_bindings()
 
     def action_help(self) -> None:
         off = keys_off(self.snapshot) if self.snapshot is not None else {}
