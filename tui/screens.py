@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.markup import escape
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -21,6 +21,7 @@ from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
 from .disabled import ACTIONS, KEY_ACTIONS, keys_off, why_off
+from .help import HelpScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
 from .ranks_screen import RanksScreen
@@ -179,7 +180,9 @@ class DashboardScreen(Screen):
 
     def action_help(self) -> None:
         off = keys_off(self.snapshot) if self.snapshot is not None else {}
-        self.app.push_screen(HelpScreen(off))
+        self.app.push_screen(
+            HelpScreen(off, replay=self.snapshot is not None and self.snapshot.replay is not None)
+        )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.JOB_ACTIONS and self.commands.readonly:
@@ -281,84 +284,6 @@ class DashboardScreen(Screen):
             app.call_from_thread(app.notify, message, title="Export", timeout=12)
 
         self.run_worker(work, thread=True, name="export", exit_on_error=False)
-
-
-HELP_TEXT = """\
-# bsmon
-
-**Panels**
-
-- **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
-  job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
-- **Batch**: the current batch size, the mean full-iteration step time, throughput, the memory
-  model's *predicted* largest batch (a straight line through the peak memory measured at each
-  size the job ran), and the last changes with the throughput each one bought.
-- **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
-  estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
-  of a noiseless step: raising the batch toward B_simple cuts the steps needed at little
-  cost in samples; far above it a larger batch wastes compute. An order-of-magnitude guide
-  for the current learning rate, not a prescription. The chart: B_simple on a log scale,
-  its 95% band (gray) and the batch size (orange). The estimator is named: per-example
-  norms (default), micro-batches (gradient accumulation), DDP ranks, or `sequential`, which
-  is **biased** and only for comparison. "collecting" until enough steps are measured.
-- **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
-- **Loss**: the scalars the job logs with `mon.log(loss=...)`; under `bsmon run`, the value
-  the script calls `backward()` on (divided for accumulation, or scaled by AMP, if it is).
-- **Events**: what happened, with the time into the run and the step.
-- **Time** (`t`): where each step's time goes — waiting for data, forward, backward, the
-  all-reduce wait (DDP), the optimizer step and the rest — over the last 100 steps and over
-  the run, and the verdict: input-, communication-, host- or compute-bound, with what to try.
-  Wall clock on a CPU, CUDA events on a GPU; a phase bsmon cannot see is "not measured".
-
-**Keys**
-
-| key | action |
-|---|---|
-| `?` | this help |
-| `+` / `=` | step the batch size up (double by default; applied at the next step) |
-| `-` | step the batch size down |
-| `p` | probe the largest batch size in a sidecar process (asks first) |
-| `t` | where the step time goes (step anatomy) and the verdict |
-| `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
-| `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
-| `ctrl+p` | command palette |
-| `q` | quit (the job keeps running) |
-
-In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
-a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
-
-A key the job cannot serve is greyed in the footer, and the top of this help says why (under
-`bsmon run`, batch control and the probe need `attach()` in the script).
-
-The monitor never acts on the job unless you press a key that says so. A size the memory model
-predicts above 90% of device memory, above a probe's maximum, or that already ran out of
-memory asks for confirmation first. `bsmon --readonly` removes every key that acts on the job.
-"""
-
-
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [
-        Binding("escape,question_mark,q", "dismiss", "Close", id="close_help"),
-    ]
-
-    def __init__(self, keys_off: dict[str, str] | None = None) -> None:
-        super().__init__()
-        self.keys_off = keys_off or {}
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(id="help-box"):
-            yield Markdown(self.text())
-
-    def text(self) -> str:
-        """The help, opening with what this job cannot do from here, and why."""
-        if not self.keys_off:
-            return HELP_TEXT
-        title, rest = HELP_TEXT.split("\n", 1)
-        off = "\n".join(f"- `{key}` is off: {why}." for key, why in self.keys_off.items())
-        return f"{title}\n\n**This job**\n\n{off}\n{rest}"
-
-    def action_dismiss(self) -> None:  # type: ignore[override]
-        self.dismiss(None)
 
 
 class PickerScreen(Screen[Path]):
