@@ -12,6 +12,7 @@ from textual.screen import Screen
 
 from bsmon.probes.wire import discovery
 
+from .palette import dashboard_commands
 from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
 from .sources import SocketSource, Source
 
@@ -101,18 +102,7 @@ class BsmonApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if isinstance(screen, DashboardScreen):
-            yield SystemCommand("Help", "Keys and what each panel shows", screen.action_help)
-            if screen.check_action("batch", ()):
-                yield SystemCommand(
-                    "Batch size up",
-                    "Double the batch size (or the next step)",
-                    lambda: screen.action_batch("up"),
-                )
-                yield SystemCommand(
-                    "Batch size down",
-                    "Halve the batch size (or the previous step)",
-                    lambda: screen.action_batch("down"),
-                )
+            yield from dashboard_commands(screen)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

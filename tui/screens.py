@@ -194,12 +194,23 @@ class DashboardScreen(Screen):
         action = KEY_ACTIONS.get(event.key)
         if action is None or self.check_action(action, ()) is True:
             return
+        self.explain(action)
+        event.stop()
+
+    def explain(self, action: str) -> None:
+        """Toast why ``action`` cannot act now."""
         if action in self.JOB_ACTIONS and self.commands.readonly:
             why = self.source.readonly_reason or "the monitor is read-only (bsmon --readonly)"
         else:
             why = why_off(self.snapshot, action) or "not available now"
         self.notify(f"{ACTIONS[action][0]} is off: {why}", severity="warning", timeout=5)
-        event.stop()
+
+    def run_or_explain(self, action: str, *args: object) -> None:
+        """Run ``action`` (the palette's way in), or say why it cannot act now."""
+        if self.check_action(action, args) is True:
+            getattr(self, f"action_{action}")(*args)
+        else:
+            self.explain(action)
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
