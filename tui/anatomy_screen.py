@@ -9,7 +9,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.markup import escape
 from textual.widgets import Footer, Static
-from textual_plotext import PlotextPlot
 
 from bsmon.probes.wire.protocol import MetricsPoint, StepAnatomy
 
@@ -17,6 +16,7 @@ from .session import Snapshot
 from .view_screen import ViewScreen
 from .widgets.charts import step_ticks
 from .widgets.header import JobHeader
+from .widgets.plot import CachedPlot
 
 # phase, label, colour (the bars and the chart share it)
 PHASES = (
@@ -80,7 +80,7 @@ def verdict_text(anatomy: StepAnatomy | None) -> str:
     )
 
 
-class PhaseChart(PlotextPlot):
+class PhaseChart(CachedPlot):
     """Each phase's share of the step over the run, stacked: the phases' running totals are
     drawn from the top one down, each filled to the axis over the one before."""
 
@@ -102,7 +102,7 @@ class PhaseChart(PlotextPlot):
         plt.title("share of each step over the run (%)")
         if with_anatomy:
             self._stack(plt, with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)])
-        self.refresh()
+        self.redraw()
 
     @staticmethod
     def _stack(plt: object, points: Sequence[MetricsPoint]) -> None:

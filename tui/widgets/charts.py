@@ -6,12 +6,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from textual_plotext import PlotextPlot
-
 from bsmon.probes.wire.protocol import MetricsPoint
 
 from .. import format as fmt
 from ..session import Snapshot
+from .plot import CachedPlot
 
 LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
 
@@ -56,7 +55,7 @@ def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
     return sorted({round(lo + i * span) for i in range(count)})
 
 
-class RunChart(PlotextPlot):
+class RunChart(CachedPlot):
     """Base for charts that redraw only when the snapshot brings new points."""
 
     DEFAULT_CSS = "RunChart { height: 1fr; min-height: 5; }"
@@ -108,7 +107,7 @@ class RunChart(PlotextPlot):
             plt.title(self.empty_hint)
         if self.size.height >= LABEL_MIN_ROWS:  # in a low chart the data takes the row
             plt.xlabel("step")
-        self.refresh()
+        self.redraw()
 
 
 class ThroughputChart(RunChart):

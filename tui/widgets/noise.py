@@ -244,7 +244,7 @@ class NoiseChart(RunChart):
         band_high, band_low, main = all_series
         if not main.xs:
             plt.title(self.empty_hint)
-            self.refresh()
+            self.redraw()
             return
         limit = max(16, 2 * max(self.size.width, 40))
         batch = getattr(self, "_batch", None)
@@ -263,7 +263,7 @@ class NoiseChart(RunChart):
             plt.yticks([math.log10(t) for t in ticks], [value(t) for t in ticks])
         xticks = step_ticks(min(main.xs), max(main.xs), 3)
         plt.xticks(xticks, [fmt.count(t) for t in xticks])
-        self.refresh()
+        self.redraw()
 
 
 class NoisePanel(Vertical):
