@@ -12,6 +12,7 @@ from textual.widgets import Footer, Static
 
 from bsmon.probes.wire.protocol import MetricsPoint, StepAnatomy
 
+from . import format as fmt
 from .session import Snapshot
 from .view_screen import ViewScreen
 from .widgets.charts import step_ticks
@@ -28,6 +29,10 @@ PHASES = (
     ("other", "other", (128, 128, 128)),
 )
 CHART_POINTS = 120
+TITLE = "share of each step over the run (%)"
+# without colour (NO_COLOR) each phase is filled with its initial
+NO_COLOR_MARKS = ("d", "f", "b", "c", "o", "·")
+NO_COLOR_TITLE = "share of each step (%): d data f fwd b bwd c comm o optim · other"
 
 
 def shares(anatomy: StepAnatomy) -> list[float | None]:
@@ -99,13 +104,14 @@ class PhaseChart(CachedPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title("share of each step over the run (%)")
+        plt.title(NO_COLOR_TITLE if self.app.no_color else TITLE)
         if with_anatomy:
-            self._stack(plt, with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)])
+            every = with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)]
+            self._stack(plt, every, self.app.no_color)
         self.redraw()
 
     @staticmethod
-    def _stack(plt: object, points: Sequence[MetricsPoint]) -> None:
+    def _stack(plt: object, points: Sequence[MetricsPoint], no_color: bool) -> None:
         steps = [float(p.step) for p in points]
         per_point = [shares(p.anatomy) for p in points if p.anatomy is not None]
         running = [[0.0] * len(points)]
@@ -116,9 +122,11 @@ class PhaseChart(CachedPlot):
         for k in reversed(range(len(PHASES))):
             top = running[k + 1]
             if top != running[k]:  # a phase with no time at all is not drawn
-                plt.plot(steps, top, fillx=True, marker="braille", color=PHASES[k][2])  # type: ignore[attr-defined]
+                mark = NO_COLOR_MARKS[k] if no_color else "braille"
+                plt.plot(steps, top, fillx=True, marker=mark, color=PHASES[k][2])  # type: ignore[attr-defined]
         plt.ylim(0, 100)  # type: ignore[attr-defined]
-        plt.xticks(step_ticks(steps[0], steps[-1]))  # type: ignore[attr-defined]
+        ticks = step_ticks(steps[0], steps[-1])
+        plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
 
 
 class AnatomyScreen(ViewScreen):

@@ -13,6 +13,13 @@ from ..session import Snapshot
 from .plot import CachedPlot
 
 LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
+# without colour (NO_COLOR) series are told apart by marker; the legend shows each one
+NO_COLOR_MARKERS = ("braille", "x", "+", "o", "*", "#")
+
+
+def marker(index: int, no_color: bool) -> str:
+    """The marker of the ``index``-th series: braille, or a distinct one without colour."""
+    return NO_COLOR_MARKERS[index % len(NO_COLOR_MARKERS)] if no_color else "braille"
 
 
 @dataclass(frozen=True)
@@ -92,11 +99,12 @@ class RunChart(CachedPlot):
         plt.clear_figure()
         limit = max(16, 2 * max(self.size.width, 40))
         drawn = False
-        for s in all_series:
+        no_color = self.app.no_color
+        for index, s in enumerate(all_series):
             if not s.xs:
                 continue
             xs, ys = thin(s.xs, s.ys, limit)
-            plt.plot(xs, ys, marker="braille", label=s.label, yside=s.side)
+            plt.plot(xs, ys, marker=marker(index, no_color), label=s.label, yside=s.side)
             drawn = True
         if drawn:
             lo = min(min(s.xs) for s in all_series if s.xs)

@@ -33,6 +33,7 @@ ESTIMATOR_NAMES = {
 }
 MARKER = "braille"
 KEY = "[cyan]━━[/] B_simple  [#8a8a8a]━━[/] 95%  [orange]──[/] batch"
+NO_COLOR_KEY = "⣿⣿ B_simple  ·· 95%  ── batch"  # told apart by marker (NO_COLOR)
 CHART_MIN_ROWS = 7
 CHART_MAX_ROWS = 12
 CITATION = "an order-of-magnitude guide (McCandlish et al. 2018)"
@@ -250,10 +251,11 @@ class NoiseChart(RunChart):
         batch = getattr(self, "_batch", None)
         values = [*main.ys, *band_high.ys, *band_low.ys] + ([batch] if batch else [])
         values = [v for v in values if v > 0]
+        band_marker = "·" if self.app.no_color else MARKER
         for band in (band_high, band_low):  # the key is a line of text under the chart
             if band.xs:
                 xs, ys = thin(band.xs, [math.log10(v) for v in band.ys], limit)
-                plt.plot(xs, ys, marker=MARKER, color="gray")
+                plt.plot(xs, ys, marker=band_marker, color="gray")
         xs, ys = thin(main.xs, [math.log10(v) for v in main.ys], limit)
         plt.plot(xs, ys, marker=MARKER, color="cyan")
         if batch:
@@ -282,7 +284,7 @@ class NoisePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="noise-text")
         yield NoiseChart(id="noise-chart")
-        yield Static(KEY, id="noise-key")
+        yield Static(NO_COLOR_KEY if self.app.no_color else KEY, id="noise-key")
 
     def rows_to_spare(self) -> int:
         """Rows this panel's content may take: the column's height less the other panels
