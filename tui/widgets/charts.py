@@ -62,6 +62,13 @@ def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
     return sorted({round(lo + i * span) for i in range(count)})
 
 
+def value_ticks(lo: float, hi: float, count: int) -> list[float]:
+    """``count`` evenly spaced ticks from ``lo`` to ``hi`` (one when they are equal)."""
+    if hi <= lo or count < 2:
+        return [lo]
+    return [lo + i * (hi - lo) / (count - 1) for i in range(count)]
+
+
 class RunChart(CachedPlot):
     """Base for charts that redraw only when the snapshot brings new points."""
 
@@ -100,12 +107,18 @@ class RunChart(CachedPlot):
         limit = max(16, 2 * max(self.size.width, 40))
         drawn = False
         no_color = self.app.no_color
+        sides: dict[str, list[float]] = {}
         for index, s in enumerate(all_series):
             if not s.xs:
                 continue
             xs, ys = thin(s.xs, s.ys, limit)
             plt.plot(xs, ys, marker=marker(index, no_color), label=s.label, yside=s.side)
+            sides.setdefault(s.side, []).extend(ys)
             drawn = True
+        rows = max(2, min(5, (self.size.height - 4) // 2))
+        for side, ys in sides.items():  # the values' ticks in the dashboard's units: 9.32k
+            ticks = value_ticks(min(ys), max(ys), rows)
+            plt.yticks(ticks, [fmt.count(t) for t in ticks], yside=side)
         if drawn:
             lo = min(min(s.xs) for s in all_series if s.xs)
             hi = max(max(s.xs) for s in all_series if s.xs)

@@ -152,9 +152,13 @@ def describe(
         lines.extend(meaning(batch, reading.lower_bound, bound=True, compact=compact))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
-        progress = f"{min(reading.effective, reading.needed):.0f}/{reading.needed}"
-        lines.append(Line(f"B_simple: collecting {progress} steps", "$text-muted"))
-        lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=1))
+        if reading.needed:
+            progress = f"{min(reading.effective, reading.needed):.0f}/{reading.needed}"
+            lines.append(Line(f"B_simple: collecting {progress} steps", "$text-muted"))
+        else:  # the first frame: the job has not reported a measured step yet
+            lines.append(Line("B_simple: collecting (no step measured yet)", "$text-muted"))
+        if reading.estimator is not None:
+            lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=1))
         if biased:
             lines.append(Line("biased: consecutive steps, for comparison only", "$error"))
     if reading.detail:
