@@ -18,7 +18,7 @@ from .session import Snapshot
 from .widgets.header import JobHeader
 from .widgets.plot import CachedPlot
 
-COLUMNS = ("batch", "fits", "peak", "step", "samples/s", "note")
+COLUMNS = ("batch", "fit", "peak", "step", "samples/s", "note")
 GIB = 2**30
 
 
@@ -70,7 +70,7 @@ class ProbeScreen(Screen[None]):
     DEFAULT_CSS = """
     ProbeScreen #probe-status { height: auto; padding: 0 1; }
     ProbeScreen #probe-body { height: 1fr; }
-    ProbeScreen #probe-left { width: 1fr; }
+    ProbeScreen #probe-left { width: 1fr; min-width: 50; }  /* the table's columns, at 80 */
     ProbeScreen #probe-charts { width: 1fr; }
     ProbeScreen DataTable { height: auto; max-height: 8; }
     ProbeScreen #findings { height: auto; padding: 0 1; }
@@ -103,9 +103,9 @@ class ProbeScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#points", DataTable).add_columns(*COLUMNS)
-        self.query_one("#probe-left").border_title = "Probe: max batch size (sidecar process)"
-        self.query_one("#memory-chart").border_title = "Peak memory (GiB) vs batch size"
-        self.query_one("#speed-chart").border_title = "Throughput (samples/s) vs batch size"
+        self.query_one("#probe-left").border_title = "Probe: largest batch (sidecar)"
+        self.query_one("#memory-chart").border_title = "Peak GiB by batch"
+        self.query_one("#speed-chart").border_title = "Samples/s by batch"
         if self._first is not None:
             self.show(self._first)
 

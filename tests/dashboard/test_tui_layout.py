@@ -51,3 +51,45 @@ async def test_l_expands_the_events_over_the_dashboard_and_l_or_escape_restores_
         await wait_for(pilot, lambda: screen.maximized is log, what="maximized again")
         await pilot.press("escape")
         await wait_for(pilot, lambda: screen.maximized is None, what="restored by escape")
+
+
+async def test_at_80x24_the_probe_table_and_titles_fit_and_the_header_keeps_the_step():
+    from textual.widgets import DataTable
+
+    from bsmon.tui.app import BsmonApp
+    from bsmon.tui.sources import ScriptedSource
+
+    from ..scripted import NOW, probed_messages
+
+    script = probed_messages()
+    script[0].session.world_size, script[0].session.rank = 2, 1  # a rank in the header
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await dashboard_ready(pilot)
+        header = app.screen.query_one("#job")
+        line = str(header.render())
+        assert line.index("step 3,000") < header.content_size.width  # not cut off
+        screen.open_probe_screen()
+        await pilot.pause(0.5)
+        table = app.screen.query_one(DataTable)
+        cut = [c.label.plain for c in table.ordered_columns[:-1]]  # all but the note
+        assert sum(c.get_render_width(table) for c in table.ordered_columns[:-1]) <= (
+            table.scrollable_content_region.width
+        ), cut
+        for panel in app.screen.query(".panel"):
+            title = str(panel.border_title or "")
+            assert len(title) + 4 <= panel.size.width, title  # whole, no "…"
+
+
+async def test_toasts_do_not_stack_over_the_dashboard():
+    from bsmon.tui.app import MAX_TOASTS
+
+    app = scripted_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        for i in range(5):
+            app.notify(f"toast {i}")
+            await pilot.pause(0.05)
+        await wait_for(pilot, lambda: "toast 4" in [n.message for n in app._notifications])
+        assert len(app._notifications) == MAX_TOASTS
+        assert [n.message for n in app._notifications] == ["toast 3", "toast 4"]
