@@ -155,6 +155,12 @@ class AnatomyScreen(ViewScreen):
             notes.update("")
         else:
             bars.update("\n".join(bar_lines(anatomy, self.size.width - 2)))
-            about = f"per step over the last {anatomy.steps} steps, {anatomy.clock or 'wall clock'}"
+            whole = snap.replay is not None and snap.replay.ended is not None
+            span = (
+                f"the whole recorded run ({anatomy.steps:,} steps)"
+                if whole
+                else (f"the last {anatomy.steps} steps")
+            )
+            about = f"per step over {span}, {anatomy.clock or 'wall clock'}"
             notes.update(escape("; ".join([about, *anatomy.notes])))
         self.query_one(PhaseChart).show(snap.points)
