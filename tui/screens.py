@@ -109,7 +109,9 @@ class DashboardScreen(Screen):
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width >= 140, "wide")
         self.set_class(event.size.height < 30, "compact")
-        self.query_one(Footer).compact = event.size.width < 100  # every key fits at 80
+        footer = self.query_one(Footer)  # every key fits at 80 columns, q Quit included:
+        footer.compact = event.size.width < 100
+        footer.show_command_palette = event.size.width >= 100  # ctrl+p works all the same
 
     def action_events(self) -> None:
         """The Events panel over the whole screen, or back (``l`` again, or ``esc``)."""
