@@ -43,19 +43,9 @@ class Pane:
         return out.stdout
 
     def start(self, command: str) -> None:
-        self.tmux(
-            "-f",
-            "/dev/null",
-            "new-session",
-            "-d",
-            "-s",
-            "main",
-            "-x",
-            str(self.width),
-            "-y",
-            str(self.height),
-            f"env -u COLUMNS -u LINES {command}; sleep 600",
-        )
+        size = ["-x", str(self.width), "-y", str(self.height)]
+        shell = f"env -u COLUMNS -u LINES {command}; sleep 600"
+        self.tmux("-f", "/dev/null", "new-session", "-d", "-s", "main", *size, shell)
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-t", "main", "-p")

@@ -7,16 +7,14 @@ import asyncio
 
 import torch
 
-from bsmon.probes import attach
 from bsmon.probes.wire import protocol
-from bsmon.tui.app import BsmonApp, follow_job
+from bsmon.tui.app import BsmonApp
 from bsmon.tui.confirm import ConfirmScreen
 from bsmon.tui.disabled import NOT_DISTRIBUTED
 from bsmon.tui.sources import ScriptedSource
 
-from ..jobs import TinyJob
 from ..scripted import NOW, messages, scripted_app
-from .test_tui_pilot import dashboard_ready, text_of, wait_for
+from .test_tui_pilot import dashboard_ready, real_job_app, text_of, wait_for
 from .test_tui_zero import PROBE_REASON, REASON, zero_code_script
 
 LOSS_FN = "the probe needs attach(..., loss_fn=...)"
@@ -65,9 +63,7 @@ async def test_a_probe_that_cannot_run_is_greyed_with_the_jobs_reason():
 
 
 async def test_a_real_job_without_loss_fn_reports_why_its_probe_cannot_run(bsmon_dir):
-    job = TinyJob()
-    mon = attach(job.model, job.optimizer, batch_size=8, name="no-loss-fn")
-    app = BsmonApp(follow_job(mon.socket_path, "no-loss-fn", bsmon_dir))
+    job, mon, app = real_job_app("no-loss-fn", bsmon_dir)
     try:
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await dashboard_ready(pilot)
