@@ -9,14 +9,15 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.markup import escape
 from textual.widgets import Footer, Static
-from textual_plotext import PlotextPlot
 
 from bsmon.probes.wire.protocol import MetricsPoint, StepAnatomy
 
+from . import format as fmt
 from .session import Snapshot
 from .view_screen import ViewScreen
 from .widgets.charts import step_ticks
 from .widgets.header import JobHeader
+from .widgets.plot import CachedPlot
 
 # phase, label, colour (the bars and the chart share it)
 PHASES = (
@@ -28,6 +29,10 @@ PHASES = (
     ("other", "other", (128, 128, 128)),
 )
 CHART_POINTS = 120
+TITLE = "share of each step over the run (%)"
+# without colour (NO_COLOR) each phase is filled with its initial
+NO_COLOR_MARKS = ("d", "f", "b", "c", "o", "·")
+NO_COLOR_TITLE = "share of each step (%): d data f fwd b bwd c comm o optim · other"
 
 
 def shares(anatomy: StepAnatomy) -> list[float | None]:
@@ -80,7 +85,7 @@ def verdict_text(anatomy: StepAnatomy | None) -> str:
     )
 
 
-class PhaseChart(PlotextPlot):
+class PhaseChart(CachedPlot):
     """Each phase's share of the step over the run, stacked: the phases' running totals are
     drawn from the top one down, each filled to the axis over the one before."""
 
@@ -99,13 +104,14 @@ class PhaseChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title("share of each step over the run (%)")
+        plt.title(NO_COLOR_TITLE if self.app.no_color else TITLE)
         if with_anatomy:
-            self._stack(plt, with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)])
-        self.refresh()
+            every = with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)]
+            self._stack(plt, every, self.app.no_color)
+        self.redraw()
 
     @staticmethod
-    def _stack(plt: object, points: Sequence[MetricsPoint]) -> None:
+    def _stack(plt: object, points: Sequence[MetricsPoint], no_color: bool) -> None:
         steps = [float(p.step) for p in points]
         per_point = [shares(p.anatomy) for p in points if p.anatomy is not None]
         running = [[0.0] * len(points)]
@@ -116,9 +122,11 @@ class PhaseChart(PlotextPlot):
         for k in reversed(range(len(PHASES))):
             top = running[k + 1]
             if top != running[k]:  # a phase with no time at all is not drawn
-                plt.plot(steps, top, fillx=True, marker="braille", color=PHASES[k][2])  # type: ignore[attr-defined]
+                mark = NO_COLOR_MARKS[k] if no_color else "braille"
+                plt.plot(steps, top, fillx=True, marker=mark, color=PHASES[k][2])  # type: ignore[attr-defined]
         plt.ylim(0, 100)  # type: ignore[attr-defined]
-        plt.xticks(step_ticks(steps[0], steps[-1]))  # type: ignore[attr-defined]
+        ticks = step_ticks(steps[0], steps[-1])
+        plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
 
 
 class AnatomyScreen(ViewScreen):
@@ -147,6 +155,12 @@ class AnatomyScreen(ViewScreen):
             notes.update("")
         else:
             bars.update("\n".join(bar_lines(anatomy, self.size.width - 2)))
-            about = f"per step over the last {anatomy.steps} steps, {anatomy.clock or 'wall clock'}"
+            whole = snap.replay is not None and snap.replay.ended is not None
+            span = (
+                f"the whole recorded run ({anatomy.steps:,} steps)"
+                if whole
+                else (f"the last {anatomy.steps} steps")
+            )
+            about = f"per step over {span}, {anatomy.clock or 'wall clock'}"
             notes.update(escape("; ".join([about, *anatomy.notes])))
         self.query_one(PhaseChart).show(snap.points)

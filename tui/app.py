@@ -8,14 +8,17 @@ from pathlib import Path
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import Notify
 from textual.screen import Screen
 
 from bsmon.probes.wire import discovery
 
+from .palette import dashboard_commands
 from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
 from .sources import SocketSource, Source
 
 DISCOVERY_INTERVAL_S = 1.0
+MAX_TOASTS = 2  # more would stack over the charts; the Events panel keeps everything
 
 
 def follow_job(socket: Path, name: str | None, directory: Path | None) -> SocketSource:
@@ -101,21 +104,16 @@ class BsmonApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if isinstance(screen, DashboardScreen):
-            yield SystemCommand("Help", "Keys and what each panel shows", screen.action_help)
-            if screen.check_action("batch", ()):
-                yield SystemCommand(
-                    "Batch size up",
-                    "Double the batch size (or the next step)",
-                    lambda: screen.action_batch("up"),
-                )
-                yield SystemCommand(
-                    "Batch size down",
-                    "Halve the batch size (or the previous step)",
-                    lambda: screen.action_batch("down"),
-                )
+            yield from dashboard_commands(screen)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def _on_notify(self, event: Notify) -> None:
+        """Keep at most MAX_TOASTS on screen: a new one replaces the oldest."""
+        for old in list(self._notifications)[: max(0, len(self._notifications) - MAX_TOASTS + 1)]:
+            self._unnotify(old, refresh=False)
+        super()._on_notify(event)
 
     def on_unmount(self) -> None:
         if self.source is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bsmon.probes.wire.protocol import (
+    CLIENT_COMMANDS,
     BatchSizeResult,
     Command,
     ProbeCommand,
@@ -48,8 +49,9 @@ class CommandDesk:
     def answer(self, reply: Reply) -> Outcome | None:
         """What a reply means for the user; None for replies to commands not sent from here."""
         command = self._sent.pop(str(reply.id), None) if reply.id is not None else None
+        error = user_words(reply.error or "refused")
         if command is None:
-            return None if reply.ok else Outcome("refused", reply.error or "refused")
+            return None if reply.ok else Outcome("refused", error)
         result = BatchSizeResult.of(reply)
         if reply.ok:
             return Outcome("done", describe_success(command, result))
@@ -59,8 +61,15 @@ class CommandDesk:
                 confirm=True,
                 reason=getattr(command, "reason", "") or "confirmed",
             )
-            return Outcome("confirm", str(result.why or reply.error), retry)
-        return Outcome("refused", reply.error or "refused")
+            return Outcome("confirm", user_words(str(result.why or error)), retry)
+        return Outcome("refused", error)
+
+
+def user_words(error: str) -> str:
+    """A refusal as a person reads it: without the command's wire name in front
+    ("step_batch_size: 1 is already the smallest..." -> "1 is already the smallest...")."""
+    kind, sep, rest = error.partition(": ")
+    return rest if sep and kind in CLIENT_COMMANDS and rest else error
 
 
 def describe_success(command: Command, result: BatchSizeResult) -> str:
@@ -69,4 +78,4 @@ def describe_success(command: Command, result: BatchSizeResult) -> str:
         return f"batch size {result.old} → {result.new} {when}"
     if isinstance(command, ProbeCommand):
         return "probe started: it runs in a separate process beside the job"
-    return f"{type(command).__struct_config__.tag}: done"
+    return "done"

@@ -9,7 +9,6 @@ from textual.containers import Horizontal, Vertical
 from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
-from textual_plotext import PlotextPlot
 
 from bsmon.probes.wire import describe_prediction, describe_what_if
 from bsmon.probes.wire.protocol import ProbePoint, ProbeReading, ProbeResult
@@ -17,8 +16,9 @@ from bsmon.probes.wire.protocol import ProbePoint, ProbeReading, ProbeResult
 from . import format as fmt
 from .session import Snapshot
 from .widgets.header import JobHeader
+from .widgets.plot import CachedPlot
 
-COLUMNS = ("batch", "fits", "peak", "step", "samples/s", "note")
+COLUMNS = ("batch", "fit", "peak", "step", "samples/s", "note")
 GIB = 2**30
 
 
@@ -70,11 +70,11 @@ class ProbeScreen(Screen[None]):
     DEFAULT_CSS = """
     ProbeScreen #probe-status { height: auto; padding: 0 1; }
     ProbeScreen #probe-body { height: 1fr; }
-    ProbeScreen #probe-left { width: 1fr; }
+    ProbeScreen #probe-left { width: 1fr; min-width: 50; }  /* the table's columns, at 80 */
     ProbeScreen #probe-charts { width: 1fr; }
     ProbeScreen DataTable { height: auto; max-height: 8; }
     ProbeScreen #findings { height: auto; padding: 0 1; }
-    ProbeScreen PlotextPlot { height: 1fr; min-height: 6; }
+    ProbeScreen CachedPlot { height: 1fr; min-height: 6; }
     """
     BINDINGS = [
         Binding("a", "apply", "Apply recommendation", id="probe_apply"),
@@ -97,15 +97,15 @@ class ProbeScreen(Screen[None]):
                 yield DataTable(id="points", cursor_type="none", zebra_stripes=True)
                 yield Static("", id="findings")
             with Vertical(id="probe-charts"):
-                yield PlotextPlot(id="memory-chart", classes="panel")
-                yield PlotextPlot(id="speed-chart", classes="panel")
+                yield CachedPlot(id="memory-chart", classes="panel")
+                yield CachedPlot(id="speed-chart", classes="panel")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#points", DataTable).add_columns(*COLUMNS)
-        self.query_one("#probe-left").border_title = "Probe: max batch size (sidecar process)"
-        self.query_one("#memory-chart").border_title = "Peak memory (GiB) vs batch size"
-        self.query_one("#speed-chart").border_title = "Throughput (samples/s) vs batch size"
+        self.query_one("#probe-left").border_title = "Probe: largest batch (sidecar)"
+        self.query_one("#memory-chart").border_title = "Peak GiB by batch"
+        self.query_one("#speed-chart").border_title = "Samples/s by batch"
         if self._first is not None:
             self.show(self._first)
 
@@ -128,13 +128,13 @@ class ProbeScreen(Screen[None]):
             table.add_row(*point_row(point))
         self._draw_memory(reading)
         self._draw_speed(reading)
-        for chart in self.query(PlotextPlot):
-            chart.refresh()
+        for chart in self.query(CachedPlot):
+            chart.redraw()
 
     def _draw_memory(self, reading: ProbeReading) -> None:
         """Measured peaks (●), sizes that did not fit (✗, at the budget), the fitted line, and
         the budget as a horizontal line."""
-        plt = self.query_one("#memory-chart", PlotextPlot).plt
+        plt = self.query_one("#memory-chart", CachedPlot).plt
         plt.clear_figure()
         result = reading.result
         budget = result.budget_bytes / GIB if result and result.budget_bytes else None
@@ -161,7 +161,7 @@ class ProbeScreen(Screen[None]):
         set_int_xticks(plt, xs + failed)
 
     def _draw_speed(self, reading: ProbeReading) -> None:
-        plt = self.query_one("#speed-chart", PlotextPlot).plt
+        plt = self.query_one("#speed-chart", CachedPlot).plt
         plt.clear_figure()
         rated = [p for p in reading.points if p.samples_per_s]
         if rated:

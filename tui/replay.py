@@ -242,6 +242,11 @@ class RecordSource(Source):
         devices = spans[self._devices[index]].devices if self._devices[index] >= 0 else []
         host = spans[self._host[index]].host if self._host[index] >= 0 else None
         status = self._status
+        world_size = self.data.header.session.world_size
+        if position >= self.data.stop:  # at the end: the whole run's split, not the last span's
+            anatomy = conversions.run_anatomy(spans, world_size)
+        else:
+            anatomy = conversions.recorded_anatomy(timed, world_size) if timed else None
         return Metrics(
             t=position,
             step=span.step,
@@ -250,9 +255,7 @@ class RecordSource(Source):
             samples_per_s=point.samples_per_s if point else None,
             b_simple=span.b_simple.mean if span.b_simple else None,
             noise=conversions.recorded_noise(span) or NoiseScaleReading(),
-            anatomy=conversions.recorded_anatomy(timed, self.data.header.session.world_size)
-            if timed
-            else None,
+            anatomy=anatomy,
             samples=span.samples,
             devices=[conversions.device_reading(d) for d in devices],
             gpu=status.gpu if status else Capability(False, "not recorded"),

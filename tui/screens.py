@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.markup import escape
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -20,13 +20,16 @@ from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
+from .disabled import ACTIONS, KEY_ACTIONS, keys_off, why_off
+from .help import HelpScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
 from .ranks_screen import RanksScreen
 from .session import Snapshot
+from .settings import interval_text, next_interval, settings
 from .sources import Source, Update
 from .widgets.banner import StateBanner
-from .widgets.batch import BatchPanel, keys_off
+from .widgets.batch import BatchPanel
 from .widgets.charts import ScalarChart, ThroughputChart
 from .widgets.devices import DevicePanel
 from .widgets.eventlog import EventLog
@@ -62,15 +65,23 @@ class DashboardScreen(Screen):
         Binding("t", "anatomy", "Time", id="anatomy"),
         Binding("r", "ranks", "Ranks", id="ranks"),
         Binding("e", "export", "Export", id="export"),
+        Binding("l", "events", "Events", id="events"),
+        Binding("right_square_bracket", "interval(1)", "Slower", id="interval_up", show=False),
+        Binding("left_square_bracket", "interval(-1)", "Faster", id="interval_down", show=False),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
     JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
 
-    def __init__(self, source: Source, readonly: bool = False) -> None:
+    def __init__(
+        self, source: Source, readonly: bool = False, interval: float | None = None
+    ) -> None:
         super().__init__()
         self.source = source
         self.snapshot: Snapshot | None = None
         self.commands = CommandDesk(source, readonly)
+        self.interval = interval or settings.interval_s
+        self._waiting: Snapshot | None = None  # the newest snapshot, drawn at the next tick
+        self._keys_state: tuple[str | None, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield JobHeader()
@@ -80,15 +91,16 @@ class DashboardScreen(Screen):
                 yield DevicePanel(id="devices", classes="panel")
                 yield BatchPanel(id="batch", classes="panel")
                 yield NoisePanel(id="noise", classes="panel")
-                yield EventLog(id="events", classes="panel")
             with Vertical(id="right"):
                 yield ThroughputChart(id="throughput", classes="panel")
                 yield ScalarChart(id="scalars", classes="panel")
+                yield EventLog(id="events", classes="panel")
         yield Footer()
 
     def on_mount(self) -> None:
         for panel_id, title in PANEL_TITLES.items():
             self.query_one(f"#{panel_id}").border_title = title
+        self._ticker = self.set_interval(self.interval, self._tick)
         self.run_worker(self._pump_source, thread=True, name="source", exit_on_error=False)
 
     def on_unmount(self) -> None:
@@ -96,16 +108,63 @@ class DashboardScreen(Screen):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width >= 140, "wide")
+        self.set_class(event.size.height < 30, "compact")
+        footer = self.query_one(Footer)  # every key fits at 80 columns, q Quit included:
+        footer.compact = event.size.width < 100
+        footer.show_command_palette = event.size.width >= 100  # ctrl+p works all the same
+
+    def action_events(self) -> None:
+        """The Events panel over the whole screen, or back (``l`` again, or ``esc``)."""
+        log = self.query_one(EventLog)
+        if self.maximized is log:
+            self.minimize()
+        else:
+            self.maximize(log, container=False)
+            log.scroll_end(animate=False)
+
+    def action_interval(self, direction: int) -> None:
+        """Redraw less (``]``) or more (``[``) often."""
+        self.set_refresh_interval(next_interval(self.interval, direction))
+
+    def set_refresh_interval(self, seconds: float) -> None:
+        self.interval = settings.interval_s = seconds
+        self._ticker.stop()
+        self._ticker = self.set_interval(seconds, self._tick)
+        self.notify(f"the dashboard redraws every {interval_text(seconds)}", timeout=3)
 
     def _pump_source(self) -> None:
         self.source.run(lambda update: self.post_message(SnapshotArrived(update)))
 
     @on(SnapshotArrived)
     def _show(self, message: SnapshotArrived) -> None:
-        self.show(message.update)
+        """Replies and notices at once; the panels at the refresh interval, or at once for
+        the first frame, a change of state, a reply (a key's result) and a replay."""
+        update = message.update
+        snap, last = update.snapshot, self.snapshot
+        now = last is None or snap.state is not last.state or snap.replay is not None
+        if now or update.replies:
+            self.show_snapshot(snap)
+        else:
+            self._waiting = snap
+        self._tell(update)
+
+    def _tick(self) -> None:
+        if self._waiting is not None:
+            self.show_snapshot(self._waiting)
 
     def show(self, update: Update) -> None:
-        snap = update.snapshot
+        """Show an update at once (its snapshot, replies and notices)."""
+        self.show_snapshot(update.snapshot)
+        self._tell(update)
+
+    def _tell(self, update: Update) -> None:
+        for reply in update.replies:
+            self._answer(reply)
+        for notice in update.notices:
+            self.notify(notice.message, severity="warning", timeout=6)
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        self._waiting = None
         self.snapshot = snap
         self.query_one(JobHeader).show(snap)
         self.query_one(StateBanner).show(snap)
@@ -116,27 +175,44 @@ class DashboardScreen(Screen):
         screen = self.app.screen
         if isinstance(screen, (ProbeScreen, RanksScreen, AnatomyScreen)) and screen.is_mounted:
             screen.show(snap)
-        for reply in update.replies:
-            self._answer(reply)
-        for notice in update.notices:
-            self.notify(notice.message, severity="warning", timeout=6)
-        self.refresh_bindings()
+        keys_state = tuple(why_off(snap, action) for action in ACTIONS)
+        if keys_state != self._keys_state:  # the footer is rebuilt only when a key changes
+            self._keys_state = keys_state
+            self.refresh_bindings()
 
     def action_help(self) -> None:
         off = keys_off(self.snapshot) if self.snapshot is not None else {}
-        self.app.push_screen(HelpScreen(off))
+        self.app.push_screen(
+            HelpScreen(off, replay=self.snapshot is not None and self.snapshot.replay is not None)
+        )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "ranks":  # only a distributed job has ranks to show
-            snap = self.snapshot
-            return snap is not None and snap.session is not None and snap.session.world_size > 1
-        capability = self.JOB_ACTIONS.get(action)
-        if capability is None:
-            return True
-        if self.commands.readonly:
+        if action in self.JOB_ACTIONS and self.commands.readonly:
             return False  # hidden: the monitor was started with --readonly
-        snap = self.snapshot
-        return True if snap is not None and snap.can(capability) else None  # None: greyed
+        return None if why_off(self.snapshot, action) else True  # None: greyed
+
+    def on_key(self, event: events.Key) -> None:
+        """A greyed or hidden key says why it does nothing (its binding did not run)."""
+        action = KEY_ACTIONS.get(event.key)
+        if action is None or self.check_action(action, ()) is True:
+            return
+        self.explain(action)
+        event.stop()
+
+    def explain(self, action: str) -> None:
+        """Toast why ``action`` cannot act now."""
+        if action in self.JOB_ACTIONS and self.commands.readonly:
+            why = self.source.readonly_reason or "the monitor is read-only (bsmon --readonly)"
+        else:
+            why = why_off(self.snapshot, action) or "not available now"
+        self.notify(f"{ACTIONS[action][0]} is off: {why}", severity="warning", timeout=5)
+
+    def run_or_explain(self, action: str, *args: object) -> None:
+        """Run ``action`` (the palette's way in), or say why it cannot act now."""
+        if self.check_action(action, args) is True:
+            getattr(self, f"action_{action}")(*args)
+        else:
+            self.explain(action)
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
@@ -221,84 +297,6 @@ class DashboardScreen(Screen):
             app.call_from_thread(app.notify, message, title="Export", timeout=12)
 
         self.run_worker(work, thread=True, name="export", exit_on_error=False)
-
-
-HELP_TEXT = """\
-# bsmon
-
-**Panels**
-
-- **Devices**: per GPU the utilization and memory meters (NVML), temperature, power, and the
-  job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
-- **Batch**: the current batch size, the mean full-iteration step time, throughput, the memory
-  model's *predicted* largest batch (a straight line through the peak memory measured at each
-  size the job ran), and the last changes with the throughput each one bought.
-- **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
-  estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
-  of a noiseless step: raising the batch toward B_simple cuts the steps needed at little
-  cost in samples; far above it a larger batch wastes compute. An order-of-magnitude guide
-  for the current learning rate, not a prescription. The chart: B_simple on a log scale,
-  its 95% band (gray) and the batch size (orange). The estimator is named: per-example
-  norms (default), micro-batches (gradient accumulation), DDP ranks, or `sequential`, which
-  is **biased** and only for comparison. "collecting" until enough steps are measured.
-- **Step time · throughput**: per step, over the whole run (left axis ms, right samples/s).
-- **Loss**: the scalars the job logs with `mon.log(loss=...)`; under `bsmon run`, the value
-  the script calls `backward()` on (divided for accumulation, or scaled by AMP, if it is).
-- **Events**: what happened, with the time into the run and the step.
-- **Time** (`t`): where each step's time goes — waiting for data, forward, backward, the
-  all-reduce wait (DDP), the optimizer step and the rest — over the last 100 steps and over
-  the run, and the verdict: input-, communication-, host- or compute-bound, with what to try.
-  Wall clock on a CPU, CUDA events on a GPU; a phase bsmon cannot see is "not measured".
-
-**Keys**
-
-| key | action |
-|---|---|
-| `?` | this help |
-| `+` / `=` | step the batch size up (double by default; applied at the next step) |
-| `-` | step the batch size down |
-| `p` | probe the largest batch size in a sidecar process (asks first) |
-| `t` | where the step time goes (step anatomy) and the verdict |
-| `r` | every rank of a distributed job, grouped by node (rank 0's monitor) |
-| `e` | export: summary.md, summary.json and a screenshot (screen.svg) in a new directory |
-| `ctrl+p` | command palette |
-| `q` | quit (the job keeps running) |
-
-In a replay (`bsmon replay RECORD`): `space` pause or play, `←` `→` seek back or forward by
-a twentieth of the run, `home` `end` the start or the end, `>` `<` faster or slower.
-
-A key the job cannot serve is greyed in the footer, and the top of this help says why (under
-`bsmon run`, batch control and the probe need `attach()` in the script).
-
-The monitor never acts on the job unless you press a key that says so. A size the memory model
-predicts above 90% of device memory, above a probe's maximum, or that already ran out of
-memory asks for confirmation first. `bsmon --readonly` removes every key that acts on the job.
-"""
-
-
-class HelpScreen(ModalScreen[None]):
-    BINDINGS = [
-        Binding("escape,question_mark,q", "dismiss", "Close", id="close_help"),
-    ]
-
-    def __init__(self, keys_off: dict[str, str] | None = None) -> None:
-        super().__init__()
-        self.keys_off = keys_off or {}
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(id="help-box"):
-            yield Markdown(self.text())
-
-    def text(self) -> str:
-        """The help, opening with what this job cannot do from here, and why."""
-        if not self.keys_off:
-            return HELP_TEXT
-        title, rest = HELP_TEXT.split("\n", 1)
-        off = "\n".join(f"- `{key}` is off: {why}." for key, why in self.keys_off.items())
-        return f"{title}\n\n**This job**\n\n{off}\n{rest}"
-
-    def action_dismiss(self) -> None:  # type: ignore[override]
-        self.dismiss(None)
 
 
 class PickerScreen(Screen[Path]):

@@ -144,6 +144,7 @@ class SessionModel:
             samples=metrics.samples,
             scalars=metrics.scalars,
             noise=metrics.noise if metrics.noise.b_simple is not None else None,
+            anatomy=metrics.anatomy,  # the last steps' split: the `t` view's run chart
         )
         if self._pending is None:
             self._pending, self._pending_since = point, metrics.t

@@ -67,7 +67,15 @@ class ProbeRunner:
         self._process: subprocess.Popen | None = None
 
     def reading(self) -> ProbeReading:
-        return self._reading
+        """The probe's state; when idle, with the reason a probe could not start now."""
+        reading = self._reading
+        if self.running:
+            return reading
+        try:
+            self._check()
+        except recipes.RecipeError as exc:
+            return msgspec.structs.replace(reading, blocked=str(exc))
+        return reading
 
     @property
     def running(self) -> bool:

@@ -60,7 +60,8 @@ def components(total_sq: float, examples: float, groups: list[Units]) -> StepCom
             continue
         if not 0 < group.size < n:
             raise EstimateError(
-                f"a unit of {group.size:g} examples cannot be compared with a step of {n:g}"
+                f"a unit of {group.size:g} example{'' if group.size == 1 else 's'} cannot be "
+                f"compared with a step of {n:g}"
             )
         unit_sq_mean_sum = n * n * group.sq_sum / (group.size * group.size)  # Σ_u |m_u|²
         terms += (unit_sq_mean_sum - group.count * total_sq) / (1.0 / group.size - 1.0 / n)

@@ -9,6 +9,7 @@ reading's uncertainty, so a point made from a span says so where it matters.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from ..anatomy.verdict import judged
 from ..anatomy.window import anatomy_of, totals_of
@@ -125,3 +126,12 @@ def device_reading(d: DeviceSpan) -> DeviceReading:
 def recorded_anatomy(span: Span, world_size: int) -> StepAnatomy | None:
     """The step anatomy of a span's phases, with the verdict the live job would have given."""
     return judged(span.phases, world_size)
+
+
+def run_anatomy(spans: Iterable[Span], world_size: int) -> StepAnatomy | None:
+    """The step anatomy over every span that split its steps: the whole run, with its verdict."""
+    totals = None
+    for span in spans:
+        if span.phases is not None:
+            totals = span.phases if totals is None else totals.merged(span.phases)
+    return judged(totals, world_size)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from ..wire.protocol import MetricsPoint
+from ..wire.protocol import MetricsPoint, StepAnatomy
 
 T = TypeVar("T")
 
@@ -81,7 +81,17 @@ def merge_points(a: MetricsPoint, b: MetricsPoint) -> MetricsPoint:
         samples=max(a.samples, b.samples),
         scalars=scalars,
         noise=b.noise if b.noise is not None else a.noise,
+        anatomy=merge_anatomy(a.anatomy, b.anatomy),
     )
+
+
+def merge_anatomy(a: StepAnatomy | None, b: StepAnatomy | None) -> StepAnatomy | None:
+    """Two step anatomies as one over both their steps (the phases' totals summed)."""
+    if a is None or b is None or not a.steps or not b.steps:
+        return b if b is not None else a
+    from ..anatomy.window import anatomy_of, totals_of  # the anatomy builds on this package
+
+    return anatomy_of(totals_of(a).merged(totals_of(b)), b.clock)
 
 
 def metrics_history(capacity: int = 2048) -> DecimatingHistory[MetricsPoint]:

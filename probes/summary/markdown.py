@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import plotext
 
+from .. import units
 from .schema import Note, Point, Summary
 
 CHART_WIDTH = 76
@@ -313,7 +314,7 @@ def _size(value: int | None) -> str:
 
 
 def num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
+    return units.number(value)
 
 
 def _percent_of(fraction: float | None) -> float | None:
@@ -321,11 +322,12 @@ def _percent_of(fraction: float | None) -> float | None:
 
 
 def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}%"
+    return units.percent(value)
 
 
 def ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.3g} ms"
+    """A step's time in the dashboard's units: 850 µs, 12.3 ms, 1.35 s (not 1.35e+03 ms)."""
+    return units.duration(seconds)
 
 
 def rate(value: float | None) -> str:
@@ -333,10 +335,7 @@ def rate(value: float | None) -> str:
 
 
 def count(value: float) -> str:
-    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= threshold:
-            return f"{value / threshold:.3g}{suffix}"
-    return f"{value:,.0f}"
+    return units.count(round(value) if abs(value) < 1e3 else value)
 
 
 def gib(value: float | None) -> str:

@@ -223,6 +223,7 @@ class ProbeReading(msgspec.Struct, omit_defaults=True):
     started: float | None = None
     points: list[ProbePoint] = msgspec.field(default_factory=list)
     result: ProbeResult | None = None
+    blocked: str | None = None  # why a probe cannot start now (None: it can, or one runs)
 
 
 class RankReading(msgspec.Struct, omit_defaults=True):

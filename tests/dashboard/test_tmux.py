@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -27,13 +29,26 @@ def demo_processes() -> list[psutil.Process]:
     return found
 
 
-def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
+@contextlib.contextmanager
+def demo_in_tmux(bsmon_dir: Path, size: tuple[int, int], options: str = "") -> Iterator[Tmux]:
+    """`bsmon demo` in a private tmux of ``size``; killed afterwards with any demo job left."""
     before = {p.pid for p in demo_processes()}
-    tmux = Tmux(100, 30)
+    tmux = Tmux(*size)
     bsmon = Path(sys.executable).with_name("bsmon")
     env = {"BSMON_DIR": str(bsmon_dir), "LANG": "C.UTF-8", "TERM": "xterm-256color"}
     try:
-        tmux.start(f"{bsmon} demo", ROOT, env)
+        tmux.start(f"{bsmon} demo {options}", ROOT, env)
+        yield tmux
+    finally:
+        tmux.kill()
+        for proc in demo_processes():
+            if proc.pid not in before:
+                proc.kill()
+
+
+def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
+    before = {p.pid for p in demo_processes()}
+    with demo_in_tmux(bsmon_dir, (100, 30)) as tmux:
         first = tmux.wait_for(
             lambda s: "LIVE" in s and (step_on_screen(s) or 0) > 0,
             what="the live dashboard with a step count",
@@ -65,8 +80,29 @@ def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
             time.sleep(0.1)
         assert not ({p.pid for p in demo_processes()} - before), "the demo job was left running"
         assert not list(bsmon_dir.glob("*.sock"))
-    finally:
-        tmux.kill()
-        for proc in demo_processes():
-            if proc.pid not in before:
-                proc.kill()
+
+
+def test_at_80x24_events_are_readable_l_expands_them_and_keys_say_why(bsmon_dir):
+    """A real 80×24 terminal: the Events panel shows whole event lines, `l` puts it over the
+    screen, `]` changes the refresh interval, `r` on a one-process job says why it is off."""
+    with demo_in_tmux(bsmon_dir, (80, 24), "--interval 0.5") as tmux:
+        event = re.compile(r"│ \d+:\d\d:\d\d step \d+ [•▲✖] ")  # time, step, mark, text
+        first = tmux.wait_for(
+            lambda s: "LIVE" in s and "╭─ Events" in s, what="the dashboard with its Events panel"
+        )
+        assert re.search(r"q\s+Quit", first.splitlines()[-1]), first  # on the footer at 80
+        tmux.send("l")
+        expanded = tmux.wait_for(
+            lambda s: "Events" in s and "Step time" not in s and "Devices" not in s,
+            timeout=20,
+            what="Events over the whole screen",
+        )
+        assert event.search(expanded)
+        tmux.send("Escape")
+        tmux.wait_for(lambda s: "Step time" in s, timeout=20, what="the dashboard back")
+        tmux.send("]")
+        tmux.wait_for(lambda s: "redraws every 1 s" in s, timeout=20, what="the interval toast")
+        tmux.send("r")
+        tmux.wait_for(lambda s: "r is off" in s, timeout=20, what="why r is off")
+        tmux.send("q")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")

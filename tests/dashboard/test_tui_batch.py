@@ -9,6 +9,7 @@ import pytest
 from bsmon.probes import attach
 from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp, follow_job
+from bsmon.tui.commands import CommandDesk
 from bsmon.tui.confirm import ConfirmScreen
 from bsmon.tui.sources import ScriptedSource
 
@@ -118,3 +119,27 @@ async def test_keys_are_disabled_when_the_job_cannot_change_its_batch():
         await pilot.press("plus")
         await pilot.pause(0.3)
     assert source.sent == []
+
+
+@pytest.mark.parametrize(
+    ("error", "toast"),
+    [
+        (
+            "step_batch_size: 1 is already the smallest batch size the policy allows",
+            "1 is already the smallest batch size the policy allows",
+        ),
+        ("set_batch_size: the batch size is already 64", "the batch size is already 64"),
+        (
+            "probe: the probe needs attach(..., loss_fn=...)",
+            "the probe needs attach(..., loss_fn=...)",
+        ),
+        ("the connection is read-only", "the connection is read-only"),
+    ],
+)
+def test_refusals_are_told_without_the_commands_wire_name(error, toast):
+    desk = CommandDesk(ScriptedSource("job", []), readonly=False)
+    sent = desk.send(protocol.StepBatchSize(direction="down"))
+    outcome = desk.answer(protocol.Reply(id=sent, ok=False, error=error))
+    assert outcome is not None and outcome.kind == "refused" and outcome.message == toast
+    unsent = desk.answer(protocol.Reply(id="other", ok=False, error=error))
+    assert unsent is not None and unsent.message == toast

@@ -116,10 +116,15 @@ async def test_events_are_listed_with_their_time_into_the_run():
         assert "0:06:40 step 1600 ▲ grad_norm is inf at step 1600" in text
 
 
-async def test_a_real_job_live_then_finished(bsmon_dir):
+def real_job_app(name: str, bsmon_dir) -> tuple[TinyJob, object, BsmonApp]:
+    """A tiny job attached as ``name`` and a dashboard that follows it."""
     job = TinyJob()
-    mon = attach(job.model, job.optimizer, batch_size=8, name="pilot-live")
-    app = BsmonApp(follow_job(mon.socket_path, "pilot-live", bsmon_dir))
+    mon = attach(job.model, job.optimizer, batch_size=8, name=name)
+    return job, mon, BsmonApp(follow_job(mon.socket_path, name, bsmon_dir))
+
+
+async def test_a_real_job_live_then_finished(bsmon_dir):
+    job, mon, app = real_job_app("pilot-live", bsmon_dir)
     try:
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await dashboard_ready(pilot)

@@ -348,6 +348,10 @@ def test_the_record_summary_and_replay_carry_the_breakdown(tmp_path, every_step)
 
     data = load_replay(path)
     assert sum(span.phases.steps for span in data.spans if span.phases) == 39
-    latest = RecordSource(data)._metrics(len(data.spans) - 1, data.stop)
+    latest = RecordSource(data)._metrics(len(data.spans) - 1, data.stop - 1e-6)
     assert latest.anatomy is not None and latest.anatomy.data_s is not None
     assert latest.anatomy.verdict in (None, "input-bound")  # a short last span: maybe none
+    assert latest.anatomy.steps < 39  # before the end: the last span's steps
+    at_end = RecordSource(data)._metrics(len(data.spans) - 1, data.stop).anatomy
+    assert at_end is not None and at_end.steps == 39  # at the end: the whole run (finding 19)
+    assert at_end.verdict == "input-bound" and at_end.step_s == pytest.approx(anatomy.step_s)

@@ -76,6 +76,7 @@ FACES = {
     "bsmon.probes.record",
     "bsmon.probes.summary",
     "bsmon.probes.launch",  # bsmon run
+    "bsmon.probes.units",  # one number formatter for the screen and the summary
 }
 
 

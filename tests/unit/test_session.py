@@ -76,3 +76,28 @@ def test_bye_means_finished_and_is_not_overridden_by_the_disconnect():
     model.feed(protocol.Bye(reason="closed", t=5.0))
     model.disconnected("the job closed the connection")
     assert model.snapshot().state is ConnState.FINISHED
+
+
+def test_live_points_carry_the_step_anatomy_and_keep_it_when_merged():
+    """The `t` view's run chart is drawn from the points' anatomy: live points must carry
+    it (they did not: the chart stayed empty when the dashboard opened with the job)."""
+    from bsmon.probes.record.history import merge_anatomy
+
+    from ..scripted import anatomy_reading
+
+    model = SessionModel("job")
+    model.feed(messages()[0])
+    base = len(model.snapshot().points)
+    for i in range(25):
+        metrics = live_metrics(t=100.0 + i * 0.1, step=5 * (i + 1))
+        metrics.anatomy = anatomy_reading(2500 if i >= 10 else 100, 0.04)
+        model.feed(metrics)
+    points = model.snapshot().points[base:]
+    assert points and all(p.anatomy is not None for p in points)
+    early, late = points[0].anatomy, points[-1].anatomy
+    assert early.data_s / early.step_s < 0.1 < late.data_s / late.step_s  # it follows the job
+    one, two = anatomy_reading(100, 0.04), anatomy_reading(2500, 0.04)
+    both = merge_anatomy(one, two)
+    assert both.steps == one.steps + two.steps
+    assert abs(both.data_s - (one.data_s + two.data_s) / 2) < 1e-12
+    assert merge_anatomy(None, two) is two and merge_anatomy(one, None) is one

@@ -16,9 +16,12 @@ from bsmon.probes import __version__
 from bsmon.probes.wire import discovery
 
 from ..errors import EXIT_USAGE, CliError
+from ..settings import MAX_INTERVAL_S, MIN_INTERVAL_S, Mode, settings
 from .attach import cmd_attach, cmd_dashboard
 from .jobs import cmd_list
 from .run import add_parser as add_run_parser
+
+MODES: dict[str, Mode] = {"demo": "demo", "run": "run", "replay": "replay"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,6 +44,13 @@ def _add_global_options(parser: argparse.ArgumentParser, default: object) -> Non
         default=default,
         help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
         "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_interval,
+        default=default,
+        metavar="SECONDS",
+        help="how often the dashboard redraws (default 1; the [ and ] keys change it)",
     )
 
 
@@ -117,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interval(text: str) -> float:
+    value = _positive_float(text)
+    if not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(
+            f"must be from {MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} seconds, got {text}"
+        )
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -132,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.dir is not None:
             os.environ[discovery.ENV_DIR] = str(args.dir)
+        if args.interval is not None:
+            settings.interval_s = args.interval
+        settings.mode = MODES.get(args.command or "", "attach")
         return dispatch(args)
     except CliError as exc:
         print(f"bsmon: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ from bsmon.probes.wire.protocol import BatchChange, BatchReading, Metrics
 
 from .. import format as fmt
 from ..anatomy_screen import headline
+from ..disabled import keys_off
 from ..session import ConnState, Snapshot
 
 HISTORY_LINES = 3
@@ -59,16 +60,6 @@ def change_line(change: BatchChange) -> str:
         bought = "[$text-muted]measuring…[/]"
     marker = "[$warning]![/]" if change.source == "oom guard" else " "
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
-
-
-def keys_off(snap: Snapshot) -> dict[str, str]:
-    """The keys that act on the job and cannot now, each with the job's reason."""
-    off = {}
-    for key, kind in (("+/-", "set_batch_size"), ("p", "probe")):
-        cap = snap.capabilities.get(kind)
-        if cap is not None and not cap.available:
-            off[key] = cap.reason or "not available"
-    return off
 
 
 def off_line(snap: Snapshot) -> str | None:

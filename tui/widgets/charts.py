@@ -6,12 +6,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from textual_plotext import PlotextPlot
-
 from bsmon.probes.wire.protocol import MetricsPoint
 
 from .. import format as fmt
 from ..session import Snapshot
+from .plot import CachedPlot
+
+LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
+# without colour (NO_COLOR) series are told apart by marker; the legend shows each one
+NO_COLOR_MARKERS = ("braille", "x", "+", "o", "*", "#")
+
+
+def marker(index: int, no_color: bool) -> str:
+    """The marker of the ``index``-th series: braille, or a distinct one without colour."""
+    return NO_COLOR_MARKERS[index % len(NO_COLOR_MARKERS)] if no_color else "braille"
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,14 @@ def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
     return sorted({round(lo + i * span) for i in range(count)})
 
 
-class RunChart(PlotextPlot):
+def value_ticks(lo: float, hi: float, count: int) -> list[float]:
+    """``count`` evenly spaced ticks from ``lo`` to ``hi`` (one when they are equal)."""
+    if hi <= lo or count < 2:
+        return [lo]
+    return [lo + i * (hi - lo) / (count - 1) for i in range(count)]
+
+
+class RunChart(CachedPlot):
     """Base for charts that redraw only when the snapshot brings new points."""
 
     DEFAULT_CSS = "RunChart { height: 1fr; min-height: 5; }"
@@ -63,6 +78,8 @@ class RunChart(PlotextPlot):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._drawn: tuple[int, int, object] | None = None
+        self._series: list[Series] | None = None
+        self._height = 0
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         raise NotImplementedError
@@ -78,17 +95,30 @@ class RunChart(PlotextPlot):
     def _extra_key(self, snap: Snapshot) -> object:
         return None
 
+    def on_resize(self) -> None:
+        """Redraw at a new height: the axis label comes and goes with the room."""
+        if self._series is not None and self.size.height != self._height:
+            self.draw(self._series)
+
     def draw(self, all_series: list[Series]) -> None:
+        self._series, self._height = all_series, self.size.height
         plt = self.plt
         plt.clear_figure()
         limit = max(16, 2 * max(self.size.width, 40))
         drawn = False
-        for s in all_series:
+        no_color = self.app.no_color
+        sides: dict[str, list[float]] = {}
+        for index, s in enumerate(all_series):
             if not s.xs:
                 continue
             xs, ys = thin(s.xs, s.ys, limit)
-            plt.plot(xs, ys, marker="braille", label=s.label, yside=s.side)
+            plt.plot(xs, ys, marker=marker(index, no_color), label=s.label, yside=s.side)
+            sides.setdefault(s.side, []).extend(ys)
             drawn = True
+        rows = max(2, min(5, (self.size.height - 4) // 2))
+        for side, ys in sides.items():  # the values' ticks in the dashboard's units: 9.32k
+            ticks = value_ticks(min(ys), max(ys), rows)
+            plt.yticks(ticks, [fmt.count(t) for t in ticks], yside=side)
         if drawn:
             lo = min(min(s.xs) for s in all_series if s.xs)
             hi = max(max(s.xs) for s in all_series if s.xs)
@@ -96,8 +126,9 @@ class RunChart(PlotextPlot):
             plt.xticks(ticks, [fmt.count(t) for t in ticks])
         else:
             plt.title(self.empty_hint)
-        plt.xlabel("step")
-        self.refresh()
+        if self.size.height >= LABEL_MIN_ROWS:  # in a low chart the data takes the row
+            plt.xlabel("step")
+        self.redraw()
 
 
 class ThroughputChart(RunChart):

@@ -42,10 +42,13 @@ class EventLog(RichLog):
         wrapped for a wider panel would be cut at the new edge)."""
         if event.size.width != self._width:
             self._width = event.size.width
-            if self._snap is not None:
-                self._last = None
-                self.clear()
-                self.show(self._snap)
+            self.call_after_refresh(self._rewrap)  # once the new width is laid out
+
+    def _rewrap(self) -> None:
+        if self._snap is not None:
+            self._last = None
+            self.clear()
+            self.show(self._snap)
 
     def _unseen(self, events: tuple[Event, ...]) -> tuple[Event, ...] | None:
         if self._last is None:

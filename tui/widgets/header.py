@@ -54,13 +54,13 @@ def job_line(snap: Snapshot) -> str:
     if session is None:
         return escape(snap.target)
     step = snap.latest.step if snap.latest else None
-    parts = [
+    parts = [  # most wanted first: a narrow terminal cuts the end of the line
         f"[b]{escape(session.name)}[/b]",
+        f"step {step:,}" if step is not None else "step n/a",
+        f"up {fmt.clock(snap.uptime_s)}",
         escape(session.host),
         f"pid {session.pid}",
-        f"up {fmt.clock(snap.uptime_s)}",
-        f"step {step:,}" if step is not None else "step n/a",
     ]
     if session.world_size > 1:
-        parts.insert(3, f"rank {session.rank}/{session.world_size}")
+        parts.insert(2, f"rank {session.rank}/{session.world_size}")
     return " · ".join(parts)

@@ -33,9 +33,9 @@ ESTIMATOR_NAMES = {
 }
 MARKER = "braille"
 KEY = "[cyan]━━[/] B_simple  [#8a8a8a]━━[/] 95%  [orange]──[/] batch"
+NO_COLOR_KEY = "⣿⣿ B_simple  ·· 95%  ── batch"  # told apart by marker (NO_COLOR)
 CHART_MIN_ROWS = 7
 CHART_MAX_ROWS = 12
-EVENTS_MIN_ROWS = 4  # the events panel below keeps at least this (see bsmon.tcss)
 CITATION = "an order-of-magnitude guide (McCandlish et al. 2018)"
 
 
@@ -152,9 +152,13 @@ def describe(
         lines.extend(meaning(batch, reading.lower_bound, bound=True, compact=compact))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
-        progress = f"{min(reading.effective, reading.needed):.0f}/{reading.needed}"
-        lines.append(Line(f"B_simple: collecting {progress} steps", "$text-muted"))
-        lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=1))
+        if reading.needed:
+            progress = f"{min(reading.effective, reading.needed):.0f}/{reading.needed}"
+            lines.append(Line(f"B_simple: collecting {progress} steps", "$text-muted"))
+        else:  # the first frame: the job has not reported a measured step yet
+            lines.append(Line("B_simple: collecting (no step measured yet)", "$text-muted"))
+        if reading.estimator is not None:
+            lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=1))
         if biased:
             lines.append(Line("biased: consecutive steps, for comparison only", "$error"))
     if reading.detail:
@@ -245,16 +249,17 @@ class NoiseChart(RunChart):
         band_high, band_low, main = all_series
         if not main.xs:
             plt.title(self.empty_hint)
-            self.refresh()
+            self.redraw()
             return
         limit = max(16, 2 * max(self.size.width, 40))
         batch = getattr(self, "_batch", None)
         values = [*main.ys, *band_high.ys, *band_low.ys] + ([batch] if batch else [])
         values = [v for v in values if v > 0]
+        band_marker = "·" if self.app.no_color else MARKER
         for band in (band_high, band_low):  # the key is a line of text under the chart
             if band.xs:
                 xs, ys = thin(band.xs, [math.log10(v) for v in band.ys], limit)
-                plt.plot(xs, ys, marker=MARKER, color="gray")
+                plt.plot(xs, ys, marker=band_marker, color="gray")
         xs, ys = thin(main.xs, [math.log10(v) for v in main.ys], limit)
         plt.plot(xs, ys, marker=MARKER, color="cyan")
         if batch:
@@ -264,7 +269,7 @@ class NoiseChart(RunChart):
             plt.yticks([math.log10(t) for t in ticks], [value(t) for t in ticks])
         xticks = step_ticks(min(main.xs), max(main.xs), 3)
         plt.xticks(xticks, [fmt.count(t) for t in xticks])
-        self.refresh()
+        self.redraw()
 
 
 class NoisePanel(Vertical):
@@ -283,21 +288,17 @@ class NoisePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="noise-text")
         yield NoiseChart(id="noise-chart")
-        yield Static(KEY, id="noise-key")
+        yield Static(NO_COLOR_KEY if self.app.no_color else KEY, id="noise-key")
 
     def rows_to_spare(self) -> int:
         """Rows this panel's content may take: the column's height less the other panels
-        (at their current size) and the events panel's minimum."""
+        (at their current size)."""
         column = self.parent
         if column is None or not column.size.height:
             return 3
-        others = sum(
-            w.outer_size.height
-            for w in column.children
-            if w is not self and w.id != "events" and w.display
-        )
+        others = sum(w.outer_size.height for w in column.children if w is not self and w.display)
         border = self.outer_size.height - self.content_size.height if self.size.height else 2
-        return max(1, column.size.height - others - EVENTS_MIN_ROWS - border)
+        return max(1, column.size.height - others - border)
 
     def show(self, snap: Snapshot) -> None:
         self._snap = snap
