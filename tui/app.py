@@ -15,6 +15,7 @@ from bsmon.probes.wire import discovery
 
 from .palette import dashboard_commands
 from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
+from .settings import DETACH, settings
 from .sources import SocketSource, Source
 
 DISCOVERY_INTERVAL_S = 1.0
@@ -34,10 +35,15 @@ def follow_job(socket: Path, name: str | None, directory: Path | None) -> Socket
     return SocketSource(name or str(socket), resolve)
 
 
-class BsmonApp(App[None]):
+class BsmonApp(App[str | None]):
     CSS_PATH = "bsmon.tcss"
     TITLE = "bsmon"
-    BINDINGS = [Binding("q", "quit", "Quit", id="quit", priority=False)]
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="quit", priority=False),
+        # Ctrl-C quits, as in every monitor people use (Textual would only say ctrl+q)
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("d", "detach", "Detach", id="detach"),
+    ]
 
     def __init__(
         self,
@@ -108,6 +114,15 @@ class BsmonApp(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "detach":
+            return settings.mode == "run"  # only `bsmon run` has a job to leave running
+        return super().check_action(action, parameters)
+
+    def action_detach(self) -> None:
+        """Close the dashboard and leave the job running (`bsmon run` says how to return)."""
+        self.exit(result=DETACH)
 
     def _on_notify(self, event: Notify) -> None:
         """Keep at most MAX_TOASTS on screen: a new one replaces the oldest."""

@@ -54,6 +54,7 @@ class ReplayData:
     statuses: list[Status] = field(default_factory=list)
     end: End | None = None
     torn: bool = False
+    damaged: str | None = None  # the damaged lines left out, in a line (None: none)
     start: float = field(init=False)  # the session's start (Unix seconds)
     stop: float = field(init=False)  # the last recorded moment
 
@@ -79,6 +80,7 @@ def load_replay(path: Path | str) -> ReplayData:
             elif isinstance(item, End):
                 data.end = item
         data.torn = reader.torn
+        data.damaged = reader.damage_note()
     data.spans.sort(key=lambda s: s.t1)
     data.events.sort(key=lambda e: e.t)
     data.statuses.sort(key=lambda s: s.t)

@@ -15,6 +15,7 @@ DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.1
 MAX_INTERVAL_S = 60.0
 INTERVALS_S = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)  # the steps of the [ and ] keys
+DETACH = "detach"  # the app's result when `d` left a `bsmon run` job running
 
 
 @dataclass

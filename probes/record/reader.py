@@ -2,8 +2,9 @@
 
 ``open_record`` checks the header and returns a ``RecordReader`` that streams the lines,
 so a record of any length is read in bounded memory. A torn last line (the job was killed
-mid-write) is tolerated and noted; anything else that is wrong raises ``RecordError`` with one
-line that a person understands.
+mid-write) is tolerated and noted, and so is a damaged line in the middle (a disk error, an
+edit): it is left out and counted (``damaged``), the rest is read. A header that cannot be
+read raises ``RecordError`` with one line that a person understands.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class RecordReader:
         self._file = file
         self.torn = False  # the last line was cut short (the job was killed mid-write)
         self.unknown = 0  # lines of types this version does not know (skipped)
+        self.damaged: list[tuple[int, str]] = []  # (line number, why) of lines left out
         self.end: End | None = None
         self.line_count = 1
 
@@ -70,13 +72,22 @@ class RecordReader:
                 if self._unknown_type(raw):
                     self.unknown += 1
                     continue
-                raise RecordError(
-                    f"{self.path}: line {number} is corrupt ({_reason(exc)}); "
-                    "the record cannot be read past it"
-                ) from None
+                self.damaged.append((number, _reason(exc)))
+                continue
             if isinstance(item, End):
                 self.end = item
             yield item
+
+    def damage_note(self) -> str | None:
+        """One line about the damaged lines left out (None: there were none)."""
+        if not self.damaged:
+            return None
+        number, why = self.damaged[0]
+        more = f" and {len(self.damaged) - 1} more" if len(self.damaged) > 1 else ""
+        return (
+            f"line {number}{more} of the record {'is' if not more else 'are'} damaged ({why}); "
+            "left out, the rest is read"
+        )
 
     @staticmethod
     def _unknown_type(raw: bytes) -> bool:

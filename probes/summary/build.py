@@ -283,7 +283,9 @@ class SummaryBuilder:
 
     # -- the result ---------------------------------------------------------------------------
 
-    def finish(self, torn: bool = False, unknown: int = 0, lines: int = 0) -> Summary:
+    def finish(
+        self, torn: bool = False, unknown: int = 0, lines: int = 0, damaged: str | None = None
+    ) -> Summary:
         self.source.torn_tail = torn
         self.source.lines = lines
         self.source.resolution_s = _round(self.resolution_s) if self.resolution_s else None
@@ -329,6 +331,8 @@ class SummaryBuilder:
         )
         summary.anatomy = self._anatomy(summary.devices)
         summary.warnings = self._warnings(summary, torn, unknown)
+        if damaged is not None:
+            summary.warnings.insert(0, Note("damaged_lines", damaged))
         summary.recommendations = recommendations(summary)
         return summary
 
@@ -532,7 +536,12 @@ def summarize(reader: RecordReader) -> Summary:
     builder = SummaryBuilder(reader.header, source)
     for item in reader.lines():
         builder.add(item)
-    return builder.finish(torn=reader.torn, unknown=reader.unknown, lines=reader.line_count)
+    return builder.finish(
+        torn=reader.torn,
+        unknown=reader.unknown,
+        lines=reader.line_count,
+        damaged=reader.damage_note(),
+    )
 
 
 def summarize_record(path: Path | str) -> Summary:

@@ -1,5 +1,6 @@
 """`bsmon run` with its dashboard, in a real terminal: a live view of a script nobody changed;
-`q` leaves the training running; SIGTERM stops it; a crash at import is reported at once."""
+`q` and Ctrl-C stop the training and return its code; `d` leaves it running while bsmon run
+waits; SIGTERM stops it; a crash at import is reported at once."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def job_pids(bsmon_dir, name: str) -> list[int]:
     ]
 
 
-def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
+def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
     tmux = start(bsmon_dir, f"{BSMON} run --name tq -- {UNMODIFIED}")
     try:
         screen = tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
@@ -46,12 +47,32 @@ def test_quitting_the_dashboard_leaves_the_training_running(bsmon_dir):
         assert "+/- is off: bsmon run cannot resize" in screen
         tmux.send("Escape")
         tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
-        tmux.send("q")
-        screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
-        assert "goes on in the background" in screen and "bsmon attach tq" in screen
         (pid,) = job_pids(bsmon_dir, "tq")
-        assert f"kill {pid}" in screen.replace("\n", " ")
-        assert list(bsmon_dir.glob(f"{pid}.sock"))  # still serving, for `bsmon attach tq`
+        tmux.send("q")
+        # SIGINT, as Ctrl-C in a terminal: the script ends with KeyboardInterrupt (130)
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="exit 130")
+        assert "stopping tq: Ctrl-C (SIGINT) sent" in screen
+        assert "tq exited with code 130" in screen
+        assert "the record of tq:" in screen.replace("\n", " ")
+        wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def test_d_detaches_bsmon_run_waits_and_ctrl_c_then_stops_the_training(bsmon_dir):
+    tmux = start(bsmon_dir, f"{BSMON} run --name td -- {UNMODIFIED}")
+    try:
+        tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
+        (pid,) = job_pids(bsmon_dir, "td")
+        tmux.send("d")
+        screen = tmux.wait_for(lambda s: "Waiting for it" in s, timeout=30, what="the detach")
+        assert "bsmon attach td" in screen.replace("\n", " ")
+        assert psutil.pid_exists(pid) and list(bsmon_dir.glob(f"{pid}.sock"))  # still serving
+        tmux.send("C-c")  # bsmon run is the terminal's foreground now; the job has its session
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="exit 130")
+        assert "stopping td: Ctrl-C (SIGINT) sent" in screen
+        wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
     finally:
         tmux.kill()
         kill_run_processes(bsmon_dir)
@@ -103,8 +124,8 @@ def test_the_time_view_of_an_unmodified_script_says_it_waits_for_data(bsmon_dir)
         assert re.search(r"waiting for data\s+[\d.]+ ms\s+\d+%", screen)
         tmux.send("t")
         tmux.wait_for(lambda s: "Loss" in s, what="back on the dashboard")
-        tmux.send("q")
-        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit")
+        tmux.send("C-c")  # Ctrl-C quits from any screen, and stops the job
+        tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="bsmon to exit")
     finally:
         tmux.kill()
         kill_run_processes(bsmon_dir)

@@ -68,6 +68,9 @@ CASES = [
 ]
 
 
+RECORD_LINE = "bsmon: the record of "
+
+
 @dataclass(frozen=True)
 class Outcome:
     code: int
@@ -91,6 +94,11 @@ def run(script: str, args: tuple[str, ...], mode: str, bsmon_dir: Path) -> Outco
     finally:
         processes.cleanup()
     records = sorted((bsmon_dir / "records").glob("*.jsonl"))
+    if mode == RUN:  # bsmon run's own last line says where the record is: the job's stay
+        said = [line for line in stderr.splitlines(keepends=True) if RECORD_LINE in line]
+        assert len(said) == len(records), (said, records)
+        assert all(str(record) in "".join(said) for record in records), (said, records)
+        stderr = "".join(line for line in stderr.splitlines(keepends=True) if line not in said)
     return Outcome(process.returncode, stdout, stderr, records)
 
 

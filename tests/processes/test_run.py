@@ -235,3 +235,30 @@ def test_a_job_killed_after_attaching_is_not_called_unmonitored(bsmon_dir, proce
     run.wait(60)
     assert run.returncode == 128 + signal.SIGKILL
     assert "not monitored" not in run.stderr.read()
+
+
+def test_without_a_terminal_it_runs_headless_says_so_and_ends_with_the_job(
+    bsmon_dir, processes, tmp_path
+):
+    """nohup, sbatch, CI, `> log`: no screen codes in the log, and bsmon run ends when the job
+    does, with its code and where its record is."""
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out:
+        run = processes.start(
+            [*BSMON, "run", "--name", "nt", "--", sys.executable, JOB, "5", "3"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        assert run.wait(120) == 3
+    text = log.read_text()
+    assert "\x1b" not in text  # not one escape code
+    lines = text.splitlines()
+    assert (
+        lines[0]
+        == "bsmon: stdout is not a terminal: running nt headless (`bsmon attach nt` shows it)"
+    )
+    assert "trained" in lines
+    (record,) = (bsmon_dir / "records").glob("*.jsonl")
+    assert lines[-1] == f"bsmon: the record of nt: {record} (`bsmon replay` or `bsmon export` it)"

@@ -92,17 +92,26 @@ def test_bad_records_are_one_line_errors(tmp_path, content, message):
     assert "\n" not in str(info.value)
 
 
-def test_a_corrupt_line_inside_the_record_is_an_error(tmp_path):
+def test_a_damaged_line_inside_the_record_is_left_out_and_the_rest_read(tmp_path):
     lines = two_phase().lines()
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b"".join(lines))
+    steps = summarize_record(whole).steps
     lines[10] = b'{"type":"span","t0":oops}\n'
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"".join(lines))
-    with pytest.raises(RecordError, match=r"line 11 is corrupt \(not valid JSON\)"):
-        summarize_record(path)
-    lines[10] = b'{"type":"span","t0":"soon"}\n'
+    summary = summarize_record(path)
+    assert summary.warnings[0].kind == "damaged_lines"
+    assert summary.warnings[0].message == (
+        "line 11 of the record is damaged (not valid JSON); left out, the rest is read"
+    )
+    assert summary.run.complete  # the end line after it was read
+    assert summary.steps == steps  # the step counter is cumulative: the end still has it
+    lines[12] = b'{"type":"span","t0":"soon"}\n'
     path.write_bytes(b"".join(lines))
-    with pytest.raises(RecordError, match="line 11 is corrupt"):
-        summarize_record(path)
+    assert (
+        "line 11 and 1 more of the record are damaged" in summarize_record(path).warnings[0].message
+    )
 
 
 def test_a_directory_is_refused_with_a_hint(tmp_path):

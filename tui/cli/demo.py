@@ -16,6 +16,9 @@ from pathlib import Path
 
 from bsmon.probes.wire import discovery
 
+from .records import say_record_of
+from .run import no_terminal
+
 STOP_GRACE_S = 10.0
 
 
@@ -42,10 +45,17 @@ def stop_job(process: subprocess.Popen) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    if args.headless:
+    headless = args.headless
+    if not headless and (why := no_terminal()) is not None:
+        print(f"bsmon: {why}: running the demo headless", file=sys.stderr)
+        headless = True
+    if headless:
         from bsmon.probes.demo import main as job_main
 
-        return job_main(job_arguments(args))
+        try:
+            return job_main(job_arguments(args))
+        finally:
+            say_record_of(args.name, os.getpid())
 
     from ..app import BsmonApp
     from ..sources import SocketSource
@@ -78,6 +88,7 @@ def run_demo(args: argparse.Namespace) -> int:
         ).run()
     finally:
         code = stop_job(process)
+    say_record_of(args.name, process.pid)
     if code not in (0, -signal.SIGTERM, -signal.SIGKILL):
         print(f"bsmon: the demo job exited with code {code}; its log: {log_path}", file=sys.stderr)
         return 1

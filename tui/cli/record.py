@@ -30,6 +30,9 @@ def cmd_export(record: Path, output: Path | None) -> int:
         summary = summarize_record(record)
     except RecordError as exc:
         return fail(str(exc))
+    for note in summary.warnings:
+        if note.kind == "damaged_lines":
+            print(f"bsmon: warning: {record}: {note.message}", file=sys.stderr)
     json_path, md_path = (
         paths_beside(record) if output is None else (output / "summary.json", output / "summary.md")
     )
@@ -54,5 +57,9 @@ def cmd_replay(record: Path, speed: float | None) -> int:
     except RecordError as exc:
         return fail(str(exc))
     app = BsmonApp(RecordSource(data, speed=speed), dashboard=ReplayScreen, readonly=True)
+    if data.damaged is not None:
+        app.notify(data.damaged, title="Damaged record", severity="warning", timeout=15)
     app.run()
+    if data.damaged is not None:
+        print(f"bsmon: warning: {record}: {data.damaged}", file=sys.stderr)
     return app.return_code or 0

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bsmon.probes.record import RecordError
 from bsmon.probes.summary import paths_beside, summarize_record
+from bsmon.probes.wire import discovery
 
 from .. import format as fmt
 
@@ -47,6 +49,21 @@ def read_row(path: Path) -> RecordRow:
 def list_records(directory: Path) -> list[RecordRow]:
     paths = sorted(directory.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
     return [read_row(path) for path in paths]
+
+
+def say_record(name: str, path: str | Path) -> None:
+    """One line on stderr, when a session ends: where its record is."""
+    print(
+        f"bsmon: the record of {name}: {path} (`bsmon replay` or `bsmon export` it)",
+        file=sys.stderr,
+    )
+
+
+def say_record_of(name: str, pid: int) -> None:
+    """Where the record of the job ``pid`` is (nothing if it has none)."""
+    found = sorted(discovery.records_dir().glob(f"*-{pid}.jsonl"), key=lambda p: p.stat().st_mtime)
+    if found:
+        say_record(name, found[-1])
 
 
 def cmd_records(args: argparse.Namespace, directory: Path) -> int:

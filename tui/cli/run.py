@@ -9,13 +9,19 @@ loads bsmon's agent at start-up, which attaches at the first ``optimizer.step()`
   and the process group; SIGTERM, and SIGINT/SIGHUP that the terminal did not already deliver
   to it, are passed on. ``bsmon run`` returns the command's exit code (128+N for signal N).
 - otherwise the dashboard takes the terminal; the command runs in its own session with its
-  output in a log file. Quitting the dashboard (``q``) leaves the command running, detached:
-  quitting a monitor must not end an hour-long run. ``bsmon attach NAME`` shows it again. If
-  the command has finished, its exit code is returned. SIGTERM or SIGINT sent to ``bsmon run``
-  is passed on to the command's process group, and ``bsmon run`` waits for it and returns its
-  code; a hang-up (the terminal went away) leaves it running. If the command ends before it
-  ever served a socket (it crashed at import, or never stepped an optimizer), the dashboard
-  closes by itself and the end of its output is printed.
+  output in a log file. ``q`` or Ctrl-C stops the command as a terminal would (SIGINT to its
+  process group, then SIGTERM, then SIGKILL, each after 10 s or at the next Ctrl-C:
+  ``stopping.GroupStop``); ``d`` detaches, leaving it running (``bsmon attach NAME`` shows it
+  again) while ``bsmon run`` waits for it. Either way ``bsmon run`` returns the command's exit
+  code, so ``bsmon run -- python train.py && next_step`` means what it says. SIGTERM or
+  SIGINT sent to ``bsmon run`` is passed on to the command's process group; a hang-up (the
+  terminal went away) leaves it running. If the command ends before it ever served a socket
+  (it crashed at import, or never stepped an optimizer), the dashboard closes by itself and
+  the end of its output is printed.
+- without a terminal on stdin or stdout (nohup, sbatch, CI, ``> log``) it runs headless, and
+  says so in one line.
+
+At the end it prints where the session record is (or why nothing was monitored).
 """
 
 from __future__ import annotations
@@ -29,15 +35,18 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bsmon.probes import launch
 from bsmon.probes.launch import notes as run_notes
 from bsmon.probes.wire import discovery
 
 from ..errors import EXIT_USAGE, CliError
+from ..settings import DETACH
+from .family import JobFinder
+from .records import say_record
+from .stopping import GRACE_S, signals_handled, wait_for
 
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
@@ -62,6 +71,14 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
         help="where the command's output goes while the dashboard shows (default: a file in "
         "the bsmon directory, printed at the end)",
     )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE_S,
+        metavar="SECONDS",
+        help="when q or Ctrl-C stops the command: the seconds between SIGINT, SIGTERM and "
+        f"SIGKILL to its processes (default {GRACE_S:g}; a second Ctrl-C goes on at once)",
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
 
 
@@ -83,17 +100,36 @@ def parse_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
+def no_terminal() -> str | None:
+    """Why the dashboard cannot be drawn here (None: stdin and stdout are a terminal)."""
+    for label, stream in (("stdout", sys.stdout), ("stdin", sys.stdin)):
+        try:
+            if not stream.isatty():
+                return f"{label} is not a terminal"
+        except (AttributeError, ValueError):
+            return f"{label} is closed"
+    return None
+
+
 def run(args: argparse.Namespace, readonly: bool) -> int:
     command = parse_command(args)
     name = args.name or launch.job_name(command)
     directory = discovery.ensure_private_dir(discovery.default_dir())
     run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
     env = launch.child_environment(os.environ, name, directory, run_id)
+    if args.log is not None:
+        check_writable(args.log).close()
+    headless = args.headless
+    if not headless and (why := no_terminal()) is not None:
+        print(
+            f"bsmon: {why}: running {name} headless (`bsmon attach {name}` shows it)",
+            file=sys.stderr,
+        )
+        headless = True
     try:
-        if args.headless:
+        if headless:
             code = run_headless(command, env)
-            if (why := run_notes.why_unmonitored(run_notes.read(directory, run_id))) is not None:
-                print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
+            say_record_or_why(name, run_notes.read(directory, run_id))
             return code
         log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
         return run_with_dashboard(
@@ -104,6 +140,7 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
             log_path=log_path,
             readonly=readonly,
             run_id=run_id,
+            grace_s=args.grace,
         )
     finally:
         run_notes.clear(directory, run_id)
@@ -128,14 +165,21 @@ def terminal_signals_reach(pid_group: int) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def signals_handled(handler: Callable[[int], None], signums: Sequence[int]) -> Iterator[None]:
-    previous = {signum: signal.signal(signum, lambda s, _f: handler(s)) for signum in signums}
+def check_writable(log_path: Path) -> BinaryIO:
+    """The log opened for appending, or the one-line error (the caller closes it)."""
     try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
+        return open(log_path, "ab")
+    except OSError as exc:
+        message = f"run: cannot write the log {log_path}: {exc.strerror}"
+        raise CliError(message, EXIT_USAGE) from None
+
+
+def say_record_or_why(name: str, notes: list[run_notes.Note]) -> None:
+    """The last words of a run: where its record is, or why it was not monitored."""
+    if (why := run_notes.why_unmonitored(notes)) is not None:
+        print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
+    for record in run_notes.records(notes):
+        say_record(name, record)
 
 
 def run_headless(command: list[str], env: dict[str, str]) -> int:
@@ -153,19 +197,6 @@ def run_headless(command: list[str], env: dict[str, str]) -> int:
 
 
 # -- with the dashboard ---------------------------------------------------------------------
-
-
-def find_job(pid: int, name: str, directory: Path) -> Path | None:
-    """The socket of the job ``pid`` started: its own or a descendant's (torchrun's workers),
-    rank 0's (the one named ``name``) first."""
-    import psutil
-
-    family = {pid}
-    with contextlib.suppress(psutil.Error):
-        family |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
-    jobs = [job for job in discovery.iter_jobs(directory) if job.pid in family]
-    jobs.sort(key=lambda job: (job.name != name, job.pid))
-    return jobs[0].socket if jobs else None
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -188,16 +219,12 @@ def run_with_dashboard(
     log_path: Path,
     readonly: bool,
     run_id: str,
+    grace_s: float = GRACE_S,
 ) -> int:
     from ..app import BsmonApp
     from ..sources import SocketSource
 
-    try:
-        log = open(log_path, "ab")  # noqa: SIM115  (closed below, once the child has it)
-    except OSError as exc:
-        message = f"run: cannot write the log {log_path}: {exc.strerror}"
-        raise CliError(message, EXIT_USAGE) from None
-    with log:
+    with check_writable(log_path) as log:
         process = start(
             command,
             env,
@@ -208,9 +235,10 @@ def run_with_dashboard(
         )
     served = threading.Event()
     stopping: list[int] = []
+    find = JobFinder(process.pid, name, directory)
 
     def resolve() -> Path:
-        socket = find_job(process.pid, name, directory)
+        socket = find()
         if socket is not None:
             served.set()
             return socket
@@ -219,6 +247,8 @@ def run_with_dashboard(
             if not served.is_set():  # nothing to show: say why, on the terminal
                 app.call_from_thread(app.exit)
             raise LookupError(f"{name} exited with code {exit_status(code)}")
+        if find.waiting_for_rank0:
+            raise LookupError(f"{name}: another rank serves; waiting for rank 0 (it gathers all)")
         notes = run_notes.read(directory, run_id)
         if notes and (why := run_notes.why_unmonitored(notes)) is not None:
             raise LookupError(f"{name} (pid {process.pid}) is running, unmonitored: {why}")
@@ -228,31 +258,44 @@ def run_with_dashboard(
 
     app = BsmonApp(SocketSource(name, resolve), directory=directory, readonly=readonly)
 
+    hung_up: list[int] = []
+    closed = threading.Event()
+
+    def close_app() -> None:
+        with contextlib.suppress(RuntimeError):  # it closed meanwhile
+            app.call_from_thread(app.exit)
+
     def on_signal(signum: int) -> None:
-        if signum != signal.SIGHUP:  # a hang-up ends the monitor, not the training run
-            stopping.append(signum)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signum)
-        threading.Thread(target=app.call_from_thread, args=(app.exit,), daemon=True).start()
+        if signum == signal.SIGHUP:  # a hang-up ends the monitor, not the training run
+            hung_up.append(signum)
+        else:
+            stopping.append(signum)  # passed on to the job once the dashboard has closed
+        if not closed.is_set():
+            threading.Thread(target=close_app, daemon=True).start()
 
     with signals_handled(on_signal, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
         app.run()
-        code = process.wait() if stopping else process.poll()
-    if code is not None and not served.is_set():
-        why = run_notes.why_unmonitored(run_notes.read(directory, run_id))
-        if why is not None:
-            print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
-    return report_end(name, process.pid, code, log_path)
+        closed.set()
+        code = process.poll()
+        if code is None and not hung_up:
+            first = stopping[0] if stopping else signal.SIGINT  # q or Ctrl-C: as Ctrl-C would
+            if not stopping and app.return_value == DETACH:
+                first = None
+                print(
+                    f"bsmon: detached; {name} (pid {process.pid}) goes on, `bsmon attach {name}` "
+                    f"shows it again; its output: {log_path}. Waiting for it to end (Ctrl-C "
+                    "stops it; closing the terminal leaves it running)",
+                    file=sys.stderr,
+                )
+            code = wait_for(process, name, first=first, grace_s=grace_s)
+    say_record_or_why(name, run_notes.read(directory, run_id))
+    return report_end(name, code, log_path)
 
 
-def report_end(name: str, pid: int, code: int | None, log_path: Path) -> int:
-    """What ``bsmon run`` prints when the dashboard closes; returns its exit code."""
+def report_end(name: str, code: int | None, log_path: Path) -> int:
+    """What ``bsmon run`` prints when it ends; returns its exit code."""
     if code is None:
-        print(
-            f"bsmon: {name} (pid {pid}) goes on in the background; `bsmon attach {name}` "
-            f"shows it again, `kill {pid}` stops it; its output: {log_path}",
-            file=sys.stderr,
-        )
+        print(f"bsmon: {name} goes on in the background; its output: {log_path}", file=sys.stderr)
         return 0
     status = exit_status(code)
     print(f"bsmon: {name} exited with code {status}; its output: {log_path}", file=sys.stderr)
