@@ -58,7 +58,7 @@ class BsmonApp(App[str | None]):
         self.directory = directory or discovery.default_dir()
         self.readonly = readonly
         self.dashboard = dashboard  # the screen class for a source (replay: ReplayScreen)
-        self.export_dir = Path.cwd()  # where `e` writes its exports
+        self.export_dir: Path | None = None  # where `e` writes (None: beside the record)
 
     def on_mount(self) -> None:
         if self.source is not None:

@@ -18,12 +18,24 @@ from bsmon.probes.summary import (
     Note,
     Source,
     Summary,
+    mark_running,
     summarize_items,
     summarize_record,
     write_summary,
 )
+from bsmon.probes.wire import discovery
+from bsmon.probes.wire.protocol import SessionInfo
 
 from .session import ConnState, Snapshot
+
+
+def export_base(session: SessionInfo) -> Path:
+    """Where ``e`` writes by default: beside the job's record (a directory that survives logout
+    and reboot, and never the current directory, which may be a repository checkout), else
+    the records directory."""
+    if session.record:
+        return Path(session.record).parent
+    return discovery.records_dir()
 
 
 def export_directory(base: Path, name: str) -> Path:
@@ -40,6 +52,8 @@ def export_directory(base: Path, name: str) -> Path:
 def export_session(snap: Snapshot, directory: Path) -> Summary:
     """Write the session's summary.json and summary.md into ``directory``; returns it."""
     summary = summary_for(snap)
+    if snap.state is ConnState.LIVE and not summary.run.complete:
+        mark_running(summary)
     write_summary(summary, directory / "summary.json", directory / "summary.md")
     return summary
 

@@ -265,14 +265,14 @@ class DashboardScreen(Screen):
 
     def action_export(self) -> None:
         """Save the screenshot now and write the summary on a worker thread."""
-        from .export import export_directory, export_session
+        from .export import export_base, export_directory, export_session
 
         app = self.app
         snap = self.snapshot
         if snap is None or snap.session is None:
             app.notify("nothing to export yet: no job on screen", severity="warning")
             return
-        base = getattr(app, "export_dir", None) or Path.cwd()
+        base = getattr(app, "export_dir", None) or export_base(snap.session)
         directory = export_directory(Path(base), snap.session.name)
         try:
             directory.mkdir(parents=True)

@@ -12,13 +12,14 @@ This package is the dashboard's face on summaries: it imports neither torch nor 
 
 from __future__ import annotations
 
-from .build import paths_beside, summarize_items, summarize_record, write_summary
+from .build import mark_running, paths_beside, summarize_items, summarize_record, write_summary
 from .schema import Note, Source, Summary
 
 __all__ = [
     "Note",
     "Source",
     "Summary",
+    "mark_running",
     "paths_beside",
     "summarize_items",
     "summarize_record",

@@ -524,6 +524,22 @@ def _round(value: float | None, digits: int = 6) -> float | None:
 # -- entry points ---------------------------------------------------------------------------------
 
 
+def mark_running(summary: Summary) -> None:
+    """A summary exported while the job runs (the monitor knows it): say so, instead of the
+    record's missing end reading as a killed job."""
+    summary.run.running = True
+    summary.warnings = [
+        Note(
+            "running",
+            f"the job is still running: this summary covers it up to step {summary.steps:,} "
+            f"({summary.duration_s or 0:.0f} s in)",
+        )
+        if note.kind == "incomplete"
+        else note
+        for note in summary.warnings
+    ]
+
+
 def summarize_items(header: Header, source: Source, items: Iterable[object]) -> Summary:
     builder = SummaryBuilder(header, source)
     for item in items:

@@ -40,6 +40,8 @@ def render_markdown(s: Summary) -> str:
 
 def _story(s: Summary) -> str:
     ending = f"ended: {s.run.end_reason}" if s.run.complete else "no clean end (killed?)"
+    if s.run.running:
+        ending = "still running when this was exported"
     return (
         f"**{s.run.name}** ran **{duration(s.duration_s)}** on {s.run.host} (pid {s.run.pid}): "
         f"**{s.steps:,} steps**, {_samples(s)}; {ending}."
@@ -65,6 +67,8 @@ def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 def _run_table(s: Summary) -> str:
     run = s.run
     end = run.end if run.complete else f"{run.end} (last record; no end line)"
+    if run.running:
+        end = f"{run.end} (the last record so far: the job is still running)"
     rank = [("rank", f"{run.rank} of {run.world_size}")] if run.world_size > 1 else []
     rows = [
         ("command", _code(shlex.join(run.argv) if run.argv else "?")),

@@ -168,3 +168,28 @@ async def test_e_before_any_job_says_there_is_nothing_to_export(tmp_path):
         await wait_for(pilot, lambda: notifications(app), what="a notification")
     assert notifications(app) == ["nothing to export yet: no job on screen"]
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_e_on_a_running_job_writes_beside_its_record_and_says_it_runs(tmp_path):
+    """Never into the current directory (a checkout); and a record with no end yet is a job
+    that is running, not one that was killed (the dashboard sees it live)."""
+    from bsmon.tui.sources import ScriptedSource
+
+    (tmp_path / "records").mkdir()
+    record = two_phase(complete=False).write(tmp_path / "records" / "run.jsonl")
+    script = messages(gpu=False)
+    hello = script[0]
+    script[0] = msgspec.structs.replace(
+        hello, session=msgspec.structs.replace(hello.session, record=str(record))
+    )
+    app = BsmonApp(ScriptedSource("resnet-cifar", script, clock=lambda: START + 754.0))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await export_and_wait(pilot)
+    (directory,) = [p for p in (tmp_path / "records").iterdir() if p.is_dir()]
+    assert directory.name.startswith("bsmon-resnet-cifar-")
+    data = json.loads((directory / "summary.json").read_text())
+    assert data["run"]["running"] is True and data["run"]["complete"] is False
+    assert data["warnings"][0]["kind"] == "running"
+    assert data["warnings"][0]["message"].startswith("the job is still running: this summary")
+    text = (directory / "summary.md").read_text()
+    assert "still running when this was exported" in text and "killed" not in text

@@ -4,9 +4,11 @@ waits; SIGTERM stops it; a crash at import is reported at once."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import sys
+from collections.abc import Iterator
 
 import psutil
 
@@ -37,17 +39,29 @@ def job_pids(bsmon_dir, name: str) -> list[int]:
     ]
 
 
-def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
-    tmux = start(bsmon_dir, f"{BSMON} run --name tq -- {UNMODIFIED}")
+@contextlib.contextmanager
+def live_run(bsmon_dir, name: str) -> Iterator[tuple[Tmux, int]]:
+    """`bsmon run` of the unmodified example in tmux, once its dashboard is live: the pane and
+    the training's pid. Both are gone afterwards, whatever the test did."""
+    tmux = start(bsmon_dir, f"{BSMON} run --name {name} -- {UNMODIFIED}")
     try:
-        screen = tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
+        tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
+        (pid,) = job_pids(bsmon_dir, name)
+        yield tmux, pid
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
+    with live_run(bsmon_dir, "tq") as (tmux, pid):
+        screen = tmux.screen()
         assert "tq" in screen and "+/- p off — ? says why" in screen
         tmux.send("?")  # the help opens with why the keys are off
         screen = tmux.wait_for(lambda s: "This job" in s, what="the help")
         assert "+/- is off: bsmon run cannot resize" in screen
         tmux.send("Escape")
         tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
-        (pid,) = job_pids(bsmon_dir, "tq")
         tmux.send("q")
         # SIGINT, as Ctrl-C in a terminal: the script ends with KeyboardInterrupt (130)
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="exit 130")
@@ -55,16 +69,10 @@ def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
         assert "tq exited with code 130" in screen
         assert "the record of tq:" in screen.replace("\n", " ")
         wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
-    finally:
-        tmux.kill()
-        kill_run_processes(bsmon_dir)
 
 
 def test_d_detaches_bsmon_run_waits_and_ctrl_c_then_stops_the_training(bsmon_dir):
-    tmux = start(bsmon_dir, f"{BSMON} run --name td -- {UNMODIFIED}")
-    try:
-        tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
-        (pid,) = job_pids(bsmon_dir, "td")
+    with live_run(bsmon_dir, "td") as (tmux, pid):
         tmux.send("d")
         screen = tmux.wait_for(lambda s: "Waiting for it" in s, timeout=30, what="the detach")
         assert "bsmon attach td" in screen.replace("\n", " ")
@@ -73,24 +81,15 @@ def test_d_detaches_bsmon_run_waits_and_ctrl_c_then_stops_the_training(bsmon_dir
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="exit 130")
         assert "stopping td: Ctrl-C (SIGINT) sent" in screen
         wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
-    finally:
-        tmux.kill()
-        kill_run_processes(bsmon_dir)
 
 
 def test_sigterm_to_bsmon_run_stops_the_training_and_returns_its_code(bsmon_dir):
-    tmux = start(bsmon_dir, f"{BSMON} run --name tt -- {UNMODIFIED}")
-    try:
-        tmux.wait_for(lambda s: live_step(s) > 0, what="the live dashboard")
-        (job,) = job_pids(bsmon_dir, "tt")
-        runner = psutil.Process(job).parent()
-        runner.send_signal(signal.SIGTERM)
+    with live_run(bsmon_dir, "tt") as (tmux, pid):
+        psutil.Process(pid).parent().send_signal(signal.SIGTERM)
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-143" in s, timeout=60, what="exit 143")
+        assert "stopping tt: SIGTERM sent; SIGKILL in 10 s" in screen
         assert "tt exited with code 143" in screen
-        wait_until(lambda: gone(job), timeout=30, message="the training to stop")
-    finally:
-        tmux.kill()
-        kill_run_processes(bsmon_dir)
+        wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
 
 
 def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_path):

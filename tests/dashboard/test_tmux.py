@@ -1,4 +1,5 @@
-"""`bsmon demo` in a real terminal: the screen updates, q quits, nothing is left running."""
+"""`bsmon demo` in a real terminal: the screen updates, q and Ctrl-C quit and say where the
+record is, nothing is left running."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
             what="the batch size to go back to 64 after -",
         )
         tmux.send("q")
-        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
+        screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="exit 0")
+        said = re.search(r"the record of demo: (\S+\.jsonl)", screen.replace("\n", ""))
+        assert said and Path(said.group(1)).parent == bsmon_dir / "records"  # it says where
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and {p.pid for p in demo_processes()} - before:
             time.sleep(0.1)
@@ -104,5 +107,5 @@ def test_at_80x24_events_are_readable_l_expands_them_and_keys_say_why(bsmon_dir)
         tmux.wait_for(lambda s: "redraws every 1 s" in s, timeout=20, what="the interval toast")
         tmux.send("r")
         tmux.wait_for(lambda s: "r is off" in s, timeout=20, what="why r is off")
-        tmux.send("q")
+        tmux.send("C-c")  # Ctrl-C quits, as in every terminal monitor
         tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")

@@ -189,3 +189,25 @@ def test_bsmon_records_says_where_it_looked_when_there_are_none(bsmon_dir):
     assert result.stdout.strip() == (
         f"no records in {bsmon_dir / 'records'} (a job's record is written there when it ends)"
     )
+
+
+async def test_a_dashboard_that_ends_says_where_the_record_of_its_job_is(capsys):
+    """`bsmon attach` and plain `bsmon` on their way out (the job may run on)."""
+    from bsmon.tui.app import BsmonApp
+    from bsmon.tui.cli.records import say_shown_record
+    from bsmon.tui.sources import ScriptedSource
+
+    from ..scripted import messages
+
+    script = messages(gpu=False)
+    script[0].session.record = "/data/bsmon/records/20260101-000000-resnet-cifar-4242.jsonl"
+    app = BsmonApp(ScriptedSource("resnet-cifar", script))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+    say_shown_record(app.source)
+    assert capsys.readouterr().err == (
+        "bsmon: the record of resnet-cifar: /data/bsmon/records/20260101-000000-resnet-cifar-"
+        "4242.jsonl (`bsmon replay` or `bsmon export` it)\n"
+    )
+    say_shown_record(BsmonApp(ScriptedSource("nobody", [])).source)  # never attached: nothing
+    assert capsys.readouterr().err == ""

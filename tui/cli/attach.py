@@ -7,6 +7,7 @@ import os
 from bsmon.probes.wire import discovery
 
 from ..errors import CliError
+from .records import say_shown_record
 
 
 def cmd_attach(target: str, *, readonly: bool) -> int:
@@ -17,7 +18,9 @@ def cmd_attach(target: str, *, readonly: bool) -> int:
     from ..app import BsmonApp, follow_job
 
     name = None if target.isdigit() or target.endswith(".sock") or os.sep in target else target
-    BsmonApp(follow_job(socket, name, None), readonly=readonly).run()
+    app = BsmonApp(follow_job(socket, name, None), readonly=readonly)
+    app.run()
+    say_shown_record(app.source)
     return 0
 
 
@@ -26,4 +29,5 @@ def cmd_dashboard(*, readonly: bool) -> int:
 
     app = BsmonApp(readonly=readonly)
     app.run()
+    say_shown_record(app.source)
     return app.return_code or 0

@@ -66,6 +66,15 @@ def say_record_of(name: str, pid: int) -> None:
         say_record(name, found[-1])
 
 
+def say_shown_record(source: object) -> None:
+    """Where the record of the job a dashboard showed is (nothing if it never attached, or the
+    job writes none)."""
+    model = getattr(source, "model", None)
+    hello = getattr(model, "hello", None)
+    if hello is not None and hello.session.record:
+        say_record(hello.session.name, hello.session.record)
+
+
 def cmd_records(args: argparse.Namespace, directory: Path) -> int:
     rows = list_records(directory) if directory.is_dir() else []
     if args.json:
