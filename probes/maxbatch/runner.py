@@ -283,12 +283,16 @@ class ProbeExtension(Extension):
 
 def crashed(process: subprocess.Popen, points: list[ProbePoint]) -> ProbeResult:
     code = process.returncode
+    status = "crashed"
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         why = f"the sidecar crashed ({name})"
+        if -code in (signal.SIGTERM, signal.SIGINT):  # `bsmon probe` interrupted, or a person
+            why = f"the sidecar was stopped ({name}) from outside the job"
+            status = "killed"
     else:
         why = f"the sidecar exited with code {code} without a result"
     tail = (
@@ -299,7 +303,7 @@ def crashed(process: subprocess.Popen, points: list[ProbePoint]) -> ProbeResult:
     if tail:
         why += f": {tail.splitlines()[-1]}"
     return ProbeResult(
-        status="crashed",
+        status=status,
         points=points,
         error=why,
         max_batch_size=max((p.batch_size for p in points if p.fits), default=0),

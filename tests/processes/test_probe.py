@@ -310,3 +310,37 @@ def test_the_job_is_identical_with_and_without_a_probe(bsmon_dir, processes, tmp
     assert probed["probe"]["status"] == "ok", probed["probe"]["error"]
     for key in ("weights", "optimizer", "torch_rng", "python_rng", "order", "steps"):
         assert probed[key] == plain[key], key
+
+
+def test_ctrl_c_on_bsmon_probe_stops_the_sidecar_and_says_so(bsmon_dir, processes):
+    import psutil
+
+    from ..helpers import wait_until
+
+    _, _, mon = train_a_little(probe_step=hang)
+    with mon:
+        cli = processes.python(
+            "-m",
+            "bsmon.tui.cli",
+            "probe",
+            str(mon.socket_path),
+            "--timeout",
+            "120",
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
+        def sidecar() -> psutil.Process | None:
+            kids = psutil.Process().children()
+            return next((p for p in kids if "bsmon.probes.maxbatch.sidecar" in p.cmdline()), None)
+
+        side = wait_until(sidecar, timeout=60, message="the probe's sidecar")
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+        assert cli.returncode == 130 and "Traceback" not in err.decode()
+        assert err.decode().splitlines()[-1] == (
+            f"bsmon: probe interrupted: stopped the probe's sidecar (pid {side.pid}); "
+            "the job goes on"
+        )
+        result = mon.prober.wait(30)
+        assert result.status == "killed" and "stopped (SIGTERM) from outside" in result.error
+        assert mon.step == 5  # the job is fine

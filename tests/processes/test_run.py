@@ -262,3 +262,21 @@ def test_without_a_terminal_it_runs_headless_says_so_and_ends_with_the_job(
     assert "trained" in lines
     (record,) = (bsmon_dir / "records").glob("*.jsonl")
     assert lines[-1] == f"bsmon: the record of nt: {record} (`bsmon replay` or `bsmon export` it)"
+
+
+def test_ctrl_c_before_the_first_step_says_interrupted_not_nothing_trained(
+    bsmon_dir, processes, tmp_path
+):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\nimport torch\n")
+    run = bsmon_run(
+        processes, "--headless", "--", sys.executable, str(script), preexec_fn=interruptible
+    )
+    assert run.stdout.readline().strip() == "ready"
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGINT
+    assert err.splitlines()[-1] == (
+        "bsmon: slow was not monitored: it was interrupted (Ctrl-C) before bsmon attached at "
+        "its first optimizer step"
+    )

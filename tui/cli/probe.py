@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -20,26 +21,59 @@ from bsmon.probes.wire.protocol import Metrics, ProbeCommand, ProbeResult
 from .. import format as fmt
 from ..errors import CliError
 
+SIDECAR_MODULE = "bsmon.probes.maxbatch.sidecar"  # how the job starts it: python -m ...
+
 
 def run_probe(target: str, *, as_json: bool, memory_budget: int | None, timeout: float) -> int:
     try:
         path = discovery.resolve_target(target)
     except LookupError as exc:
         raise CliError(str(exc)) from None
+    job_pid = None
     try:
         with JobConnection(path) as conn:
-            conn.hello()
+            job_pid = conn.hello().session.pid
             reply = conn.request(ProbeCommand(memory_budget=memory_budget, timeout_s=timeout))
             if not reply.ok:
                 raise CliError(reply.error or "the job refused the probe")
             result = follow(conn, time.time(), timeout + 60, quiet=as_json)
     except (ConnectionError, TimeoutError) as exc:
         raise CliError(str(exc)) from None
+    except KeyboardInterrupt:
+        say_interrupted(job_pid)
+        return 130
     if as_json:
         print(json.dumps(msgspec.to_builtins(result), indent=2))
     else:
         print(describe(result))
     return 0 if result.status == "ok" else 1
+
+
+def stop_sidecar(job_pid: int) -> int | None:
+    """SIGTERM to the probe's sidecar (a child of the job, in a session of its own); its pid,
+    or None when none runs."""
+    import psutil
+
+    try:
+        children = psutil.Process(job_pid).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if SIDECAR_MODULE in child.cmdline():
+                child.terminate()
+                return child.pid
+    return None
+
+
+def say_interrupted(job_pid: int | None) -> None:
+    """Ctrl-C: stop what this command started, and say so (the job goes on either way)."""
+    stopped = stop_sidecar(job_pid) if job_pid is not None else None
+    if stopped is not None:
+        what = f"stopped the probe's sidecar (pid {stopped}); the job goes on"
+    else:
+        what = "no probe sidecar was running; the job goes on"
+    print(f"bsmon: probe interrupted: {what}", file=sys.stderr)
 
 
 def follow(conn: JobConnection, started: float, timeout: float, quiet: bool) -> ProbeResult:

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     try:
         if headless:
             code = run_headless(command, env)
-            say_record_or_why(name, run_notes.read(directory, run_id))
+            say_record_or_why(name, run_notes.read(directory, run_id), code)
             return code
         log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
         return run_with_dashboard(
@@ -174,9 +174,12 @@ def check_writable(log_path: Path) -> BinaryIO:
         raise CliError(message, EXIT_USAGE) from None
 
 
-def say_record_or_why(name: str, notes: list[run_notes.Note]) -> None:
-    """The last words of a run: where its record is, or why it was not monitored."""
+def say_record_or_why(name: str, notes: list[run_notes.Note], status: int | None) -> None:
+    """The last words of a run: where its record is, or why it was not monitored (``status``:
+    the command's exit status, None while it runs)."""
     if (why := run_notes.why_unmonitored(notes)) is not None:
+        if status == 128 + signal.SIGINT and not any(note.attached for note in notes):
+            why = "it was interrupted (Ctrl-C) before bsmon attached at its first optimizer step"
         print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
     for record in run_notes.records(notes):
         say_record(name, record)
@@ -288,7 +291,8 @@ def run_with_dashboard(
                     file=sys.stderr,
                 )
             code = wait_for(process, name, first=first, grace_s=grace_s)
-    say_record_or_why(name, run_notes.read(directory, run_id))
+    status = exit_status(code) if code is not None else None
+    say_record_or_why(name, run_notes.read(directory, run_id), status)
     return report_end(name, code, log_path)
 
 
