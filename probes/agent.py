@@ -50,7 +50,7 @@ from .noise.shared_backward import SharedBackward
 from .options import check_options
 from .record.recorder import Recorder
 from .record.writer import RECORDS_SUBDIR, claim_record_path, default_record_path
-from .runtime import distributed, loader_watch, mode_watch, signals
+from .runtime import distributed, interrupts, loader_watch, mode_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
@@ -273,6 +273,7 @@ class Monitor:
         _live_monitors.add(self)
         atexit.register(self._close_at_exit)
         signals.install(live_monitors)
+        interrupts.install()  # Ctrl-C's traceback ends at the user's line
         self._emit_event(
             Event(
                 t=time.time(),

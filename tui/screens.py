@@ -302,7 +302,7 @@ class DashboardScreen(Screen):
 class PickerScreen(Screen[Path]):
     """Several jobs are running: choose one."""
 
-    BINDINGS = [Binding("escape", "app.quit", "Quit", id="picker_quit")]
+    BINDINGS = [Binding("escape", "app.quit", "Quit", id="picker_quit", show=False)]  # q says it
 
     def __init__(self, jobs: list[JobEntry], now: float) -> None:
         super().__init__()

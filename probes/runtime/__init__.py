@@ -17,6 +17,7 @@ Modules, one job each:
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
 - ``fault_guard``: an exception in bsmon's code on the training thread stops there;
 - ``signals``: SIGTERM closes the monitors (end line, summary) before the job exits;
+- ``interrupts``: Ctrl-C's traceback leaves out bsmon's wrappers (it ends at the user's line);
 - ``distributed``: a private gloo group and the step-boundary exchange between ranks;
 - ``ranks``: every rank's summary on rank 0, through torch.distributed's store.
 

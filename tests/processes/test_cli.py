@@ -227,3 +227,15 @@ def test_list_dir_after_the_subcommand_lists_that_directory(tmp_path):
     result = run_cli("list", "--dir", str(tmp_path), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dir"] == str(tmp_path)
+
+
+def test_help_has_examples_and_each_option_says_what_it_does(capsys):
+    for argv in (["--help"], ["demo", "--help"], ["export", "--help"], ["replay", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    out = capsys.readouterr().out
+    top, demo, export, replay = out.split("usage: ")[1:]
+    assert "examples:" in top and "bsmon run -- python train.py" in top
+    assert "the demo job's name" in demo and "the batch size it starts at" in demo
+    assert "--readonly" not in export and "--dir" not in export  # they mean nothing there
+    assert "--readonly" not in replay and "--interval" in replay

@@ -18,6 +18,7 @@ from bsmon.probes.wire import discovery
 
 from .records import say_record_of
 from .run import no_terminal
+from .tidy import tidy
 
 STOP_GRACE_S = 10.0
 
@@ -61,6 +62,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from ..sources import SocketSource
 
     directory = discovery.ensure_private_dir(discovery.default_dir())
+    tidy(directory)
     log_path = directory / f"demo-{os.getpid()}.log"
     with open(log_path, "wb") as log:
         command = [sys.executable, "-m", "bsmon.probes.demo", *job_arguments(args)]

@@ -24,27 +24,48 @@ from .run import add_parser as add_run_parser
 MODES: dict[str, Mode] = {"demo": "demo", "run": "run", "replay": "replay"}
 
 
+EXAMPLES = """\
+examples:
+  bsmon demo                           a demo job and its dashboard (q or Ctrl-C stops both)
+  bsmon run -- python train.py         run a script, unchanged, with the dashboard on it
+  bsmon run -- torchrun --nproc-per-node 2 train.py
+  bsmon                                attach to the running job (a picker when several)
+  bsmon records                        the session records kept here, newest first
+  bsmon export RECORD                  its summary.md and summary.json
+
+Dashboard keys: ? help, q or Ctrl-C quit (under bsmon run and bsmon demo: stops the job;
+d detaches from a bsmon run job and leaves it running).
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{message} (see `{self.prog} --help`)", EXIT_USAGE)
 
 
-def _add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
-    """``--readonly`` and ``--dir``, before or after the subcommand (a subcommand's copy
-    leaves what was given before it alone unless given again)."""
-    parser.add_argument(
-        "--readonly",
-        action="store_true",
-        default=default if default is argparse.SUPPRESS else False,
-        help="disable every command that acts on the job",
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=default,
-        help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
-        "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
-    )
+def _add_global_options(
+    parser: argparse.ArgumentParser,
+    default: object,
+    names: tuple[str, ...] = ("readonly", "dir", "interval"),
+) -> None:
+    """``--readonly``, ``--dir`` and ``--interval``, before or after the subcommand (a
+    subcommand's copy leaves what was given before it alone unless given again); ``names``:
+    the ones that mean something to that subcommand."""
+    if "readonly" in names:
+        parser.add_argument(
+            "--readonly",
+            action="store_true",
+            default=default if default is argparse.SUPPRESS else False,
+            help="disable every command that acts on the job",
+        )
+    if "dir" in names:
+        parser.add_argument(
+            "--dir",
+            type=Path,
+            default=default,
+            help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
+            "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
+        )
     parser.add_argument(
         "--interval",
         type=_interval,
@@ -55,11 +76,18 @@ def _add_global_options(parser: argparse.ArgumentParser, default: object) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="bsmon", description="Live monitor for PyTorch training jobs.")
+    parser = _Parser(
+        prog="bsmon",
+        description="Live monitor for PyTorch training jobs.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"bsmon {__version__}")
     _add_global_options(parser, None)
     common = _Parser(add_help=False)
     _add_global_options(common, argparse.SUPPRESS)
+    viewing = _Parser(add_help=False)  # a record on screen: only the redraw interval matters
+    _add_global_options(viewing, argparse.SUPPRESS, ("interval",))
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     p = sub.add_parser("list", parents=[common], help="list running jobs")
@@ -87,13 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--headless", action="store_true", help="run only the job, no dashboard")
     p.add_argument("--steps", type=int, default=0, help="stop the job after N steps")
-    p.add_argument("--name", default="demo")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--name", default="demo", help="the demo job's name (default: demo)")
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="the batch size it starts at (default: 64)"
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
-    p = sub.add_parser(
-        "export", parents=[common], help="write summary.json and summary.md of a session record"
-    )
+    p = sub.add_parser("export", help="write summary.json and summary.md of a session record")
     p.add_argument("record", type=Path, help="a record (.jsonl): `bsmon records` lists them")
     p.add_argument(
         "-o",
@@ -105,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
-        "replay", parents=[common], help="open the dashboard on a recorded session (read-only)"
+        "replay", parents=[viewing], help="open the dashboard on a recorded session (read-only)"
     )
     p.add_argument("record", type=Path, help="a record (.jsonl)")
     p.add_argument(

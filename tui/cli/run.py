@@ -47,6 +47,7 @@ from ..settings import DETACH
 from .family import JobFinder
 from .records import say_record
 from .stopping import GRACE_S, signals_handled, wait_for
+from .tidy import tidy
 
 EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     command = parse_command(args)
     name = args.name or launch.job_name(command)
     directory = discovery.ensure_private_dir(discovery.default_dir())
+    tidy(directory)  # what killed runs left: their notes, and logs beyond the newest 20
     run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
     env = launch.child_environment(os.environ, name, directory, run_id)
     if args.log is not None:

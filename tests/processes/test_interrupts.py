@@ -1,0 +1,60 @@
+"""Ctrl-C in a job with bsmon attached: the traceback names the user's code, not bsmon's
+wrappers (as if bsmon had failed); other exceptions and the exit status are untouched."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+SCRIPT = """
+import sys
+import torch
+from torch import nn
+from bsmon.probes import attach
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if i == 40:
+            raise {error}("at item 40")
+        return torch.randn(4), torch.randn(1)
+
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+mon = attach(model, optimizer, batch_size=8, name="ki")
+for x, y in mon.dataloader(Data()):
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def run_script(bsmon_dir, tmp_path, error: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(error=error))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+
+
+def frames(stderr: str) -> list[str]:
+    return [line.strip() for line in stderr.splitlines() if line.strip().startswith("File ")]
+
+
+def test_a_keyboard_interrupt_shows_the_users_line_not_bsmons_wrappers(bsmon_dir, tmp_path):
+    done = run_script(bsmon_dir, tmp_path, "KeyboardInterrupt")
+    assert done.returncode == -signal.SIGINT  # killed by SIGINT, as without bsmon
+    shown = frames(done.stderr)
+    assert shown and all("/probes/" not in frame for frame in shown), done.stderr
+    assert 'train.py", line 18' in shown[0]  # the user's loop, then torch's DataLoader
+    assert any("dataloader.py" in frame for frame in shown)
+    assert done.stderr.rstrip().endswith("KeyboardInterrupt: at item 40")
+
+
+def test_other_exceptions_keep_their_whole_traceback(bsmon_dir, tmp_path):
+    done = run_script(bsmon_dir, tmp_path, "ValueError")
+    assert done.returncode == 1
+    assert any("/probes/" in frame for frame in frames(done.stderr))  # nothing hidden
+    assert done.stderr.rstrip().endswith("ValueError: at item 40")
