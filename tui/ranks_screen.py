@@ -15,7 +15,7 @@ from textual.widgets import Footer, Static
 
 from bsmon.probes.wire.protocol import STRAGGLER_FLAG, RankReading, RanksReading
 
-from .session import Snapshot
+from .session import ConnState, Snapshot
 from .view_screen import ViewScreen
 from .widgets.header import JobHeader
 
@@ -33,10 +33,21 @@ def compute_s(rank: RankReading) -> float | None:
     return rank.forward_s + rank.backward_s
 
 
-def cell(rank: RankReading, slowest: float | None, straggler: int | None) -> str:
-    """One rank in CELL_WIDTH columns: bar, compute ms, wait ms, util %, memory GiB."""
+def heard(rank: RankReading) -> bool:
+    """Whether rank 0 ever had a summary of this rank (rank 0 itself always)."""
+    return rank.rank == 0 or rank.age_s is not None
+
+
+def cell(
+    rank: RankReading, slowest: float | None, straggler: int | None, finished: bool = False
+) -> str:
+    """One rank in CELL_WIDTH columns: bar, compute ms, wait ms, util %, memory GiB. When the
+    job has finished, silence is its end, not a late rank: the last figures are shown."""
     label = f"r{rank.rank:<3}"
-    if rank.late:
+    if not heard(rank):
+        text = "ended before a summary" if finished else "not heard from yet"
+        return f"[$text-muted]{f'{label} {text}'.ljust(CELL_WIDTH)[:CELL_WIDTH]}[/]"
+    if rank.late and not finished:
         age = f"silent {rank.age_s:.0f}s" if rank.age_s is not None else "not heard from"
         return f"[$error]{f'{label} late, {age}'.ljust(CELL_WIDTH)[:CELL_WIDTH]}[/]"
     compute = compute_s(rank)
@@ -51,9 +62,15 @@ def cell(rank: RankReading, slowest: float | None, straggler: int | None) -> str
     return text
 
 
-def summary_line(reading: RanksReading) -> str:
-    nodes = len({r.host for r in reading.ranks})
+def summary_line(reading: RanksReading, finished: bool = False) -> str:
+    """The count of ranks and nodes (a rank never heard from has no host to count), the
+    straggler, late ranks (none once the job has finished: they ended), the global batch."""
+    nodes = len({r.host for r in reading.ranks if heard(r)})
     parts = [f"[b]{reading.world_size} ranks[/b] on {nodes} node{'s' * (nodes != 1)}"]
+    unheard = [f"r{r.rank}" for r in reading.ranks if not heard(r)]
+    if unheard:
+        when = "before the job ended" if finished else "yet"
+        parts.append(f"no summary from {', '.join(unheard)} {when}")
     if reading.straggler is not None and reading.straggler_ratio is not None:
         host = next((r.host for r in reading.ranks if r.rank == reading.straggler), "")
         mark = "[$error]" if reading.straggler_ratio >= STRAGGLER_FLAG else ""
@@ -61,8 +78,8 @@ def summary_line(reading: RanksReading) -> str:
             f"{mark}straggler r{reading.straggler} ({escape(host)}): "
             f"{reading.straggler_ratio:.2f}× the median compute{'[/]' if mark else ''}"
         )
-    late = [f"r{r.rank}" for r in reading.ranks if r.late]
-    if late:
+    late = [f"r{r.rank}" for r in reading.ranks if r.late and heard(r)]
+    if late and not finished:
         parts.append(f"[$error]late: {', '.join(late)}[/]")
     if reading.global_batch_size is not None:
         parts.append(f"global batch {reading.global_batch_size:,}")
@@ -80,7 +97,7 @@ def verdicts_line(reading: RanksReading) -> str:
     return "\n" + " · ".join(f"{v}: {', '.join(ranks)}" for v, ranks in by_verdict.items())
 
 
-def grid_lines(reading: RanksReading, width: int) -> list[str]:
+def grid_lines(reading: RanksReading, width: int, finished: bool = False) -> list[str]:
     per_line = max(1, width // (CELL_WIDTH + 1))
     computes = [c for r in reading.ranks if not r.late and (c := compute_s(r)) is not None]
     slowest = max(computes, default=None)
@@ -90,12 +107,12 @@ def grid_lines(reading: RanksReading, width: int) -> list[str]:
     for host, ranks in groupby(reading.ranks, key=lambda r: r.host):
         members = list(ranks)
         lines.append(
-            f"[b]{escape(host or 'unknown host')}[/b] "
+            f"[b]{escape(host or 'no summary yet')}[/b] "
             f"[$text-muted]({len(members)} rank{'s' * (len(members) != 1)})[/]"
         )
         for start in range(0, len(members), per_line):
             row = members[start : start + per_line]
-            lines.append(" ".join(cell(r, slowest, reading.straggler) for r in row))
+            lines.append(" ".join(cell(r, slowest, reading.straggler, finished) for r in row))
     return lines
 
 
@@ -125,8 +142,9 @@ class RanksScreen(ViewScreen):
         if reading is None:
             summary.update("[$text-muted]no ranks reading yet (rank 0 gathers every 2 s)[/]")
             return
-        summary.update(summary_line(reading))
-        grid.update("\n".join(grid_lines(reading, self.size.width - 2)))
+        finished = snap.state is ConnState.FINISHED
+        summary.update(summary_line(reading, finished))
+        grid.update("\n".join(grid_lines(reading, self.size.width - 2, finished)))
         timing.update(
             f"compute and wait in ms per step; wait = all-reduce time not hidden behind "
             f"backward; {escape(reading.timing)}"

@@ -50,3 +50,34 @@ def test_ranks_view_snapshot(snap_compare):
 
     app = BsmonApp(ScriptedSource("job", distributed_messages(), clock=lambda: NOW))
     assert snap_compare(app, terminal_size=(120, 40), run_before=open_ranks)
+
+
+async def ranks_view_of(script: list) -> tuple[str, str]:
+    """The ranks view's summary line and grid for a scripted session."""
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, RanksScreen), what="ranks")
+        await pilot.pause(0.2)
+        return text_of(app, "#ranks-summary"), text_of(app, "#ranks-grid")
+
+
+async def test_a_finished_job_whose_rank_ended_before_its_first_summary_is_not_called_late():
+    """torchrun's 300 steps can end before rank 1's first summary reaches rank 0 (2 s): one
+    host, no late rank, and the rank said to have ended first (finding 13 of issue 25)."""
+    from bsmon.probes.wire import protocol
+
+    script = messages()
+    script[0].session.rank, script[0].session.world_size = 0, 2
+    r0 = protocol.RankReading(
+        rank=0, host="vm", step=300, age_s=0.0, forward_s=0.01, backward_s=0.02, batch_size=32
+    )
+    r1 = protocol.RankReading(rank=1, late=True)  # never heard from
+    script[-1].ranks = protocol.RanksReading(world_size=2, ranks=[r0, r1], timing="ddp")
+    summary, grid = await ranks_view_of(script)
+    assert summary == "2 ranks on 1 node · no summary from r1 yet"
+    assert "not heard from yet" in grid and "late" not in grid and "unknown host" not in grid
+    summary, grid = await ranks_view_of([*script, protocol.Bye(t=NOW, reason="closed")])
+    assert summary == "2 ranks on 1 node · no summary from r1 before the job ended"
+    assert "ended before a summary" in grid and "late" not in grid
