@@ -281,8 +281,9 @@ class AutoAttach:
         self._unwrap_all()  # the hook stays (torch may be iterating over it); it does nothing
         self._leave_note()
 
-    def _leave_note(self) -> None:
-        """Tell bsmon run whether this process is monitored, and if not, why (never raises)."""
+    def _leave_note(self, record: str | None = None) -> None:
+        """Tell bsmon run whether this process is monitored, and if not, why, and where its
+        record is (``record``: one written without a monitor) (never raises)."""
         if self._notes is None:
             return
         attached = self.monitor is not None or self._script_attached
@@ -293,24 +294,27 @@ class AutoAttach:
             reason = self.stood_down
         else:
             reason = HAND_UPDATES if trained else NOTHING_TRAINED
-        record = getattr(getattr(self.monitor, "session", None), "record", None)
+        record = record or getattr(getattr(self.monitor, "session", None), "record", None)
         note = run_notes.Note(os.getpid(), attached, trained, reason, record)
         run_notes.write(*self._notes, note)
 
     def _at_exit(self) -> None:
         """The last word of a process that trained but was never monitored: its note, and a
         record that says why. Never raises (an exception here would change the exit code)."""
+        record = None
         try:
-            self._leave_note()
             if self.monitor is None and not self._script_attached and self._backwards:
                 from ..runtime.session import session_info
 
                 session = session_info(self.name)
                 session.start_time = self._started
                 reason = self.stood_down or HAND_UPDATES
-                write_summary_beside(write_unattached(discovery.records_dir(), session, reason))
+                path = write_unattached(discovery.records_dir(), session, reason)
+                record = str(path)
+                write_summary_beside(path)
         except Exception:  # nothing may escape at exit: the note and record are best effort
-            return
+            pass
+        self._leave_note(record)  # after the record, so that bsmon run can say where it is
 
     def _note_other(self, optimizer: torch.optim.Optimizer) -> None:
         key = id(optimizer)
