@@ -465,3 +465,64 @@ def test_an_oom_in_accumulation_mode_halves_the_micro_batch(bsmon_dir):
                     optimizer.zero_grad()
         assert sorted(trained) == list(range(96))
         assert mon.batch_size == 32 and mon.micro_batch_size == 8 and mon.accumulation_steps == 4
+
+
+# -- the loss after a change -----------------------------------------------------------------
+
+
+def regression_steps(model, optimizer, mon, n: int, batch: int | None = None) -> None:
+    """``n`` steps of noisy least squares (curvature 2: SGD diverges above lr 1), one metrics
+    window each."""
+    for _ in range(n):
+        x = torch.randn(batch or mon.batch_size, 2)
+        target = x.sum(1) + 0.1 * torch.randn(len(x))
+        loss = (model(x).squeeze(1) - target).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mon.log(loss=loss)
+        mon.flush()
+
+
+def test_a_loss_that_diverges_after_a_change_is_an_event_pointing_at_it(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+    with attach(model, optimizer, batch_size=8) as mon:
+        regression_steps(model, optimizer, mon, 30)
+        assert mon.request_batch_size(64, confirm=True).ok  # linear rule: lr 0.3 → 2.4
+        regression_steps(model, optimizer, mon, 1)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(2.4)
+
+        def diverged():
+            regression_steps(model, optimizer, mon, 1)
+            return [e for e in mon.telemetry.events if e.kind == "loss_diverged"]
+
+        (event,) = wait_until(diverged, message="a divergence event")
+        change = mon.batch_control.changes[-1]
+    assert event.level == "warning" and event.data["change_step"] == change.step
+    assert f"after batch 8 → 64 at step {change.step}" in event.message
+    assert "lr 0.3 → 2.4 (linear rule for SGD)" in event.message
+    assert change.loss == "diverged"
+    assert mon.batch_control.watch.trained_well == 8  # 64 did not train well
+
+
+def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_dir, monkeypatch):
+    from bsmon.probes.batch import loss_watch
+
+    monkeypatch.setattr(loss_watch, "WATCH_STEPS", 20)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, optimizer, batch_size=8) as mon:
+        regression_steps(model, optimizer, mon, 30)
+        assert "4× the last batch size that trained well (8)" in mon.request_batch_size(32).error
+        assert mon.request_batch_size(16, confirm=True).ok  # confirmed: no memory reading yet
+        wait_until(
+            lambda: (
+                regression_steps(model, optimizer, mon, 1),
+                mon.batch_control.changes[-1].loss,
+            )[1],
+            message="the loss watch's outcome",
+        )
+        assert mon.batch_control.changes[-1].loss == "held"
+        assert mon.batch_control.watch.trained_well == 16
+        assert "32 is 4×" not in (mon.request_batch_size(32).error or "")
