@@ -165,11 +165,13 @@ def _probe(summary: Summary, notes: list[Note]) -> None:
             size = recommendation.get("batch_size")
             reasons = "; ".join(recommendation.get("reasons") or [])
             if size:
+                stay = recommendation.get("current") == size
+                said = f"staying at batch size {size:,}" if stay else f"batch size {size:,}"
                 notes.append(
                     Note(
                         "probe_recommendation",
-                        f"the probe at step {probe.get('step', 0):,} recommended batch size "
-                        f"{size:,}" + (f": {reasons}" if reasons else ""),
+                        f"the probe at step {probe.get('step', 0):,} recommended {said}"
+                        + (f": {reasons}" if reasons else ""),
                     )
                 )
             return

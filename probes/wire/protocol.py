@@ -203,6 +203,11 @@ class WhatIf(msgspec.Struct, omit_defaults=True):
 class Recommendation(msgspec.Struct):
     batch_size: int
     reasons: list[str]
+    current: int | None = None  # the job's batch size then: equal means "stay"
+
+    @property
+    def stay(self) -> bool:
+        return self.current == self.batch_size
 
 
 class ProbeResult(msgspec.Struct, omit_defaults=True):
@@ -223,6 +228,8 @@ class ProbeResult(msgspec.Struct, omit_defaults=True):
     recommendation: Recommendation | None = None
     error: str | None = None
     duration_s: float = 0.0
+    budget_note: str | None = None  # where the budget came from ("25% of ..., at most 1 GiB")
+    notes: list[str] = msgspec.field(default_factory=list)  # caveats a person should read
 
 
 class ProbeReading(msgspec.Struct, omit_defaults=True):
