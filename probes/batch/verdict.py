@@ -23,6 +23,7 @@ MIN_WINDOWS = 10  # windows at each size before an SE means anything
 MAX_WAIT_S = 60.0  # timed seconds at the new size before "no measurable difference"
 
 FASTER, SLOWER, SAME, LEFT = "faster", "slower", "no measurable difference", "left before a verdict"
+UNCOMPARED = "too little measured before it"  # the old size ran too briefly to compare
 
 
 @dataclass
@@ -76,6 +77,11 @@ class Verdict:
         return self.after / self.before - 1
 
     def text(self, old: int, new: int) -> str:
+        if self.outcome == UNCOMPARED:
+            return (
+                f"batch {old} → {new}: no verdict, too little was measured at {old} to compare; "
+                f"{new} runs at {self.after:,.0f} ± {self.se_after:,.0f} samples/s"
+            )
         figures = (
             f"{self.before:,.0f} ± {self.se_before:,.0f} → "
             f"{self.after:,.0f} ± {self.se_after:,.0f} samples/s"
@@ -91,8 +97,12 @@ class Verdict:
 
 def judge(before: SizeThroughput, after: SizeThroughput, waited_s: float) -> Verdict | None:
     """The verdict once the difference is resolved (or the wait is over), else None."""
-    if before.windows < MIN_WINDOWS or after.windows < MIN_WINDOWS:
+    if after.windows < MIN_WINDOWS:
         return None
+    if before.windows < MIN_WINDOWS:
+        if waited_s < MAX_WAIT_S or after.mean is None or after.se is None:
+            return None
+        return Verdict(UNCOMPARED, before.mean or 0.0, after.mean, before.se or 0.0, after.se)
     b, a, sb, sa = before.mean, after.mean, before.se, after.se
     if b is None or a is None or sb is None or sa is None or b <= 0:
         return None

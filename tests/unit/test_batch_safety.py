@@ -71,7 +71,12 @@ def test_no_difference_waits_then_says_so():
     found = judge(before, after, waited_s=verdict.MAX_WAIT_S)
     assert found is not None and found.outcome == verdict.SAME
     assert "no measurable difference" in found.text(64, 128)
-    assert judge(windows(rng, 1, 0.1, 9), after, waited_s=1e9) is None  # too few windows
+    assert judge(before, windows(rng, 1, 0.1, 9), waited_s=1e9) is None  # too few windows
+    brief = windows(rng, 1000.0, 0.1, 3)  # the old size ran 1.5 s before the change
+    assert judge(brief, after, waited_s=1.0) is None
+    found = judge(brief, after, waited_s=verdict.MAX_WAIT_S)
+    assert found.outcome == verdict.UNCOMPARED
+    assert found.text(64, 128).startswith("batch 64 → 128: no verdict, too little was measured")
 
 
 def test_sequential_looks_rarely_give_a_false_verdict():

@@ -57,6 +57,8 @@ def change_line(change: BatchChange) -> str:
         bought = "[$text-muted]left before a verdict[/]"
     elif change.verdict == "no measurable difference":
         bought = "[$text-muted]no measurable difference[/]"
+    elif change.verdict == "too little measured before it" and after:
+        bought = f"{fmt.rate(after)} [$text-muted](not compared)[/]"
     elif before and after:
         bought = f"{after / before - 1:+.0%} samples/s"
     elif after:
