@@ -1,10 +1,12 @@
 """Batch-size control: requests are checked on the agent thread (or the caller's), and the
 switch happens on the training thread at the next step boundary.
 
-A request that passes the policy but that the memory model predicts above 90% of the device
-budget, or that is above the size a probe found to fit, or at a size that already ran out of
-memory, is refused until it is sent again with ``confirm``. Every switch is an event; once
-enough steps have run at the new size, a second event says what it bought in throughput.
+A request that passes the policy but is risky (at a size that already ran out of memory,
+above the size a probe found to fit, beyond what has been measured to fit, or more than 2×
+from the last size that trained well: ``safety``) is refused until it is sent again with
+``confirm``. At the switch the learning rate follows the batch (``lr_scaling``). Every switch
+is an event; ``watch`` then says what it bought in throughput, once resolved from the noise,
+and whether the loss held.
 """
 
 from __future__ import annotations
