@@ -39,6 +39,7 @@ from .batch.control import BatchController, Pending
 from .batch.extension import BatchExtension
 from .batch.extension import register_commands as register_batch_commands
 from .batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
+from .batch.lr_scaling import DEFAULT as DEFAULT_LR_SCALING
 from .batch.oom import is_out_of_memory, release_memory
 from .batch.policy import BatchPolicy, StepRule
 from .maxbatch.job import ProbeSource, device_free
@@ -108,7 +109,7 @@ class Monitor:
         min_batch_size: int = 1,
         batch_step: StepRule = "double",
         micro_batch_size: int | None = None,
-        lr_scaling: str | None = None,
+        lr_scaling: str | None = DEFAULT_LR_SCALING,
         lr_scheduler: Any = None,
         probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
         ranks_view: bool = True,

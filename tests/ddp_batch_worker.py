@@ -35,7 +35,7 @@ def main(rank: int, world: int, init_file: str, out: str) -> None:
             optimizer.zero_grad()
             log.append({"step": mon.step, "batch_size": mon.batch_size, "drawn": len(x)})
             if rank == 0 and mon.step == 5:
-                reply = mon.request_batch_size(16)
+                reply = mon.request_batch_size(16, confirm=True)  # before any memory reading
                 assert reply.ok, reply.error
                 applies_after = reply.result["applies_after_step"]
             if mon.step == 30:

@@ -10,7 +10,7 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from bsmon.probes.wire import describe_prediction, describe_what_if
+from bsmon.probes.wire import describe_prediction, describe_recommendation, describe_what_if
 from bsmon.probes.wire.protocol import ProbePoint, ProbeReading, ProbeResult
 
 from . import format as fmt
@@ -61,8 +61,12 @@ def findings_text(result: ProbeResult | None) -> str:
     lines.extend(f"  {escape(describe_what_if(w))}" for w in result.what_ifs)
     if result.recommendation is not None:
         rec = result.recommendation
-        lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")
+        if rec.stay:
+            lines.append(f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now)")
+        else:
+            lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")
         lines.extend(f"  · {escape(reason)}" for reason in rec.reasons)
+    lines.extend(f"[$warning]note:[/] {escape(note)}" for note in result.notes)
     return "\n".join(lines)
 
 
@@ -176,11 +180,14 @@ class ProbeScreen(Screen[None]):
         if not self._can_apply:
             return False
         result = self._reading.result if self._reading else None
-        return True if result is not None and result.recommendation is not None else None
+        rec = result.recommendation if result is not None else None
+        return True if rec is not None and not rec.stay else None  # "stay": nothing to apply
 
     def action_apply(self) -> None:
         result = self._reading.result if self._reading else None
         if result is not None and result.recommendation is not None:
+            if result.recommendation.stay:
+                return
             self._apply(result.recommendation.batch_size)  # type: ignore[operator]
 
     def action_close(self) -> None:

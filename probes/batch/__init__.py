@@ -6,7 +6,12 @@ Modules, one job each:
 - ``extension``: the batch-size commands, and the agent-thread side of the controller;
 - ``policy``: which sizes the keys step to, and which are refused (and why);
 - ``loader``: a DataLoader whose batch size follows the monitor, batch by batch;
-- ``lr_scaling``: the learning rate rescaled with the batch size (linear, sqrt, none);
+- ``lr_scaling``: the learning rate rescaled with the batch size (auto: linear for SGD, sqrt
+  for Adam-type; or chosen; or none);
+- ``safety``: which sizes ask first (not measured to fit; more than 2× from the last size
+  that trained well);
+- ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and
+  whether the loss held (``loss_watch``);
 - ``memory_model``: the job's peak memory per batch size, fitted by a line;
 - ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator.
 """

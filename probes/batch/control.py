@@ -1,10 +1,12 @@
 """Batch-size control: requests are checked on the agent thread (or the caller's), and the
 switch happens on the training thread at the next step boundary.
 
-A request that passes the policy but that the memory model predicts above 90% of the device
-budget, or that is above the size a probe found to fit, or at a size that already ran out of
-memory, is refused until it is sent again with ``confirm``. Every switch is an event; a
-second, once enough steps ran at the new size, says what it bought in throughput.
+A request that passes the policy but is risky (at a size that already ran out of memory,
+above the size a probe found to fit, beyond what has been measured to fit, or more than 2×
+from the last size that trained well: ``safety``) is refused until it is sent again with
+``confirm``. At the switch the learning rate follows the batch (``lr_scaling``). Every switch
+is an event; ``watch`` then says what it bought in throughput, once resolved from the noise,
+and whether the loss held.
 
 Why one module: a request, its pending switch, the DDP agreement on the step it applies at and
 its throughput verdict are one state machine whose transitions share one lock.
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import torch
 
 from ..runtime.devices import DeviceSample
@@ -32,14 +35,11 @@ from ..wire.protocol import (
     Metrics,
 )
 from ..wire.routing import CommandRefused
-from .lr_scaling import NoFactor, is_adam_like, lr_factor, rescale
+from .lr_scaling import NoFactor, describe, lr_factor, owned_by_scheduler, rescale, rule_for
 from .memory_model import MemoryModel
 from .policy import BatchPolicy
-
-BEFORE_STEPS = 50  # throughput "before" a change: the last this many steps at the old size
-WARMUP_STEPS = 5  # steps after a switch not counted in "after" (allocator, cudnn warm-up)
-AFTER_STEPS = 20  # steps at the new size before "after" is reported
-CHANGE_HISTORY = 50
+from .safety import memory_reason, ratio_reason
+from .watch import ChangeWatch
 
 BatchCallback = Callable[[int, int], None]
 
@@ -57,14 +57,6 @@ class Pending:
     value: int
     reason: str
     source: str
-
-
-@dataclass
-class _Window:
-    step: int
-    batch_size: int
-    samples_per_s: float
-    steps: int
 
 
 class BatchController:
@@ -99,9 +91,12 @@ class BatchController:
         self.memory = MemoryModel()
         self.memory_budget: int | None = None
         self.oom_sizes: dict[int, int] = {}  # size -> step it ran out of memory at
-        self.changes: deque[BatchChange] = deque(maxlen=CHANGE_HISTORY)
+        self.watch = ChangeWatch(initial, step)
+        self.host_memory = MemoryModel()  # resident memory per size (CPU: no device model)
+        self.host_budget: int | None = None
         self._optimizer = optimizer
         self._lr_scaling = lr_scaling
+        self._lr_rule = rule_for(lr_scaling, optimizer)
         self._scheduler = scheduler
         self._emit = emit
         self._record = record
@@ -117,7 +112,6 @@ class BatchController:
         self._lock = threading.Lock()
         self._switch_time = time.time()
         self._switch_step = 0
-        self._windows: deque[_Window] = deque(maxlen=4096)
 
     # -- sizes ------------------------------------------------------------------------------
 
@@ -180,15 +174,26 @@ class BatchController:
         return self.request(value, confirm=confirm, reason=f"step {direction}", source=source)
 
     def confirmation_reason(self, value: int) -> str | None:
+        """Why ``value`` should be confirmed first (None: it is safe to apply)."""
         ooms = [size for size in self.oom_sizes if size <= value]
         if ooms:
             size = min(ooms)
             return f"batch {size} ran out of memory at step {self.oom_sizes[size]}"
         if self.probe_max is not None and value > self.probe_max:
             return f"{value} is above the largest batch the probe found to fit ({self.probe_max})"
-        if self.micro is None:
-            return self.memory.needs_confirmation(value, self.memory_budget)
-        return None  # accumulation mode: a larger batch takes more micro-batches, not memory
+        measured_to_fit = self.probe_max is not None  # and value <= probe_max
+        if self.micro is None and not measured_to_fit:  # accumulation: more micro-batches
+            why = memory_reason(
+                value,
+                self.size,
+                device=self.memory,
+                device_budget=self.memory_budget,
+                host=self.host_memory,
+                host_budget=self.host_budget,
+            )
+            if why is not None:
+                return why
+        return ratio_reason(value, self.watch.trained_well)
 
     # -- the switch (training thread, at a step boundary) ------------------------------------
 
@@ -232,7 +237,7 @@ class BatchController:
         old, new = self.size, change.value
         if new == old:
             return
-        factor = self._rescale_lr(old, new)
+        factor, lr_note = self._rescale_lr(old, new)
         self.size = new
         self._switch_time = time.time()
         self._switch_step = self._step()
@@ -250,16 +255,16 @@ class BatchController:
             reason=change.reason,
             source=change.source,
             lr_factor=factor,
+            lr_note=lr_note,
         )
         self._record(record)
-        lr_note = f"; learning rate ×{factor:.3g} ({self._lr_scaling})" if factor else ""
         self._emit(
             Event(
                 t=record.t,
                 step=record.step,
                 kind="batch_size",
-                message=f"batch size {old} → {new} ({change.reason}, {change.source}){lr_note}",
-                data={"old": old, "new": new, "lr_factor": factor},
+                message=f"batch {old} → {new} ({change.reason}, {change.source}); {lr_note}",
+                data={"old": old, "new": new, "lr_factor": factor, "lr": lr_note},
             )
         )
 
@@ -276,109 +281,48 @@ class BatchController:
         fallback = self.last_good if self.last_good < self.size else self.size // 2
         return fallback if fallback >= self.policy.min_size else None
 
-    def _rescale_lr(self, old: int, new: int) -> float | None:
-        if self._lr_scaling is None:
-            return None
-        adam = is_adam_like(self._optimizer)
+    def _rescale_lr(self, old: int, new: int) -> tuple[float | None, str]:
+        """Apply the rule; the factor (None: unchanged) and the words for the event."""
+        rule = self._lr_rule
+        if rule.policy is None:
+            return None, f"lr unchanged ({rule.why})"
         try:
-            factor = lr_factor(self._lr_scaling, old, new, self._noise_scale(), adam)
+            factor = lr_factor(rule.policy, old, new, self._noise_scale(), rule.adam_like)
         except NoFactor as exc:
-            self._emit(
-                Event(
-                    t=time.time(),
-                    step=self._step(),
-                    kind="lr_unchanged",
-                    level="warning",
-                    message=f"learning rate unchanged: {exc}",
-                )
-            )
-            return None
+            return None, f"lr unchanged ({rule.label}: {exc})"
         changes = rescale(self._optimizer, factor, self._scheduler)
-        olds = ", ".join(f"{a:.3g}→{b:.3g}" for a, b in changes)
-        root = ", square root for Adam" if adam and self._lr_scaling == "noise" else ""
-        self._emit(
-            Event(
-                t=time.time(),
-                step=self._step(),
-                kind="lr_rescaled",
-                message=f"learning rate ×{factor:.3g} ({self._lr_scaling}{root}): {olds}",
-                data={"factor": factor, "groups": changes},
+        note = f"{describe(changes)} ({rule.label})"
+        if self._scheduler is None and owned_by_scheduler(self._optimizer):
+            note += (
+                "; a learning-rate scheduler owns the lr and may set it back at its next step "
+                "(attach(lr_scheduler=...) lets bsmon scale its base rates)"
             )
-        )
-        return factor
+        return factor, note
 
     # -- what changes bought, and the memory model (agent thread) ----------------------------
 
+    @property
+    def changes(self) -> deque[BatchChange]:
+        return self.watch.changes
+
     def add_change(self, change: BatchChange) -> None:
-        change.samples_per_s_before = self._throughput(
-            lambda w: w.batch_size == change.old and w.step <= change.step, newest=True
-        )
-        self.changes.append(change)
+        self.watch.add_change(change)
 
-    def observe_metrics(self, metrics: Metrics) -> list[Event]:
-        """Feed one metrics window; returns the "what it bought" events now complete."""
-        if metrics.steps_in_window and metrics.samples_per_s and metrics.batch_size:
-            self._windows.append(
-                _Window(
-                    metrics.step, metrics.batch_size, metrics.samples_per_s, metrics.steps_in_window
-                )
-            )
-        done = []
-        for i, change in enumerate(self.changes):
-            superseded = i + 1 < len(self.changes)
-            if change.samples_per_s_after is not None or superseded:
-                continue
-            after = self._throughput(
-                lambda w, c=change: w.batch_size == c.new and w.step > c.step + WARMUP_STEPS,
-                minimum_steps=AFTER_STEPS,
-            )
-            if after is None:
-                continue
-            change.samples_per_s_after = after
-            done.append(self._bought_event(change))
-        return done
-
-    def _throughput(
-        self, keep: Callable[[_Window], bool], newest: bool = False, minimum_steps: int = 1
-    ) -> float | None:
-        windows = [w for w in self._windows if keep(w)]
-        if newest:
-            picked, steps = [], 0
-            for window in reversed(windows):
-                picked.append(window)
-                steps += window.steps
-                if steps >= BEFORE_STEPS:
-                    break
-            windows = picked
-        steps = sum(w.steps for w in windows)
-        if steps < minimum_steps or not windows:
-            return None
-        return sum(w.samples_per_s * w.steps for w in windows) / steps
-
-    def _bought_event(self, change: BatchChange) -> Event:
-        before, after = change.samples_per_s_before, change.samples_per_s_after
-        if before and after:
-            gain = after / before - 1
-            text = (
-                f"batch {change.old} → {change.new} bought {gain:+.0%} throughput "
-                f"({before:,.0f} → {after:,.0f} samples/s)"
-            )
-        else:
-            text = f"batch {change.new} runs at {after:,.0f} samples/s"
-        return Event(
-            t=time.time(),
-            step=self._step(),
-            kind="batch_size_result",
-            message=text,
-            data={"old": change.old, "new": change.new, "before": before, "after": after},
-        )
+    def observe_metrics(self, metrics: Metrics, nonfinite_loss: bool = False) -> list[Event]:
+        """Feed one metrics window; returns the events it completes (a throughput verdict,
+        a divergence of the loss after a change)."""
+        return self.watch.observe(metrics, nonfinite_loss)
 
     def observe_sample(self, sample: DeviceSample, step: int) -> None:
-        peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
-        if not peaks or sample.t <= self._switch_time:
+        if sample.t <= self._switch_time:
             return
-        self.memory.observe(self.loader_size, max(peaks), step - self._switch_step)
-        self.memory_budget = device_budget(sample)
+        peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
+        if peaks:
+            self.memory.observe(self.loader_size, max(peaks), step - self._switch_step)
+            self.memory_budget = device_budget(sample)
+        elif (rss := sample.host.rss_bytes) is not None:  # the CPU: the process's memory
+            self.host_memory.observe(self.loader_size, rss, step - self._switch_step)
+            self.host_budget = rss + host_available()
 
     def reading(self) -> BatchReading:
         next_up = self.policy.next_size(self.size, "up")
@@ -394,6 +338,8 @@ class BatchController:
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,
             lr_scaling=self._lr_scaling,
+            lr_rule=self._lr_rule.label if self._lr_rule.policy else self._lr_rule.why,
+            trained_well=self.watch.trained_well,
             memory=self.memory.points(),
             memory_budget_bytes=self.memory_budget,
             predicted_max=self.memory.predicted_max(self.memory_budget),
@@ -416,6 +362,14 @@ def device_budget(sample: DeviceSample) -> int | None:
             outside = max(0, device.memory_used_bytes - device.torch_reserved_bytes)
         budgets.append(total - outside)
     return min(budgets) if budgets else None
+
+
+def host_available() -> int:
+    """Memory the host can still give (MemAvailable), 0 when it cannot be read."""
+    try:
+        return int(psutil.virtual_memory().available)
+    except (psutil.Error, OSError):
+        return 0
 
 
 def reset_peak_memory() -> None:

@@ -19,6 +19,7 @@ from ..wire.protocol import (
 )
 from ..wire.routing import CommandRouter
 from .control import BatchController
+from .watch import LOSS
 
 
 class BatchExtension(Extension):
@@ -37,9 +38,22 @@ class BatchExtension(Extension):
         self._controller.observe_sample(sample, self._telemetry.step)
 
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
-        for event in self._controller.observe_metrics(metrics):
+        nonfinite = self._nonfinite_loss_since(self._controller.watch.watching_loss_since())
+        for event in self._controller.observe_metrics(metrics, nonfinite):
             self._telemetry.add_event(event)
         return {"batch": self._controller.reading()}
+
+    def _nonfinite_loss_since(self, step: int | None) -> bool:
+        """A NaN/inf loss was logged after ``step`` (telemetry leaves them out of the window
+        means and says so once, as an event)."""
+        if step is None:
+            return False
+        for event in reversed(self._telemetry.events):
+            if event.step <= step:
+                return False
+            if event.kind == "nonfinite_scalar" and event.data.get("name") == LOSS:
+                return True
+        return False
 
     def hello_part(self, hello: Hello) -> HelloPart:
         return {"batch": self._controller.reading()}

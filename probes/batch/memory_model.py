@@ -71,6 +71,12 @@ class MemoryModel:
             return None
         return fit.largest_within(SAFE_FRACTION * budget_bytes)
 
+    def proportional_bound(self, batch_size: int) -> float | None:
+        """An upper bound on the peak at ``batch_size`` from measured smaller sizes: peak(b)·B/b
+        (valid while the part that does not grow with the batch is ≥ 0); None: none smaller."""
+        bounds = [p * batch_size / b for b, p in self._peaks.items() if b < batch_size]
+        return min(bounds) if bounds else None
+
     def needs_confirmation(self, batch_size: int, budget_bytes: int | None) -> str | None:
         """Why a switch to ``batch_size`` should be confirmed, or None."""
         peak = self.predicted_peak(batch_size)

@@ -135,7 +135,7 @@ class BsmonCallback(TrainerCallback):
                 ),
             )
         options = dict(self.attach_options)
-        if options.get("lr_scaling") and "lr_scheduler" not in options:
+        if options.get("lr_scaling", "auto") and "lr_scheduler" not in options:
             options["lr_scheduler"] = lr_scheduler
         start = sampler.batch_size if sampler is not None else None
         if start is not None:

@@ -74,7 +74,7 @@ class _BsmonLightning:
             size = parsing.lightning_getattr(pl_module, self.batch_arg_name)
         options = dict(self.attach_options)
         schedulers = trainer.lr_scheduler_configs
-        if options.get("lr_scaling") and "lr_scheduler" not in options and schedulers:
+        if options.get("lr_scaling", "auto") and "lr_scheduler" not in options and schedulers:
             options["lr_scheduler"] = schedulers[0].scheduler
         name = rank_name(self.name or default_name(), trainer.global_rank, trainer.world_size)
         controllable = isinstance(size, int) and not isinstance(size, bool) and size > 0

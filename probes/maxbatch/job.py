@@ -38,6 +38,7 @@ class ProbeSource:
         self.probe_step = probe_step
         self.control = control
         self.batch: Any = None
+        self.budget_note: str | None = None  # how the last recipe's budget was chosen
         self.batch_size = 0
         self.batch_numel = 0
         self.autocast_dtype: str | None = None
@@ -92,8 +93,9 @@ class ProbeSource:
         assert model is not None and control is not None
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         cls, kwargs, groups = recipes.optimizer_spec(self.optimizer, model)
+        self.budget_note = "as asked" if memory_budget is not None else None
         if device.type == "cpu" and memory_budget is None:
-            memory_budget = default_cpu_budget()
+            memory_budget, self.budget_note = default_cpu_budget()
         return recipes.Recipe(
             model=recipes.pickle_structure(model),
             optimizer_class=cls,
@@ -122,14 +124,41 @@ class ProbeSource:
         memory_max = result.predicted_max or result.max_batch_size or None
         if memory_max is not None and control.policy.max_size is not None:
             memory_max = min(memory_max, control.policy.max_size)
+        shared = result.device == "cpu"
         result.recommendation = plan.recommend(
-            result.points, memory_max, noise_scale, control.loader_size
+            result.points, memory_max, noise_scale, control.loader_size, shared_cores=shared
         )
+        result.budget_note = result.budget_note or self.budget_note
+        if shared:
+            result.notes.append(shared_cores_note(result, control))
         control.probe_max = memory_max
 
 
-def default_cpu_budget() -> int:
-    return min(CPU_BUDGET_CAP, psutil.virtual_memory().available // 4)
+def default_cpu_budget() -> tuple[int, str]:
+    """The CPU probe's budget (25% of the available memory, at most 1 GiB) and why."""
+    available = psutil.virtual_memory().available
+    budget = min(CPU_BUDGET_CAP, available // 4)
+    capped = ", capped at 1 GiB" if budget == CPU_BUDGET_CAP else ""
+    return budget, (
+        f"25% of the {available / 2**30:.1f} GiB available{capped} "
+        "(bsmon probe --memory-budget, or mon.probe(memory_budget=...), sets another)"
+    )
+
+
+def shared_cores_note(result: ProbeResult, control: BatchController) -> str:
+    """The CPU sidecar ran beside the job on the same cores: its throughput is skewed."""
+    size = control.loader_size
+    probe = next((p.samples_per_s for p in result.points if p.batch_size == size), None)
+    job = control.watch.sizes.get(size)
+    compared = ""
+    if probe and job is not None and job.mean:
+        compared = (
+            f" (at {size}: {probe:,.0f} samples/s in the sidecar, {job.mean:,.0f} in the job)"
+        )
+    return (
+        "the sidecar ran on the CPU cores the job was using, so its samples/s are lower than "
+        f"the job's{compared} and the speed part of the recommendation is a rough guide"
+    )
 
 
 def device_free(device: torch.device) -> tuple[int, int] | None:

@@ -119,6 +119,8 @@ def recommend(
     memory_max: int | None,
     noise_scale: float | None,
     current: int,
+    *,
+    shared_cores: bool = False,
 ) -> Recommendation | None:
     """One size joining memory (largest fit), speed (where throughput stops rising) and the
     noise scale (beyond it, a larger batch buys little progress per sample)."""
@@ -135,7 +137,8 @@ def recommend(
     fast = speed_size(points)
     if fast is not None and fast < choice:
         choice = fast
-        reasons.append(f"speed: throughput stops rising at about {fast}")
+        shared = " (measured beside the job, on its CPU cores)" if shared_cores else ""
+        reasons.append(f"speed: throughput stops rising at about {fast}{shared}")
     elif fast is not None:
         reasons.append("speed: throughput still rose at the largest size measured")
     if noise_scale is not None and noise_scale > 0:
@@ -146,7 +149,7 @@ def recommend(
             )
         else:
             reasons.append(f"noise scale: B_simple ≈ {noise_scale:,.0f} leaves room above")
-    return Recommendation(batch_size=max(1, choice), reasons=reasons)
+    return Recommendation(batch_size=max(1, choice), reasons=reasons, current=current)
 
 
 def accumulation_what_if(memory_max: int | None) -> WhatIf:

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from ..anatomy.verdict import judged
+from ..batch.verdict import SizeThroughput
 from ..record.buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_value
 from ..record.format import (
     DeviceSpan,
@@ -117,6 +118,7 @@ class _SizeTotals:
     uncounted_s: float = 0.0
     best: float | None = None
     hist: dict[int, int] = field(default_factory=dict)
+    windows: SizeThroughput = field(default_factory=SizeThroughput)
 
 
 class SummaryBuilder:
@@ -260,6 +262,7 @@ class SummaryBuilder:
         totals.uncounted_s += span.uncounted_s
         if span.throughput is not None:
             totals.best = max(totals.best or 0.0, span.throughput.max)
+        totals.windows.add(span.timed_samples, span.timed_s - span.uncounted_s)
         add_counts(totals.hist, span.step_hist)
 
     def _event(self, event: Event) -> None:
@@ -455,6 +458,7 @@ class SummaryBuilder:
             samples_per_s=_round(throughput(t.timed_samples, t.timed_s, t.uncounted_s)),
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
+            samples_per_s_se=_round(t.windows.se),
         )
 
     def _series(self) -> dict[str, list[Point]]:

@@ -200,13 +200,14 @@ def _batch_sizes(s: Summary) -> str:
                 _size(b.batch_size),
                 f"{b.steps:,}",
                 duration(b.duration_s),
-                rate(b.samples_per_s),
+                rate(b.samples_per_s)
+                + (f" ± {rate(b.samples_per_s_se)}" if b.samples_per_s_se is not None else ""),
                 rate(b.best_samples_per_s),
                 ms(b.step_time_p50_s),
             )
             for b in sorted(s.batch_sizes, key=lambda b: b.batch_size or 0)
         ],
-        ("batch size", "steps", "time", "samples/s", "best samples/s", "step time p50"),
+        ("batch size", "steps", "time", "samples/s (± SE)", "best samples/s", "step time p50"),
     )
     return f"## Batch size\n\nIn order:\n\n{history}\nWhat each size reached:\n\n{by_size}"
 

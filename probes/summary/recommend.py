@@ -6,6 +6,9 @@ not run is a prediction, never "fits" (DESIGN.md's rule).
 
 from __future__ import annotations
 
+import math
+
+from ..batch import verdict
 from .schema import Note, Summary
 
 LOW_UTIL_PERCENT = 60.0
@@ -23,6 +26,7 @@ def recommendations(summary: Summary) -> list[Note]:
     _best_size(summary, notes)
     _probe(summary, notes)
     _anatomy(summary, notes)
+    _diverged(summary, notes)
     return notes
 
 
@@ -108,17 +112,49 @@ def _spikes(summary: Summary, notes: list[Note]) -> None:
 
 
 def _best_size(summary: Summary, notes: list[Note]) -> None:
+    """The fastest size, only when the throughput noise resolves it from the runner-up (the
+    rule of the live verdicts, probes/batch/verdict.py)."""
     sizes = [s for s in summary.batch_sizes if s.samples_per_s and s.batch_size is not None]
     if len(sizes) < 2:
         return
-    best = max(sizes, key=lambda s: s.samples_per_s or 0.0)
+    ranked = sorted(sizes, key=lambda s: s.samples_per_s or 0.0, reverse=True)
+    best, second = ranked[0], ranked[1]
+    measured = f"{best.samples_per_s:,.0f} samples/s, measured over {best.steps:,} steps"
+    se = [s.samples_per_s_se for s in (best, second)]
+    if None not in se and (best.samples_per_s - second.samples_per_s) <= verdict.Z * math.hypot(
+        *se  # type: ignore[arg-type]
+    ):
+        notes.append(
+            Note(
+                "no_fastest_batch_size",
+                f"the fastest batch sizes this run used, {best.batch_size:,} ({measured}) and "
+                f"{second.batch_size:,} ({second.samples_per_s:,.0f}), differ by less than the "
+                "step-time noise resolves: no measurable difference",
+            )
+        )
+        return
     notes.append(
         Note(
             "fastest_batch_size",
             f"of the batch sizes this run used, {best.batch_size:,} reached the highest "
-            f"throughput ({best.samples_per_s:,.0f} samples/s, measured over {best.steps:,} steps)",
+            f"throughput ({measured})",
         )
     )
+
+
+def _diverged(summary: Summary, notes: list[Note]) -> None:
+    """A loss that diverged after a batch-size change (the job's warning names the change)."""
+    for warning in summary.warnings:
+        if warning.kind == "loss_diverged":
+            notes.append(
+                Note(
+                    "loss_diverged_after_batch_change",
+                    f"{warning.message}. Going back to the earlier batch size may not undo it: "
+                    "restore a checkpoint from before that step, or change the batch in smaller "
+                    "steps",
+                    warning.step,
+                )
+            )
 
 
 def _probe(summary: Summary, notes: list[Note]) -> None:
@@ -129,11 +165,13 @@ def _probe(summary: Summary, notes: list[Note]) -> None:
             size = recommendation.get("batch_size")
             reasons = "; ".join(recommendation.get("reasons") or [])
             if size:
+                stay = recommendation.get("current") == size
+                said = f"staying at batch size {size:,}" if stay else f"batch size {size:,}"
                 notes.append(
                     Note(
                         "probe_recommendation",
-                        f"the probe at step {probe.get('step', 0):,} recommended batch size "
-                        f"{size:,}" + (f": {reasons}" if reasons else ""),
+                        f"the probe at step {probe.get('step', 0):,} recommended {said}"
+                        + (f": {reasons}" if reasons else ""),
                     )
                 )
             return

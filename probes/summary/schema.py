@@ -124,6 +124,9 @@ class BatchSize(msgspec.Struct):
     samples_per_s: float | None
     best_samples_per_s: float | None
     step_time_p50_s: float | None
+    # the standard error of samples_per_s, from the scatter of its spans (the live
+    # throughput verdicts use the same estimator: probes/batch/verdict.py)
+    samples_per_s_se: float | None = None
 
 
 class Scalar(msgspec.Struct):

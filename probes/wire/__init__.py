@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from . import discovery, protocol
 from .client import ConnectionLost, JobConnection
-from .describe import describe_prediction, describe_what_if
+from .describe import describe_prediction, describe_recommendation, describe_what_if
 from .discovery import BsmonDirError, JobEntry
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "JobConnection",
     "JobEntry",
     "describe_prediction",
+    "describe_recommendation",
     "describe_what_if",
     "discovery",
     "protocol",

@@ -5,7 +5,7 @@ One wording everywhere, so ``bsmon probe`` and the probe screen never disagree.
 
 from __future__ import annotations
 
-from .protocol import ProbeResult, WhatIf
+from .protocol import ProbeResult, Recommendation, WhatIf
 
 FAR_EXTRAPOLATION = 3.0  # beyond this many times the largest run, a prediction is a guess
 
@@ -23,6 +23,8 @@ def describe_prediction(result: ProbeResult) -> str | None:
     if result.predicted_max is None:
         return None
     budget = f"; budget {result.budget_bytes / 2**30:.1f} GiB" if result.budget_bytes else ""
+    if budget and result.budget_note:
+        budget += f": {result.budget_note}"
     return (
         f"predicted largest: ≈{result.predicted_max:,} (a prediction: line fit, "
         f"{result.margin:.0%} margin, {extrapolation_note(result.extrapolation)}{budget})"
@@ -34,3 +36,10 @@ def describe_what_if(what_if: WhatIf) -> str:
     size = f"≈{what_if.max_batch_size:,} (predicted)" if what_if.max_batch_size else "—"
     note = f" — {what_if.note}" if what_if.note else ""
     return f"{what_if.technique}: {size}{note}"
+
+
+def describe_recommendation(recommendation: Recommendation) -> str:
+    """``stay at 64`` when the recommendation is the job's batch size, else the size."""
+    if recommendation.stay:
+        return f"stay at {recommendation.batch_size:,}"
+    return f"{recommendation.batch_size:,}"

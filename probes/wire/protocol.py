@@ -136,6 +136,14 @@ class BatchChange(msgspec.Struct, omit_defaults=True):
     samples_per_s_before: float | None = None
     samples_per_s_after: float | None = None
     lr_factor: float | None = None
+    lr_note: str | None = None  # "lr 0.001 → 0.00141 (sqrt rule for Adam)", or why unchanged
+    # throughput verdict (the sizes' mean samples/s over all their timed steps, ± standard
+    # error; docs/batch-control.md): "faster", "slower", "no measurable difference", or
+    # "left before a verdict"; None while it is being measured
+    verdict: str | None = None
+    samples_per_s_se_before: float | None = None
+    samples_per_s_se_after: float | None = None
+    loss: str | None = None  # the loss after the change: "held", "diverged", None: watching
 
 
 class MemoryPoint(msgspec.Struct):
@@ -159,6 +167,8 @@ class BatchReading(msgspec.Struct, omit_defaults=True):
     accumulation_steps: int | None = None
     micro_batch_size: int | None = None
     lr_scaling: str | None = None
+    lr_rule: str | None = None  # what lr_scaling means for this optimizer, in words
+    trained_well: int | None = None  # the last size that trained well (the 2× rule's base)
     memory: list[MemoryPoint] = msgspec.field(default_factory=list)
     memory_budget_bytes: int | None = None
     predicted_max: int | None = None
@@ -193,6 +203,11 @@ class WhatIf(msgspec.Struct, omit_defaults=True):
 class Recommendation(msgspec.Struct):
     batch_size: int
     reasons: list[str]
+    current: int | None = None  # the job's batch size then: equal means "stay"
+
+    @property
+    def stay(self) -> bool:
+        return self.current == self.batch_size
 
 
 class ProbeResult(msgspec.Struct, omit_defaults=True):
@@ -213,6 +228,8 @@ class ProbeResult(msgspec.Struct, omit_defaults=True):
     recommendation: Recommendation | None = None
     error: str | None = None
     duration_s: float = 0.0
+    budget_note: str | None = None  # where the budget came from ("25% of ..., at most 1 GiB")
+    notes: list[str] = msgspec.field(default_factory=list)  # caveats a person should read
 
 
 class ProbeReading(msgspec.Struct, omit_defaults=True):

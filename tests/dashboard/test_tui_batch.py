@@ -35,6 +35,8 @@ async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
             screen = await dashboard_ready(pilot)
             await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
             assert {"batch_up", "batch_down"} <= footer_keys(app)
+            job.step(mon)  # a step at 8, then a memory reading: 16 is measured to fit
+            await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
             await pilot.press("plus")
             await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
             job.step(mon)  # the step boundary applies it
@@ -51,6 +53,68 @@ async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
             assert mon.batch_size == 8
     finally:
         mon.close()
+
+
+async def test_a_jump_past_twice_the_size_that_trained_well_asks_with_the_jobs_reason(
+    bsmon_dir,
+):
+    job = TinyJob(batch_size=8)
+    mon = attach(job.model, job.optimizer, batch_size=8, name="risky")
+    app = BsmonApp(follow_job(mon.socket_path, "risky", bsmon_dir))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await dashboard_ready(pilot)
+            await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
+            job.step(mon)
+            await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+            await pilot.press("plus")  # 16: twice the size that trained well, measured to fit
+            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="16")
+            await pilot.press("plus")  # 32: four times 8, which alone has trained well
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="question")
+            question = app.screen.question
+            assert "32 is 4× the last batch size that trained well (8)" in question
+            assert mon.batch_control.pending.value == 16  # nothing applied while it asks
+            await pilot.press("y")
+            await wait_for(pilot, lambda: mon.batch_control.pending.value == 32, what="32")
+            job.step(mon)
+            assert mon.batch_size == 32
+    finally:
+        mon.close()
+
+
+async def test_the_panel_says_each_changes_verdict_and_a_diverged_loss():
+    script = messages()
+    changes = [
+        protocol.BatchChange(
+            step=100,
+            t=NOW,
+            old=64,
+            new=32,
+            reason="step down",
+            source="monitor",
+            verdict="left before a verdict",
+        ),
+        protocol.BatchChange(
+            step=200,
+            t=NOW,
+            old=32,
+            new=1,
+            reason="set",
+            source="monitor",
+            verdict="no measurable difference",
+            loss="diverged",
+        ),
+    ]
+    for message in script:
+        if isinstance(message, protocol.Metrics):
+            message.batch.changes = changes
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: "32→1" in text_of(app, "#batch"), what="changes")
+        panel = text_of(app, "#batch")
+    assert "64→32  left before a verdict" in panel
+    assert "32→1  loss diverged · no measurable difference" in panel
 
 
 def confirming_reply(command: protocol.Command) -> protocol.Reply:

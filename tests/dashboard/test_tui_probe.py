@@ -82,3 +82,29 @@ def test_probe_screen_snapshot(snap_compare):
 
     source = ScriptedSource("job", probed_messages(), clock=lambda: NOW)
     assert snap_compare(BsmonApp(source), terminal_size=(120, 40), run_before=open_probe)
+
+
+async def test_a_recommendation_equal_to_the_jobs_size_says_stay_and_a_does_nothing():
+    script = probed_messages()
+    result = script[-1].probe.result
+    result.recommendation.current = result.recommendation.batch_size  # the job runs at 192
+    result.budget_note = "25% of the 24.0 GiB available, capped at 1 GiB"
+    result.notes = ["the sidecar ran on the CPU cores the job was using"]
+    source = ScriptedSource("job", script, clock=lambda: NOW, reply=answer_all)
+    app = BsmonApp(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        dashboard = await dashboard_ready(pilot)
+        dashboard.open_probe_screen()
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, ProbeScreen) and app.screen.query("#findings"),
+            what="probe screen",
+        )
+        await pilot.pause(0.2)
+        findings = str(app.screen.query_one("#findings").render())
+        assert "recommended: stay at 192" in findings and "press a" not in findings
+        assert "25% of the 24.0 GiB available, capped at 1 GiB" in findings
+        assert "note: the sidecar ran on the CPU cores the job was using" in findings
+        await pilot.press("a")
+        await pilot.pause(0.2)
+    assert source.sent == []

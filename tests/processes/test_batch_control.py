@@ -171,10 +171,10 @@ def test_a_mid_epoch_switch_sees_every_sample_exactly_once(bsmon_dir, workers):
         )
 
         def switch(step: int) -> None:
-            if step == 5:
-                assert mon.request_batch_size(32).ok
+            if step == 5:  # 4× and 1/8 of the size that trained well: confirmed
+                assert mon.request_batch_size(32, confirm=True).ok
             if step == 9:
-                assert mon.request_batch_size(4).ok
+                assert mon.request_batch_size(4, confirm=True).ok
 
         seen, sizes = train_epoch(model, optimizer, mon, loader, switch)
     assert sorted(seen) == list(range(403))
@@ -200,6 +200,8 @@ def test_socket_commands_switch_at_the_next_step_and_say_when(bsmon_dir):
 
         for _ in range(3):
             one_step()
+        # a larger size is measured to fit once the job's memory has been read at 8
+        wait_until(mon.batch_control.host_memory.points, message="a memory reading")
         reply = conn.request(protocol.StepBatchSize(direction="up"))
         assert reply.ok, reply.error
         assert reply.result == {"old": 8, "new": 16, "step": 3, "applies_after_step": 4}
@@ -211,8 +213,10 @@ def test_socket_commands_switch_at_the_next_step_and_say_when(bsmon_dir):
         while event.kind != "batch_size":
             event = conn.wait_for(protocol.Event)
         assert event.step == 4 and event.data["old"] == 8 and event.data["new"] == 16
-        assert "batch size 8 → 16" in event.message
+        assert event.message == "batch 8 → 16 (step up, monitor); lr 0 → 0 (linear rule for SGD)"
         reply = conn.request(protocol.SetBatchSize(value=48, reason="try it"))
+        assert not reply.ok and "6× the last batch size that trained well (8)" in reply.error
+        reply = conn.request(protocol.SetBatchSize(value=48, reason="try it", confirm=True))
         assert reply.ok and reply.result["new"] == 48
 
 
@@ -265,7 +269,7 @@ def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
     with mon:
         mon.on_batch_size_change(lambda old, new: calls.append((old, new, mon.step)))
         mon.on_batch_size_change(lambda old, new: 1 / 0)
-        mon.request_batch_size(16)
+        mon.request_batch_size(16, confirm=True)  # no memory reading yet: unmeasured
         model(torch.randn(8, 2)).sum().backward()
         optimizer.step()
         assert calls == [(8, 16, 1)]
@@ -275,41 +279,60 @@ def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
             mon.on_batch_size_change("not callable")
 
 
-def test_lr_scaling_applies_at_the_switch_and_is_an_event(bsmon_dir):
+def test_lr_scaling_applies_at_the_switch_and_is_said_in_its_event(bsmon_dir):
     model, optimizer, mon = make_job(8, lr_scaling="linear")
     optimizer.param_groups[0]["lr"] = 0.1
     with mon:
-        mon.request_batch_size(32)
+        mon.request_batch_size(32, confirm=True)
         model(torch.randn(8, 2)).sum().backward()
         optimizer.step()
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
         assert mon.flush()
-        kinds = [e.kind for e in mon.telemetry.events]
-        assert "lr_rescaled" in kinds
+        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        assert event.message.endswith("; lr 0.1 → 0.4 (linear rule, chosen)")
         change = mon.batch_control.changes[-1]
         assert change.lr_factor == pytest.approx(4.0)
+
+
+def test_by_default_adam_follows_the_square_root_rule_and_a_scheduler_is_named(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)  # not given to attach
+    with attach(model, optimizer, batch_size=64) as mon:
+        assert mon.request_batch_size(128, confirm=True).ok
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.001 * math.sqrt(2))
+        assert mon.flush()
+        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        assert "; lr 0.001 → 0.00141 (sqrt rule for Adam); " in (event.message)
+        assert "a learning-rate scheduler owns the lr" in event.message
+        assert mon.batch_control.reading().lr_rule == "sqrt rule for Adam"
 
 
 def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_dir):
     model, optimizer, mon = make_job(8, lr_scaling="noise")
     optimizer.param_groups[0]["lr"] = 0.1
     with mon:
-        mon.request_batch_size(16)
+        mon.request_batch_size(16, confirm=True)
         model(torch.randn(8, 2)).sum().backward()
         optimizer.step()
         assert optimizer.param_groups[0]["lr"] == 0.1
         assert mon.flush()
-        assert any(e.kind == "lr_unchanged" for e in mon.telemetry.events)
+        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        assert "lr unchanged (noise-scale rule: no noise-scale estimate yet)" in event.message
 
 
-def test_what_a_change_bought_is_reported(bsmon_dir, monkeypatch):
-    from bsmon.probes.batch import control as batch_control
+def test_what_a_change_bought_waits_for_a_resolved_difference_and_agrees_with_the_summary(
+    bsmon_dir, monkeypatch
+):
+    from bsmon.probes.batch import verdict
+    from bsmon.probes.summary.build import summarize_record
 
-    monkeypatch.setattr(batch_control, "AFTER_STEPS", 4)
-    monkeypatch.setattr(batch_control, "WARMUP_STEPS", 1)
-    model, optimizer, mon = make_job(8)
+    monkeypatch.setattr(verdict, "MAX_WAIT_S", 0.0)  # no difference needed: judge at once
+    model, optimizer, mon = make_job(8, record=bsmon_dir / "run.jsonl")
     with mon:
-        loader = iter(mon.dataloader(IndexDataset(100_000)))
+        loader = iter(mon.dataloader(IndexDataset(10_000_000)))
 
         def steps(n):
             for _ in range(n):
@@ -319,19 +342,41 @@ def test_what_a_change_bought_is_reported(bsmon_dir, monkeypatch):
                 optimizer.zero_grad()
                 mon.flush()  # one metrics window per step
 
-        steps(10)
-        mon.request_batch_size(32)
-        steps(10)
-        wait_until(
-            lambda: (
-                mon.flush() and any(e.kind == "batch_size_result" for e in mon.telemetry.events)
-            ),
-            message="result",
-        )
-        (result,) = [e for e in mon.telemetry.events if e.kind == "batch_size_result"]
-        assert "batch 8 → 32 bought" in result.message and "samples/s" in result.message
-        change = mon.batch_control.changes[-1]
-        assert change.samples_per_s_before > 0 and change.samples_per_s_after > 0
+        def result():
+            return [e for e in mon.telemetry.events if e.kind == "batch_size_result"]
+
+        steps(verdict.MIN_WINDOWS + 2)
+        mon.request_batch_size(16, confirm=True)
+        steps(verdict.MIN_WINDOWS - 2)
+        assert mon.flush() and not result()  # too few windows at 16 to judge
+        assert mon.batch_control.reading().changes[-1].verdict is None
+        wait_until(lambda: (steps(1), result())[1], message="a verdict")
+        (event,) = result()
+    assert event.data["verdict"] in ("faster", "slower", "no measurable difference")
+    assert "± " in event.message and "samples/s" in event.message
+    change = mon.batch_control.changes[-1]
+    assert change.verdict == event.data["verdict"] and change.samples_per_s_se_after > 0
+    table = {
+        s.batch_size: s.samples_per_s for s in summarize_record(mon.session.record).batch_sizes
+    }
+    # the same steps, the same definition (samples over timed seconds): the verdict's figures
+    # are the summary's table's, up to the window that straddles the change (left out live)
+    assert event.data["before"] == pytest.approx(table[8], rel=0.25)
+    assert event.data["after"] == pytest.approx(table[16], rel=0.25)
+
+
+def test_a_size_left_before_its_verdict_says_so(bsmon_dir):
+    model, optimizer, mon = make_job(8)
+    with mon:
+        assert mon.request_batch_size(16, confirm=True).ok
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert mon.request_batch_size(8, confirm=True).ok
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert mon.flush()
+        first, second = mon.batch_control.changes
+        assert first.verdict == "left before a verdict" and second.verdict is None
 
 
 # -- accumulation mode -----------------------------------------------------------------------
@@ -387,7 +432,7 @@ def test_an_oom_inside_the_guard_loses_no_sample_and_returns_to_the_last_good_si
                 optimizer.zero_grad()
                 trained.extend(ids.tolist())
             if mon.step == 3 and mon.batch_size == 16:
-                mon.request_batch_size(64)  # too big: the guard must bring it back to 16
+                mon.request_batch_size(64, confirm=True)  # too big: the guard brings it back
         assert sorted(trained) == list(range(500))
         assert mon.batch_size == 16
         assert mon.flush()
@@ -420,3 +465,64 @@ def test_an_oom_in_accumulation_mode_halves_the_micro_batch(bsmon_dir):
                     optimizer.zero_grad()
         assert sorted(trained) == list(range(96))
         assert mon.batch_size == 32 and mon.micro_batch_size == 8 and mon.accumulation_steps == 4
+
+
+# -- the loss after a change -----------------------------------------------------------------
+
+
+def regression_steps(model, optimizer, mon, n: int, batch: int | None = None) -> None:
+    """``n`` steps of noisy least squares (curvature 2: SGD diverges above lr 1), one metrics
+    window each."""
+    for _ in range(n):
+        x = torch.randn(batch or mon.batch_size, 2)
+        target = x.sum(1) + 0.1 * torch.randn(len(x))
+        loss = (model(x).squeeze(1) - target).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mon.log(loss=loss)
+        mon.flush()
+
+
+def test_a_loss_that_diverges_after_a_change_is_an_event_pointing_at_it(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+    with attach(model, optimizer, batch_size=8) as mon:
+        regression_steps(model, optimizer, mon, 30)
+        assert mon.request_batch_size(64, confirm=True).ok  # linear rule: lr 0.3 → 2.4
+        regression_steps(model, optimizer, mon, 1)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(2.4)
+
+        def diverged():
+            regression_steps(model, optimizer, mon, 1)
+            return [e for e in mon.telemetry.events if e.kind == "loss_diverged"]
+
+        (event,) = wait_until(diverged, message="a divergence event")
+        change = mon.batch_control.changes[-1]
+    assert event.level == "warning" and event.data["change_step"] == change.step
+    assert f"after batch 8 → 64 at step {change.step}" in event.message
+    assert "lr 0.3 → 2.4 (linear rule for SGD)" in event.message
+    assert change.loss == "diverged"
+    assert mon.batch_control.watch.trained_well == 8  # 64 did not train well
+
+
+def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_dir, monkeypatch):
+    from bsmon.probes.batch import loss_watch
+
+    monkeypatch.setattr(loss_watch, "WATCH_STEPS", 20)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, optimizer, batch_size=8) as mon:
+        regression_steps(model, optimizer, mon, 30)
+        assert "4× the last batch size that trained well (8)" in mon.request_batch_size(32).error
+        assert mon.request_batch_size(16, confirm=True).ok  # confirmed: no memory reading yet
+        wait_until(
+            lambda: (
+                regression_steps(model, optimizer, mon, 1),
+                mon.batch_control.changes[-1].loss,
+            )[1],
+            message="the loss watch's outcome",
+        )
+        assert mon.batch_control.changes[-1].loss == "held"
+        assert mon.batch_control.watch.trained_well == 16
+        assert "32 is 4×" not in (mon.request_batch_size(32).error or "")

@@ -97,7 +97,7 @@ class LightningDriver(pl.Callback, Watcher):
         if step == 3:
             with pytest.raises(RecipeError, match="loss_fn"):  # the batch is there; the loss not
                 monitor.probe_source.check()
-            self.seen["reply"] = self.conn.request(protocol.SetBatchSize(value=16))
+            self.seen["reply"] = self.conn.request(protocol.SetBatchSize(value=16, confirm=True))
             assert monitor.flush()
             self.seen["pending"] = metrics_until(self.conn, lambda m: m.batch.pending == 16)
 
@@ -212,7 +212,7 @@ class HfDriver(transformers.TrainerCallback, Watcher):
         if step == 3:
             monitor.probe_source.check()  # `p` would start: a dict batch, a model with a loss
             self.seen["down"] = self.conn.request(protocol.SetBatchSize(value=4))
-            self.seen["up"] = self.conn.request(protocol.SetBatchSize(value=16))
+            self.seen["up"] = self.conn.request(protocol.SetBatchSize(value=16, confirm=True))
 
 
 def train_hf(tmp_path, model, dataset, *callbacks, steps: int = 12):

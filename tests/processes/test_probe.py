@@ -8,13 +8,15 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 from torch import nn
 
 from bsmon.probes import attach
 from bsmon.probes.maxbatch import plan, recipe
-from bsmon.probes.wire import protocol
+from bsmon.probes.maxbatch.job import default_cpu_budget
+from bsmon.probes.wire import describe_recommendation, protocol
 from bsmon.probes.wire.client import JobConnection
 from bsmon.probes.wire.protocol import ProbePoint
 
@@ -76,7 +78,19 @@ def test_the_recommendation_joins_memory_speed_and_noise():
     rec = plan.recommend(points, memory_max=4000, noise_scale=300.0, current=64)
     assert rec.batch_size == 300 and any("B_simple ≈ 300" in r for r in rec.reasons)
     rec = plan.recommend(points[:1], memory_max=None, noise_scale=None, current=64)
-    assert rec.batch_size == 64
+    assert rec.batch_size == 64 and rec.stay  # the job's own size: "stay at 64"
+    assert describe_recommendation(rec) == "stay at 64"
+    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=64, shared_cores=True)
+    assert "stops rising at about 512 (measured beside the job, on its CPU cores)" in rec.reasons[1]
+    assert not rec.stay and describe_recommendation(rec) == "512"
+
+
+def test_the_default_cpu_budget_says_why_it_is_what_it_is():
+    budget, why = default_cpu_budget()
+    available = psutil.virtual_memory().available
+    assert budget == min(1 << 30, available // 4)
+    assert why.startswith(f"25% of the {available / 2**30:.1f} GiB available")
+    assert ("capped at 1 GiB" in why) == (budget == 1 << 30)
 
 
 # -- the recipe ----------------------------------------------------------------------------
@@ -186,6 +200,9 @@ def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
         assert result.recommendation is not None
         assert result.recommendation.batch_size <= result.predicted_max
         assert result.what_ifs[0].technique == "as is"
+        assert result.budget_note == "as asked"
+        (note,) = result.notes  # on the CPU the sidecar and the job share the cores
+        assert "the sidecar ran on the CPU cores the job was using" in note
         assert mon.batch_control.probe_max == result.predicted_max
         assert mon.flush()
         events = [e for e in mon.telemetry.events if e.kind.startswith("probe")]

@@ -345,3 +345,58 @@ def test_no_estimate_after_many_measured_steps_says_the_gradient_is_not_resolved
         [header_for(session(), 12, START), early, End(t=START + 1, reason="x", step=5, samples=60)],
     )
     assert short.b_simple.note.startswith("not enough measured steps for an estimate (5 so far)")
+
+
+def noisy_spans(rng, size: int, rate: float, spans: int, first: int) -> list[Span]:
+    """``spans`` one-second spans of 10 steps at ``size``, their throughput ``rate`` ± 10%."""
+    out = []
+    for k in range(first, first + spans):
+        timed_s = size * 10 / (rate * (1 + rng.gauss(0, 0.1)))
+        out.append(
+            Span(
+                t0=START + k,
+                t1=START + k + 1,
+                step=10 * (k + 1),
+                steps=10,
+                samples=size * 10 * (k + 1),
+                batch_size=size,
+                timed_steps=10,
+                timed_s=timed_s,
+                timed_samples=size * 10,
+                step_hist={step_bin(timed_s / 10): 10},
+            )
+        )
+    return out
+
+
+def test_each_sizes_throughput_has_its_standard_error_and_noise_names_no_fastest(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    spans = noisy_spans(rng, 32, 1000.0, 50, 0) + noisy_spans(rng, 64, 1000.0, 50, 50)
+    summary = write_record(tmp_path / "r.jsonl", [header_for(session(), 32, START), *spans])
+    sizes = {b.batch_size: b for b in summary.batch_sizes}
+    for size in (32, 64):
+        # 10% per span over 50 spans: about 1000 × 0.1 / √50 ≈ 14 samples/s
+        assert sizes[size].samples_per_s_se == pytest.approx(14.1, rel=0.3)
+    kinds = {r.kind for r in summary.recommendations}
+    assert "no_fastest_batch_size" in kinds and "fastest_batch_size" not in kinds
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "samples/s (± SE)" in markdown
+
+
+def test_a_loss_that_diverged_after_a_change_is_a_warning_and_a_recommendation(tmp_path):
+    message = "loss rose 0.31 → 2.3, well above its level before the change after batch 64 → 1"
+    event = Event(
+        t=START + 3,
+        step=30,
+        kind="loss_diverged",
+        level="warning",
+        message=f"{message} at step 20: the change is the likely cause",
+        data={"change_step": 20, "old": 64, "new": 1},
+    )
+    items = [header_for(session(), 64, START), timed_span(0, 10, samples=64), event]
+    summary = write_record(tmp_path / "r.jsonl", items)
+    assert any(w.kind == "loss_diverged" and message in w.message for w in summary.warnings)
+    (note,) = [r for r in summary.recommendations if r.kind == "loss_diverged_after_batch_change"]
+    assert message in note.message and "restore a checkpoint" in note.message

@@ -13,6 +13,7 @@ from bsmon.probes.wire import (
     ConnectionLost,
     JobConnection,
     describe_prediction,
+    describe_recommendation,
     describe_what_if,
     discovery,
 )
@@ -121,7 +122,8 @@ def describe(result: ProbeResult) -> str:
     lines.extend(f"  {describe_what_if(w)}" for w in result.what_ifs)
     if result.recommendation is not None:
         lines.append(
-            f"recommended: {result.recommendation.batch_size:,} — "
+            f"recommended: {describe_recommendation(result.recommendation)} — "
             + "; ".join(result.recommendation.reasons)
         )
+    lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)

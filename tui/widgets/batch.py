@@ -51,13 +51,23 @@ def probe_line(m: Metrics) -> str | None:
 
 
 def change_line(change: BatchChange) -> str:
+    """One change: its step, sizes, what it bought once resolved from the noise (or why not
+    yet), and a loss that diverged after it."""
     before, after = change.samples_per_s_before, change.samples_per_s_after
-    if before and after:
+    if change.verdict == "left before a verdict":
+        bought = "[$text-muted]left before a verdict[/]"
+    elif change.verdict == "no measurable difference":
+        bought = "[$text-muted]no measurable difference[/]"
+    elif change.verdict == "too little measured before it" and after:
+        bought = f"{fmt.rate(after)} [$text-muted](not compared)[/]"
+    elif before and after:
         bought = f"{after / before - 1:+.0%} samples/s"
     elif after:
         bought = f"{fmt.rate(after)}"
     else:
         bought = "[$text-muted]measuring…[/]"
+    if change.loss == "diverged":
+        bought = f"[$error]loss diverged[/] · {bought}"
     marker = "[$warning]![/]" if change.source == "oom guard" else " "
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 

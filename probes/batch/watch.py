@@ -1,0 +1,136 @@
+"""After each batch-size change (agent thread): what it bought in throughput, once resolved
+from the noise (``verdict``), and whether the loss held or diverged (``loss_watch``). A size
+whose change held becomes the last size that trained well, the base of the 2× rule."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ..wire.protocol import BatchChange, Event, Metrics
+from . import loss_watch, verdict
+from .loss_watch import LossWatch
+from .verdict import SizeThroughput
+
+CHANGE_HISTORY = 50
+LOSS = "loss"  # the scalar watched: what the job logs as mon.log(loss=...)
+
+
+class ChangeWatch:
+    def __init__(self, initial: int, step: Callable[[], int]) -> None:
+        self.changes: deque[BatchChange] = deque(maxlen=CHANGE_HISTORY)
+        self.trained_well = initial
+        self.sizes: dict[int, SizeThroughput] = {}
+        self._loss = LossWatch()
+        self._step = step
+
+    @property
+    def latest(self) -> BatchChange | None:
+        return self.changes[-1] if self.changes else None
+
+    def watching_loss_since(self) -> int | None:
+        """The step of the change whose loss is being watched (None: none)."""
+        latest = self.latest
+        return latest.step if latest is not None and self._loss.watching else None
+
+    def add_change(self, change: BatchChange) -> None:
+        latest = self.latest
+        if latest is not None and latest.verdict is None:
+            latest.verdict = verdict.LEFT
+        before = self.sizes.get(change.old)
+        if before is not None:
+            change.samples_per_s_before = before.mean
+            change.samples_per_s_se_before = before.se
+        self.changes.append(change)
+        self._loss.start(change.step)
+
+    def observe(self, metrics: Metrics, nonfinite_loss: bool = False) -> list[Event]:
+        """Feed one metrics window; returns the events it completes."""
+        steps = metrics.steps_in_window
+        if not steps:
+            return []
+        latest = self.latest
+        self._add_throughput(metrics, latest)
+        events = []
+        loss = metrics.scalars.get(LOSS)
+        outcome = self._loss.observe(steps, loss, nonfinite_loss)
+        if outcome is not None and latest is not None:
+            events.extend(self._loss_outcome(latest, outcome))
+        judged = self._judge(latest, metrics.t) if latest and latest.verdict is None else None
+        if judged is not None:
+            events.append(judged)
+        return events
+
+    def _add_throughput(self, metrics: Metrics, latest: BatchChange | None) -> None:
+        size, rate, step_time = metrics.batch_size, metrics.samples_per_s, metrics.step_time_s
+        if size is None or not rate or not step_time:
+            return
+        first = metrics.step - metrics.steps_in_window
+        if latest is not None and first < latest.step < metrics.step:
+            return  # a window with steps at both sizes belongs to neither
+        seconds = step_time * metrics.steps_in_window
+        self.sizes.setdefault(size, SizeThroughput()).add(rate * seconds, seconds)
+
+    def _judge(self, change: BatchChange, now: float) -> Event | None:
+        before, after = self.sizes.get(change.old), self.sizes.get(change.new)
+        if before is None or after is None:
+            return None
+        found = verdict.judge(before, after, now - change.t)
+        if found is None:
+            return None
+        change.verdict = found.outcome
+        change.samples_per_s_before, change.samples_per_s_after = found.before, found.after
+        change.samples_per_s_se_before, change.samples_per_s_se_after = (
+            found.se_before,
+            found.se_after,
+        )
+        return Event(
+            t=time.time(),
+            step=self._step(),
+            kind="batch_size_result",
+            message=found.text(change.old, change.new),
+            data={
+                "old": change.old,
+                "new": change.new,
+                "change_step": change.step,
+                "verdict": found.outcome,
+                "before": found.before,
+                "after": found.after,
+                "se_before": found.se_before,
+                "se_after": found.se_after,
+            },
+        )
+
+    def _loss_outcome(self, change: BatchChange, outcome: loss_watch.Outcome) -> list[Event]:
+        change.loss = outcome.status
+        if outcome.status != loss_watch.DIVERGED:
+            self.trained_well = change.new
+            return []
+        before, after = outcome.before, outcome.after
+        level = f"{before:.3g} → {after:.3g}" if before is not None else f"now {after}"
+        if after is None or not math.isfinite(after):
+            what, after = "the loss became NaN or infinite", None
+        else:
+            what = f"loss rose {level}, well above its level before the change"
+        lr = f"; {change.lr_note}" if change.lr_note else ""
+        return [
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="loss_diverged",
+                level="warning",
+                message=(
+                    f"{what} after batch {change.old} → {change.new} at step {change.step:,}"
+                    f"{lr}: the change is the likely cause"
+                ),
+                data={
+                    "change_step": change.step,
+                    "old": change.old,
+                    "new": change.new,
+                    "before": before,
+                    "after": after,
+                },
+            )
+        ]

@@ -1,0 +1,194 @@
+"""The statistics behind safe batch-size changes, on synthetic data whose answer is known:
+throughput means and standard errors, verdicts, the loss watch, the risk rules and the
+learning-rate rule per optimizer."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes.batch import loss_watch, verdict
+from bsmon.probes.batch.loss_watch import LossWatch
+from bsmon.probes.batch.lr_scaling import describe, owned_by_scheduler, rule_for
+from bsmon.probes.batch.memory_model import MemoryModel
+from bsmon.probes.batch.safety import memory_reason, ratio_reason
+from bsmon.probes.batch.verdict import SizeThroughput, judge
+
+GIB = 2**30
+
+
+def windows(rng: random.Random, rate: float, noise: float, k: int) -> SizeThroughput:
+    """``k`` windows of 0.5 s (± 20%) whose rate is ``rate`` with relative noise ``noise``."""
+    size = SizeThroughput()
+    for _ in range(k):
+        seconds = 0.5 * rng.uniform(0.8, 1.2)
+        size.add(rate * (1 + rng.gauss(0, noise)) * seconds, seconds)
+    return size
+
+
+# -- throughput: mean, standard error, verdicts ----------------------------------------------
+
+
+def test_the_mean_is_samples_over_seconds_like_the_summary():
+    size = SizeThroughput()
+    size.add(100, 1.0)
+    size.add(300, 2.0)
+    size.add(0, 0.0)  # no time: left out
+    assert size.mean == pytest.approx(400 / 3.0)
+    assert size.windows == 2
+
+
+def test_the_standard_error_matches_the_scatter_of_repeated_means():
+    rng = random.Random(1)
+    means, ses = [], []
+    for _ in range(2000):
+        size = windows(rng, 1000.0, 0.1, 20)
+        means.append(size.mean)
+        ses.append(size.se)
+    spread = statistics.stdev(means)
+    assert statistics.mean(ses) == pytest.approx(spread, rel=0.1)
+    assert spread == pytest.approx(1000 * 0.1 / math.sqrt(20), rel=0.1)
+
+
+def test_a_real_difference_is_resolved_and_measured():
+    rng = random.Random(2)
+    before, after = windows(rng, 1000.0, 0.1, 40), windows(rng, 1100.0, 0.1, 40)
+    found = judge(before, after, waited_s=1.0)
+    assert found is not None and found.outcome == verdict.FASTER
+    assert found.gain == pytest.approx(0.10, abs=0.03)
+    assert found.text(64, 128).startswith(f"batch 64 → 128 bought {found.gain:+.0%} throughput (")
+
+
+def test_no_difference_waits_then_says_so():
+    rng = random.Random(3)
+    before, after = windows(rng, 1000.0, 0.1, 40), windows(rng, 1000.0, 0.1, 40)
+    assert judge(before, after, waited_s=1.0) is None
+    found = judge(before, after, waited_s=verdict.MAX_WAIT_S)
+    assert found is not None and found.outcome == verdict.SAME
+    assert "no measurable difference" in found.text(64, 128)
+    assert judge(before, windows(rng, 1, 0.1, 9), waited_s=1e9) is None  # too few windows
+    brief = windows(rng, 1000.0, 0.1, 3)  # the old size ran 1.5 s before the change
+    assert judge(brief, after, waited_s=1.0) is None
+    found = judge(brief, after, waited_s=verdict.MAX_WAIT_S)
+    assert found.outcome == verdict.UNCOMPARED
+    assert found.text(64, 128).startswith("batch 64 → 128: no verdict, too little was measured")
+
+
+def test_sequential_looks_rarely_give_a_false_verdict():
+    """Equal rates, judged after every window as the live controller does: the false
+    verdict rate over a whole wait stays low (it is a sequential test, so above 0.27%)."""
+    rng = random.Random(4)
+    false = 0
+    trials = 300
+    for _ in range(trials):
+        before = windows(rng, 1000.0, 0.1, 60)
+        after = SizeThroughput()
+        for window in range(120):  # 60 s of 0.5 s windows
+            seconds = 0.5
+            after.add(1000.0 * (1 + rng.gauss(0, 0.1)) * seconds, seconds)
+            found = judge(before, after, waited_s=window * 0.5)
+            if found is not None:
+                false += found.outcome != verdict.SAME
+                break
+    assert false / trials < 0.04  # 1.75% measured (docs/batch-control.md)
+
+
+# -- the loss watch --------------------------------------------------------------------------
+
+
+def feed(watch: LossWatch, values, steps: int = 10):
+    outcomes = [watch.observe(steps, v) for v in values]
+    return [o for o in outcomes if o is not None]
+
+
+def test_a_noisy_loss_that_holds_is_held():
+    rng = random.Random(5)
+    diverged = 0
+    for _ in range(200):
+        watch = LossWatch()
+        feed(watch, [1.0 + rng.gauss(0, 0.05) for _ in range(20)])
+        watch.start(change_step=200)
+        outcomes = feed(watch, [1.0 + rng.gauss(0, 0.05) for _ in range(40)])
+        assert len(outcomes) == 1
+        diverged += outcomes[0].status == loss_watch.DIVERGED
+    assert diverged == 0
+
+
+def test_a_loss_that_rises_well_above_its_level_diverged():
+    rng = random.Random(6)
+    watch = LossWatch()
+    feed(watch, [0.3 + rng.gauss(0, 0.02) for _ in range(20)])
+    watch.start(change_step=200)
+    (outcome,) = feed(watch, [2.3 + rng.gauss(0, 0.02) for _ in range(5)])
+    assert outcome.status == loss_watch.DIVERGED
+    assert outcome.before == pytest.approx(0.3, abs=0.02)
+    assert outcome.after == pytest.approx(2.3, abs=0.05)
+
+
+def test_one_spike_is_not_a_divergence_and_a_nan_is():
+    watch = LossWatch()
+    feed(watch, [1.0, 1.01, 0.99, 1.0, 1.02])
+    watch.start(change_step=50)
+    assert feed(watch, [5.0, 1.0, 1.0, 1.0]) == []
+    assert watch.observe(10, None, nonfinite=True).status == loss_watch.DIVERGED
+
+
+def test_without_a_logged_loss_the_change_is_unwatched_after_its_steps():
+    watch = LossWatch()
+    watch.start(change_step=0)
+    outcomes = feed(watch, [None] * 30)
+    assert [o.status for o in outcomes] == [loss_watch.UNWATCHED]
+
+
+# -- the risk rules --------------------------------------------------------------------------
+
+
+def test_more_than_twice_from_the_last_size_that_trained_well_asks():
+    assert ratio_reason(128, 64) is None and ratio_reason(32, 64) is None
+    assert "4× the last batch size that trained well (64)" in ratio_reason(256, 64)
+    assert "1/64 of the last batch size that trained well (64)" in ratio_reason(1, 64)
+
+
+def test_memory_rules_on_a_device_and_on_the_cpu():
+    device, host = MemoryModel(), MemoryModel()
+    budget = 10 * GIB
+    kw = {"device": device, "device_budget": budget, "host": host, "host_budget": budget}
+    assert "unmeasured" in memory_reason(128, 64, **kw)
+    assert memory_reason(32, 64, **kw) is None  # smaller than what runs now
+    host.observe(64, 1 * GIB, steps=3)  # the CPU: resident memory, bounded proportionally
+    assert memory_reason(512, 64, **kw) is None  # ≤ 8 GiB: under 90% of 10 GiB
+    why = memory_reason(1024, 64, **kw)
+    assert "could reach 16.0 GiB, 160% of the 10.0 GiB host" in why
+    device.observe(64, 4 * GIB, steps=3)  # a device reading: the device decides
+    assert memory_reason(128, 64, **kw) is None  # ≤ 8 GiB
+    assert "could reach 16.0 GiB, 160% of the 10.0 GiB device" in memory_reason(256, 64, **kw)
+    device.observe(32, 3 * GIB, steps=3)  # two sizes: the fitted line (1 GiB + 1/32 GiB a sample)
+    assert memory_reason(200, 64, **kw) is None  # 8.25 GiB predicted
+    assert "predicts a peak of" in memory_reason(512, 64, **kw)
+
+
+# -- the learning-rate rule ------------------------------------------------------------------
+
+
+def test_auto_picks_the_rule_the_optimizer_needs():
+    params = list(nn.Linear(2, 1).parameters())
+    assert rule_for("auto", torch.optim.SGD(params, lr=0.1, momentum=0.9)).policy == "linear"
+    adam = rule_for("auto", torch.optim.AdamW(params))
+    assert adam.policy == "sqrt" and adam.label == "sqrt rule for AdamW"
+    lbfgs = rule_for("auto", torch.optim.LBFGS(params))
+    assert lbfgs.policy is None and "no rule known for LBFGS" in lbfgs.why
+    assert rule_for(None, torch.optim.SGD(params, lr=0.1)).policy is None
+    assert rule_for("sqrt", torch.optim.SGD(params, lr=0.1)).label == "sqrt rule, chosen"
+    assert describe([(0.001, 0.0014142)]) == "lr 0.001 → 0.00141"
+
+
+def test_a_scheduler_is_seen_by_the_rates_it_leaves():
+    optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+    assert not owned_by_scheduler(optimizer)
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    assert owned_by_scheduler(optimizer)
