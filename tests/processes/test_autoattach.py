@@ -119,14 +119,14 @@ def controller(sync=None, rank: int = 0) -> tuple[BatchController, list]:
 
 def test_a_held_change_waits_for_apply_deferred_and_says_where():
     ctl, switched = controller()
-    result = ctl.request(16, confirm=False, reason="r", source="monitor")
+    result = ctl.request(16, confirm=True, reason="r", source="monitor")
     assert result == {"old": 8, "new": 16, "step": 0, "applies_at": "at the end of the epoch"}
     for _ in range(5):
         ctl.at_step_boundary()
     assert ctl.size == 8 and not switched
     reading = ctl.reading()
     assert reading.pending == 16 and reading.applies_at == "at the end of the epoch"
-    assert ctl.request_step("up", confirm=False, source="monitor")["new"] == 32  # from 16
+    assert ctl.request_step("up", confirm=True, source="monitor")["new"] == 32  # from 16
     ctl.apply_deferred()
     assert ctl.size == 32 and [(c.old, c.new) for c in switched] == [(8, 32)]
     assert ctl.reading().pending is None
@@ -162,7 +162,7 @@ def test_in_a_multi_rank_job_only_the_agreed_change_is_applied_at_the_boundary()
     channel: list[int] = []
     rank0, switched0 = controller(FakeSync(channel, 0), rank=0)
     rank1, switched1 = controller(FakeSync(channel, 1), rank=1)
-    rank0.request(16, confirm=False, reason="r", source="monitor")
+    rank0.request(16, confirm=True, reason="r", source="monitor")
     rank0.apply_deferred()  # not agreed yet: rank 1 could not apply it, so rank 0 does not
     assert rank0.size == 8
     for _ in range(2):  # the first exchange sends it ...
