@@ -783,6 +783,8 @@ class Monitor:
         if control is None or self.session.world_size > 1:
             return False  # nothing to shrink to, or other ranks would hang in the all-reduce
         failed = control.size
+        arrived = control.arrived
+        cause = f" ({arrived.reason})" if arrived is not None and arrived.value == failed else ""
         fallback = control.shrink_after_oom(self._progress.step)
         if fallback is None:
             return False
@@ -809,7 +811,7 @@ class Monitor:
         now = (
             f"now {control.accumulation_steps} micro-batches of {control.loader_size}"
             if control.micro is not None
-            else f"now {control.size}"
+            else f"back to {control.size}, the last size that ran"
         )
         self._emit_event(
             Event(
@@ -817,7 +819,7 @@ class Monitor:
                 step=self._progress.step,
                 kind="oom",
                 level="warning",
-                message=f"out of memory at batch {failed}; {now}; {again}",
+                message=f"out of memory at batch {failed}{cause}; {now}; {again}",
                 data={"failed": failed, "now": control.size, "requeued": requeued},
             )
         )

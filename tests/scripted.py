@@ -229,35 +229,29 @@ def scripted_app(
 
 def probe_result() -> protocol.ProbeResult:
     gib = 2**30
+    measured = (  # batch, peak GiB, step s, samples/s
+        (128, 30.1, 0.043, 2980.0),
+        (192, 42.3, 0.061, 3150.0),
+        (230, 49.6, 0.072, 3190.0),
+        (263, 55.8, 0.082, 3200.0),
+    )
     points = [
         protocol.ProbePoint(
-            batch_size=128,
+            batch_size=size,
             fits=True,
-            peak_bytes=int(30.1 * gib),
+            peak_bytes=int(peak * gib),
             static_bytes=int(6.0 * gib),
-            step_time_s=0.043,
-            samples_per_s=2980.0,
-        ),
-        protocol.ProbePoint(
-            batch_size=192,
-            fits=True,
-            peak_bytes=int(42.3 * gib),
-            static_bytes=int(6.0 * gib),
-            step_time_s=0.061,
-            samples_per_s=3150.0,
-        ),
-        protocol.ProbePoint(
-            batch_size=230,
-            fits=True,
-            peak_bytes=int(49.6 * gib),
-            static_bytes=int(6.0 * gib),
-            step_time_s=0.072,
-            samples_per_s=3190.0,
-        ),
+            step_time_s=step,
+            samples_per_s=speed,
+        )
+        for size, peak, step, speed in measured
     ]
+    points[-1].note, points[-1].confirmation = "confirmation", True
     return protocol.ProbeResult(
         status="ok",
-        max_batch_size=230,
+        max_batch_size=263,
+        confirmed_max=263,
+        confirmation="confirmed: a full step at 263 ran within the budget",
         points=points,
         predicted_max=263,
         extrapolation=1.2,
@@ -281,7 +275,7 @@ def probe_result() -> protocol.ProbeResult:
         recommendation=protocol.Recommendation(
             batch_size=192,
             reasons=[
-                "memory: up to 263 is predicted to fit",
+                "memory: 263 ran a full step within the budget",
                 "speed: throughput stops rising at about 192",
             ],
         ),

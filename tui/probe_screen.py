@@ -20,6 +20,7 @@ from .widgets.plot import CachedPlot
 
 COLUMNS = ("batch", "fit", "peak", "step", "samples/s", "note")
 GIB = 2**30
+FIT_SEGMENTS = 8  # the fitted memory curve, drawn as this many segments
 
 
 def set_int_xticks(plt: object, xs: list[int]) -> None:
@@ -27,6 +28,15 @@ def set_int_xticks(plt: object, xs: list[int]) -> None:
     if xs:
         ticks = sorted(set(xs))
         plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
+
+
+def fitted_peak(result: ProbeResult, size: int) -> float:
+    curvature = result.fit_curvature_bytes or 0.0
+    return (
+        (result.fit_intercept_bytes or 0.0)
+        + (result.fit_slope_bytes or 0.0) * size
+        + (curvature * size * size)
+    )
 
 
 def point_row(point: ProbePoint) -> tuple[str, ...]:
@@ -147,13 +157,10 @@ class ProbeScreen(Screen[None]):
         xs = [p.batch_size for p in fitting]
         if result is not None and result.fit_slope_bytes and xs:
             top = max(*xs, *failed, result.predicted_max or 0)
-            line = [xs[0] // 2, top]
-            plt.plot(
-                line,
-                [(result.fit_intercept_bytes + result.fit_slope_bytes * x) / GIB for x in line],
-                marker="braille",
-                label="fit",
-            )
+            start = xs[0] // 2
+            line = [start + (top - start) * i // FIT_SEGMENTS for i in range(FIT_SEGMENTS + 1)]
+            peaks = [fitted_peak(result, x) / GIB for x in line]
+            plt.plot(line, peaks, marker="braille", label="fit")
         if xs:
             plt.scatter(xs, [p.peak_bytes / GIB for p in fitting], marker="●", label="measured")
         if failed and budget:

@@ -83,6 +83,7 @@ class BatchController:
         self.policy = policy
         self.last_good = initial
         self.pending: Pending | None = None
+        self.arrived: Pending | None = None  # the change that set the current size
         # Where a change is applied when not at the next step boundary (an integration whose
         # loader is rebuilt only between epochs): it then calls apply_deferred() there.
         self.apply_at: str | None = None
@@ -239,6 +240,7 @@ class BatchController:
             return
         factor, lr_note = self._rescale_lr(old, new)
         self.size = new
+        self.arrived = change
         self._switch_time = time.time()
         self._switch_step = self._step()
         reset_peak_memory()

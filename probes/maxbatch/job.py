@@ -121,13 +121,17 @@ class ProbeSource:
         control = self.control
         if control is None or result.status != "ok":
             return
-        memory_max = result.predicted_max or result.max_batch_size or None
+        # a size that ran a full step in the sidecar, never an untested extrapolation
+        memory_max = result.confirmed_max or result.max_batch_size or None
         if memory_max is not None and control.policy.max_size is not None:
             memory_max = min(memory_max, control.policy.max_size)
         shared = result.device == "cpu"
         result.recommendation = plan.recommend(
             result.points, memory_max, noise_scale, control.loader_size, shared_cores=shared
         )
+        untested = (result.confirmation or "").startswith("untested")
+        if result.recommendation is not None and untested:
+            result.recommendation.reasons.append(f"the prediction is {result.confirmation}")
         result.budget_note = result.budget_note or self.budget_note
         if shared:
             result.notes.append(shared_cores_note(result, control))

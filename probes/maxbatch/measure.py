@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import sys
-import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -26,44 +24,11 @@ from ..batch.oom import is_out_of_memory
 from ..wire.protocol import ProbePoint, ProbeResult, WhatIf
 from . import plan
 from . import recipe as recipes
+from .cpu_memory import PeakRss, cap_allocations
 
 MEASURED_STEPS = 2
 GPU_FLOOR_BYTES = 1 << 30
 GPU_FLOOR_FRACTION = 0.05
-
-
-class PeakRss:
-    """Samples this process's resident memory every half millisecond while active; on the
-    CPU that is the probe's measure of a step's peak (the sidecar runs with glibc returning
-    large blocks to the OS, so RSS follows live memory)."""
-
-    def __init__(self, interval_s: float = 0.0005) -> None:
-        self._interval = interval_s
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.peak = 0
-
-    def current(self) -> int:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * self._page
-
-    def __enter__(self) -> PeakRss:
-        self.peak = self.current()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="peak-rss", daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, self.current())
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak = max(self.peak, self.current())
 
 
 class Reporter:
@@ -174,6 +139,8 @@ class Sidecar:
         checkpoint: bool = False,
     ) -> ProbePoint:
         recipe = self.recipe
+        if not self.cuda:  # fail as out of memory before the job's watchdog must kill us
+            cap_allocations(int(plan.CPU_ALLOCATION_CAP * plan.RUNAWAY_FACTOR * self.budget))
         try:
             batch = recipes.move(recipes.tile(recipe.batch, recipe.batch_size, size), self.device)
             self.step(batch, autocast, checkpoint)  # warm-up: allocator, kernels, optimizer state
@@ -229,6 +196,8 @@ class Sidecar:
         budget = recipe.job_budget if self.cuda and recipe.job_budget else self.budget
         job_points = recipe.job_points if self.cuda else []
         predicted, extrapolation, fit = plan.conclude(points, budget, job_points)
+        trials = [p for p in points if p.fits]
+        confirmation = self.confirm(points, predicted)
         fitting = [p for p in points if p.fits]
         result = ProbeResult(
             status="ok" if fitting else "failed",
@@ -239,14 +208,47 @@ class Sidecar:
             extrapolation=extrapolation,
             budget_bytes=budget,
             device=str(self.device),
-            fit_intercept_bytes=fit[0] if fit else None,
-            fit_slope_bytes=fit[1] if fit else None,
+            fit_intercept_bytes=fit.intercept if fit else None,
+            fit_slope_bytes=fit.slope if fit else None,
+            fit_curvature_bytes=fit.curvature if fit and fit.curvature else None,
+            confirmed_max=plan.confirmed_max(predicted, points),
+            confirmation=confirmation or None,
             error=None if fitting else "not even the job's own batch size fit beside the job",
         )
-        if fitting and fit:
-            result.what_ifs = self.what_ifs(max(fitting, key=lambda p: p.batch_size), fit, budget)
+        if trials and fit:
+            result.what_ifs = self.what_ifs(max(trials, key=lambda p: p.batch_size), fit, budget)
         result.duration_s = time.monotonic() - started
         return result
+
+    def confirm(self, points: list[ProbePoint], predicted: int | None) -> str:
+        """Run the predicted size once as a full step before it is recommended; what a
+        person reads about it (empty: nothing was predicted)."""
+        room = None
+        if self.cuda:  # the sidecar has only the memory the job leaves it
+            room = plan.conclude(points, self.budget)[0]
+        target, why = plan.confirmation_target(predicted, points, room, self.recipe.max_batch_size)
+        if target is None:
+            return why
+        largest = max((p for p in points if p.fits), key=lambda p: p.batch_size)
+        expected = (largest.step_time_s or 0.0) * target / largest.batch_size
+        if expected > self.recipe.step_time_cap_s:
+            return (
+                f"untested: a step at {target:,} would take about {expected:.0f} s; "
+                f"{largest.batch_size:,} is the largest size that ran"
+            )
+        self.out.progress(f"confirming batch {target:,}: one full step before it is recommended")
+        point = self.measure(target, self.recipe.autocast_dtype)
+        failure = point.note
+        point.confirmation = True
+        point.note = f"confirmation: {failure}" if failure else "confirmation"
+        points.append(point)
+        self.out.point(point)
+        if not point.fits:
+            return (
+                f"untested: the step at {target:,} did not fit ({failure}); "
+                f"{largest.batch_size:,} is the largest size that ran"
+            )
+        return f"confirmed: a full step at {target:,} ran within the budget{why}"
 
     def _next_size(self, points: list[ProbePoint]) -> int | None:
         recipe = self.recipe
@@ -255,11 +257,10 @@ class Sidecar:
             return None if done else recipe.sizes[len(points)]
         return plan.next_size(recipe.job_batch_size, points, self.budget, recipe.max_batch_size)
 
-    def what_ifs(self, largest: ProbePoint, fit: tuple[float, float], budget: int) -> list[WhatIf]:
+    def what_ifs(self, largest: ProbePoint, fit: plan.MemoryFit, budget: int) -> list[WhatIf]:
         """The usual ways to fit a bigger batch, each measured at the largest size that ran
         and scaled along the fitted line."""
-        intercept, slope = fit
-        as_is = plan.largest_within(intercept, slope, budget)
+        as_is = fit.largest_within(budget)
         out = [
             WhatIf(
                 "as is",
@@ -302,9 +303,8 @@ class Sidecar:
         return out
 
     def _what_if(
-        self, technique: str, largest: ProbePoint, fit: tuple[float, float], budget: int, **how: Any
+        self, technique: str, largest: ProbePoint, fit: plan.MemoryFit, budget: int, **how: Any
     ) -> WhatIf:
-        intercept, slope = fit
         self.out.progress(f"what if: {technique} at batch {largest.batch_size}")
         try:
             point = self.measure(largest.batch_size, **how)
@@ -312,9 +312,9 @@ class Sidecar:
             return WhatIf(technique, None, measured=False, note=f"could not run: {exc}")
         if not point.fits or not point.peak_bytes or not largest.peak_bytes:
             return WhatIf(technique, None, measured=True, note="did not fit")
+        intercept = fit.intercept
         scale = (point.peak_bytes - intercept) / max(1.0, largest.peak_bytes - intercept)
-        per_sample = slope * scale
-        size = plan.largest_within(intercept, per_sample, budget)
+        size = fit.scaled(scale).largest_within(budget)
         speed = ""
         if point.samples_per_s and largest.samples_per_s:
             speed = f"; {point.samples_per_s / largest.samples_per_s:.2f}× the throughput"

@@ -25,11 +25,11 @@ from ..runtime.service import Extension, MetricsPart
 from ..wire.describe import extrapolation_note
 from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult
 from ..wire.routing import CommandRefused
+from . import plan
 from . import recipe as recipes
 
 WATCH_INTERVAL_S = 0.05
 DEFAULT_TIMEOUT_S = 600.0
-RUNAWAY_FACTOR = 1.5  # on the CPU, a sidecar this far over its budget is killed
 STDERR_TAIL = 2000
 
 
@@ -239,10 +239,10 @@ class ProbeRunner:
                 rss = psutil.Process(process.pid).memory_info().rss
             except psutil.Error:
                 return None
-            if rss > RUNAWAY_FACTOR * recipe.memory_budget:
+            if rss > plan.RUNAWAY_FACTOR * recipe.memory_budget:
                 return (
                     f"killed by the watchdog: the sidecar used {rss / 2**20:.0f} MiB, over "
-                    f"{RUNAWAY_FACTOR}× its {recipe.memory_budget / 2**20:.0f} MiB budget"
+                    f"{plan.RUNAWAY_FACTOR}× its {recipe.memory_budget / 2**20:.0f} MiB budget"
                 )
         return None
 
@@ -319,6 +319,8 @@ def summary(result: ProbeResult) -> str:
             f"; predicted max ≈{result.predicted_max:,} "
             f"({extrapolation_note(result.extrapolation)})"
         )
+    if result.confirmation:
+        predicted += f"; {result.confirmation}"
     return f"probe: {result.max_batch_size:,} ran on {result.device}{predicted}" + (
         f"; recommended {result.recommendation.batch_size:,}" if result.recommendation else ""
     )

@@ -266,6 +266,8 @@ def probe_text(probe: dict) -> str:
         parts.append(f"largest batch that ran {probe['max_batch_size']:,}")
     if probe.get("predicted_max"):
         parts.append(f"predicted max ≈ {probe['predicted_max']:,} (a prediction)")
+    if probe.get("confirmation"):
+        parts.append(str(probe["confirmation"]))
     recommendation = probe.get("recommendation")
     if isinstance(recommendation, dict) and recommendation.get("batch_size"):
         reasons = "; ".join(recommendation.get("reasons") or [])

@@ -25,9 +25,14 @@ def describe_prediction(result: ProbeResult) -> str | None:
     budget = f"; budget {result.budget_bytes / 2**30:.1f} GiB" if result.budget_bytes else ""
     if budget and result.budget_note:
         budget += f": {result.budget_note}"
+    shape = "line fit"
+    if result.fit_curvature_bytes:
+        shape = "curve fit: memory grows faster than the batch"
+    confirmation = f"; {result.confirmation}" if result.confirmation else ""
     return (
-        f"predicted largest: ≈{result.predicted_max:,} (a prediction: line fit, "
+        f"predicted largest: ≈{result.predicted_max:,} (a prediction: {shape}, "
         f"{result.margin:.0%} margin, {extrapolation_note(result.extrapolation)}{budget})"
+        f"{confirmation}"
     )
 
 

@@ -189,6 +189,7 @@ class ProbePoint(msgspec.Struct, omit_defaults=True):
     samples_per_s: float | None = None
     source: str = "sidecar"  # "sidecar", or "job" for the job's own measured sizes
     note: str | None = None
+    confirmation: bool = False  # the prediction run once more before it is recommended
 
 
 class WhatIf(msgspec.Struct, omit_defaults=True):
@@ -224,6 +225,11 @@ class ProbeResult(msgspec.Struct, omit_defaults=True):
     device: str = "cpu"
     fit_intercept_bytes: float | None = None
     fit_slope_bytes: float | None = None
+    fit_curvature_bytes: float | None = None  # memory that grows faster than linearly
+    # the largest batch a recommendation may use: the prediction once a step at it ran,
+    # else the largest size that ran; ``confirmation`` says which, in words
+    confirmed_max: int | None = None
+    confirmation: str | None = None
     what_ifs: list[WhatIf] = msgspec.field(default_factory=list)
     recommendation: Recommendation | None = None
     error: str | None = None

@@ -48,10 +48,11 @@ async def test_the_probe_screen_shows_points_and_applies_the_recommendation():
         screen = app.screen
         assert isinstance(screen, ProbeScreen)
         table = screen.query_one("#points", DataTable)
-        assert table.row_count == 3
+        assert table.row_count == 4  # three sizes and the confirmation
         findings = str(screen.query_one("#findings").render())
-        assert "largest batch that ran: 230" in findings and "≈263" in findings
+        assert "largest batch that ran: 263" in findings and "≈263" in findings
         assert "a prediction" in findings and "recommended batch: 192" in findings
+        assert "confirmed: a full step at 263 ran within the budget" in findings
         assert "bf16 autocast: ≈448 (predicted) — peak 31 GiB at 230" in findings
         await pilot.press("a")
         await wait_for(pilot, lambda: source.sent, what="the apply command")

@@ -437,7 +437,10 @@ def test_an_oom_inside_the_guard_loses_no_sample_and_returns_to_the_last_good_si
         assert mon.batch_size == 16
         assert mon.flush()
         (oom,) = [e for e in mon.telemetry.events if e.kind == "oom"]
-        assert "out of memory at batch 64; now 16; 64 samples will run again" in oom.message
+        assert (
+            "out of memory at batch 64 (requested by the job); back to 16, the last size that ran; "
+            "64 samples will run again"
+        ) in oom.message
         assert "ran out of memory" in mon.request_batch_size(64).error  # now needs confirming
 
 

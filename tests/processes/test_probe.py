@@ -16,7 +16,7 @@ from torch import nn
 from bsmon.probes import attach
 from bsmon.probes.maxbatch import plan, recipe
 from bsmon.probes.maxbatch.job import default_cpu_budget
-from bsmon.probes.wire import describe_recommendation, protocol
+from bsmon.probes.wire import describe_prediction, describe_recommendation, protocol
 from bsmon.probes.wire.client import JobConnection
 from bsmon.probes.wire.protocol import ProbePoint
 
@@ -42,33 +42,112 @@ def test_the_plan_starts_at_the_jobs_size_and_aims_high_then_stops():
     assert plan.next_size(64, [], budget) == 64
     first = point(64, held + 64 * per_sample, static=held)
     second = plan.next_size(64, [first], budget)
-    assert second == 5400  # 60% of the one-point estimate
+    assert second == 512  # 60% of the one-point estimate is 5400: at most 8× what ran
     third = plan.next_size(64, [first, point(second, held + second * per_sample)], budget)
     assert third == 8100  # 90% of the fitted line's estimate
+    big_first = point(1000, held + 1000 * per_sample, static=held)
+    assert plan.next_size(1000, [big_first], budget) == 5400  # 60% of the one-point estimate
     done = [first, point(second, 1), point(third, 1)]
     assert plan.next_size(64, done, budget) is None  # three sizes at most
-    assert plan.next_size(64, [first, point(128, 0, fits=False)], budget) is None
+    over = point(128, held + 128 * per_sample, fits=False)  # ran, over the budget: a reading
+    assert plan.next_size(64, [first, over], budget) is None
+    oom = ProbePoint(batch_size=4096, fits=False, note="out of memory")  # no reading
+    assert plan.next_size(64, [first, oom], budget) == 512  # halfway on a log scale, once
+    assert plan.next_size(64, [first, oom, point(512, 1)], budget) is None
     assert plan.next_size(64, [], budget, max_size=32) == 32
     assert plan.next_size(2000, [point(2000, 999 * MiB, static=10 * MiB)], budget) is None
 
 
 def test_conclusions_anchor_the_intercept_on_the_job_and_never_predict_a_failed_size():
     points = [point(64, 200 * MiB), point(1000, 300 * MiB), point(2000, 400 * MiB)]
-    predicted, extrapolation, (_, slope) = plan.conclude(points, 1000 * MiB)
-    assert slope == pytest.approx(100 * MiB / 1000)
+    predicted, extrapolation, fit = plan.conclude(points, 1000 * MiB)
+    slope = fit.slope
+    assert slope == pytest.approx(100 * MiB / 1000) and fit.curvature == 0  # one line
     assert predicted == int(8000 * 0.95) and extrapolation == pytest.approx(4.0)
     with_job = plan.conclude(points, 1000 * MiB, job_points=[(64, 300 * MiB)])
-    assert with_job[2][0] == pytest.approx(300 * MiB - slope * 64)  # the job's own point
-    failed = [*points, point(3000, 0, fits=False)]  # an OOM: no peak reading
+    assert with_job[2].intercept == pytest.approx(300 * MiB - slope * 64)  # the job's own point
+    failed = [*points, point(3000, 500 * MiB, fits=False)]  # ran, over the budget
     assert plan.conclude(failed, 1000 * MiB)[0] == int(2999 * 0.95)
+    oom = [*points, point(3000, 0, fits=False)]  # an OOM where the line said it fits
+    assert plan.conclude(oom, 1000 * MiB)[0] == int(2500 * 0.95)  # halfway from 2000
 
 
 def test_a_size_that_ran_over_the_budget_still_measures_the_slope():
     noisy_small = [point(32, 337 * MiB), point(600, 339 * MiB)]  # RSS noise: slope too low
     over = point(40_000, 1040 * MiB, fits=False)
-    predicted, _, (_, slope) = plan.conclude([*noisy_small, over], 768 * MiB)
+    predicted, _, fit = plan.conclude([*noisy_small, over], 768 * MiB)
+    slope = fit.slope
     assert slope == pytest.approx((1040 - 339) * MiB / (40_000 - 600))
+    assert fit.curvature == 0  # the small sizes' 2 MiB rise is noise, not a bend
     assert predicted == int(((768 - 339) * MiB / slope + 600) * 0.95)
+
+
+def pairwise_peak(size: float) -> float:
+    """A contrastive loss's memory: weights, a per-sample part, and B×B similarity matrices."""
+    return 300 * MiB + 20_000 * size + 16 * size * size
+
+
+def test_memory_that_grows_faster_than_the_batch_is_fitted_with_its_curve():
+    budget = 1000 * MiB
+    truth = max(b for b in range(1, 10_000) if pairwise_peak(b) <= budget)
+    points = [point(size, int(pairwise_peak(size))) for size in (64, 3000, 4500)]
+    predicted, _, fit = plan.conclude(points, budget)
+    assert fit.curvature > 0
+    assert int(truth * 0.95) - 2 <= predicted <= truth
+    assert pairwise_peak(predicted) <= budget  # the line through the two largest says more:
+    line = plan.line_fit([(p.batch_size, p.peak_bytes) for p in points[-2:]])
+    by_line = int(plan.largest_within(*line, budget) * 0.95)
+    assert pairwise_peak(by_line) > budget  # ... and would run out of memory
+
+
+def test_the_prediction_says_its_shape_and_whether_a_step_confirmed_it():
+    result = protocol.ProbeResult(
+        status="ok",
+        predicted_max=5000,
+        extrapolation=1.3,
+        fit_curvature_bytes=16.0,
+        confirmation="untested: the step at 5,000 did not fit (out of memory); 4,096 is ...",
+    )
+    words = describe_prediction(result)
+    assert "curve fit: memory grows faster than the batch" in words
+    assert words.endswith("; untested: the step at 5,000 did not fit (out of memory); 4,096 is ...")
+    result.fit_curvature_bytes, result.confirmation = None, None
+    assert "(a prediction: line fit," in describe_prediction(result)
+
+
+def test_on_a_gpu_the_allocators_reserved_bytes_bound_the_prediction():
+    """Reserved (block rounding, fragmentation) growing faster than the tensors held: the
+    allocator runs out when it cannot reserve more, so the smaller prediction wins."""
+    budget = 16 * 1024 * MiB
+    points = [
+        ProbePoint(batch_size=b, fits=True, peak_bytes=alloc, reserved_bytes=reserved)
+        for b, alloc, reserved in (
+            (16, 1300 * MiB, 1400 * MiB),
+            (90, 5000 * MiB, 5600 * MiB),
+            (134, 7200 * MiB, 8300 * MiB),
+        )
+    ]
+    predicted, _, fit = plan.conclude(points, budget)
+    by_allocated = plan.MemoryFit(*plan.line_fit([(90, 5000 * MiB), (134, 7200 * MiB)]))
+    assert predicted < int(by_allocated.largest_within(budget) * 0.95)
+    assert fit.peak(predicted) <= budget and fit.slope == pytest.approx(2700 * MiB / 44)
+
+
+def test_the_prediction_is_confirmed_by_a_step_or_the_largest_size_that_ran_is_used():
+    ran = [point(64, 1), point(600, 1), point(900, 1)]
+    assert plan.confirmation_target(1200, ran) == (1200, "")
+    assert plan.confirmation_target(1200, ran, max_size=1000)[0] == 1000
+    target, why = plan.confirmation_target(1200, ran, room=1000)  # a GPU shared with the job
+    assert target == 1000 and "1,200 is untested" in why
+    target, why = plan.confirmation_target(1200, ran, room=800)  # no room above what ran
+    assert target is None and why.startswith("untested") and "900 is the largest" in why
+    assert plan.confirmation_target(850, ran)[0] is None  # 900 ran: nothing to confirm
+    assert plan.confirmation_target(None, ran) == (None, "")
+    assert plan.confirmed_max(1200, ran) == 900  # untested: the largest size that ran
+    assert plan.confirmed_max(1200, [*ran, point(1200, 1)]) == 1200  # confirmed
+    assert plan.confirmed_max(1200, [*ran, point(1200, 1, fits=False)]) == 900  # it failed
+    assert plan.confirmed_max(850, ran) == 850
+    assert plan.confirmed_max(None, ran) == 900
 
 
 def test_the_recommendation_joins_memory_speed_and_noise():
@@ -190,11 +269,13 @@ def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
         budget = 700 * MiB
         result = mon.probe(memory_budget=budget, timeout=180)
         assert result.status == "ok", result.error
-        sizes = [p.batch_size for p in result.points]
+        *trials, confirmation = result.points
+        sizes = [p.batch_size for p in trials]
         assert 2 <= len(sizes) <= plan.MAX_SIZES and sizes[0] == 32 and sizes == sorted(sizes)
-        assert all(p.fits for p in result.points)
+        assert all(p.fits for p in result.points) and confirmation.confirmation
+        assert confirmation.batch_size == result.predicted_max == result.confirmed_max
         assert all(p.peak_bytes <= budget and p.step_time_s > 0 for p in result.points)
-        assert result.max_batch_size == sizes[-1]
+        assert result.max_batch_size == confirmation.batch_size  # the largest that ran
         assert result.predicted_max is not None and result.predicted_max >= result.max_batch_size
         assert result.extrapolation is not None and result.budget_bytes == budget
         assert result.recommendation is not None
@@ -224,10 +305,108 @@ def test_a_size_over_the_budget_is_a_point_that_does_not_fit(bsmon_dir):
     with mon:
         result = mon.probe(memory_budget=450 * MiB, timeout=180)
     assert result.status == "ok", result.error
-    first, second = result.points
+    first, second, confirmation = result.points
     assert first.batch_size == 32 and first.fits
     assert not second.fits and second.note == "over the memory budget"
-    assert result.max_batch_size == 32
+    assert not confirmation.fits and confirmation.note == "confirmation: over the memory budget"
+    assert result.max_batch_size == result.confirmed_max == 32  # the fallback: what ran
+    assert result.recommendation.stay
+
+
+def pairwise_loss(model, batch):
+    """A contrastive loss: every sample against every other, a B×B matrix (memory grows with
+    the square of the batch)."""
+    x, _ = batch
+    z = model(x)
+    return nn.functional.cross_entropy(z @ z.T, torch.arange(len(x)))
+
+
+def test_memory_that_grows_faster_than_the_batch_gets_a_confirmed_recommendation(bsmon_dir):
+    _, _, mon = train_a_little(512, probe_step=pairwise_loss)
+    budget = 800 * MiB
+    with mon:
+        result = mon.probe(memory_budget=budget, timeout=240)
+    # a line from two sizes under-predicts such memory: a size far over the budget fails as
+    # out of memory in the sidecar (no watchdog kill), and the prediction is confirmed
+    assert result.status == "ok", result.error
+    assert all(p.peak_bytes <= budget for p in result.points if p.fits)
+    (confirmation,) = [p for p in result.points if p.confirmation]
+    assert confirmation.fits and confirmation.batch_size == result.predicted_max
+    assert result.confirmation == (
+        f"confirmed: a full step at {result.predicted_max:,} ran within the budget"
+    )
+    assert result.confirmed_max == result.predicted_max == result.max_batch_size > 512
+    assert result.recommendation.batch_size <= result.confirmed_max
+    assert mon.batch_control.probe_max == result.confirmed_max
+
+
+RAN: set[int] = set()  # in the sidecar: the sizes whose step ran
+
+
+def jumps_past_what_ran(model, batch):
+    """Like the job at the first two sizes; any size past those asks for 1.5 GiB more (an
+    activation or workspace that appears only at large sizes, which no fit can see)."""
+    x, y = batch
+    if len(RAN) >= 2 and len(x) > max(RAN):
+        torch.ones(1536 * MiB // 4)
+    loss = nn.functional.cross_entropy(model(x), y)
+    RAN.add(len(x))
+    return loss
+
+
+def test_a_prediction_that_does_not_hold_is_never_recommended(bsmon_dir):
+    _, _, mon = train_a_little(probe_step=jumps_past_what_ran)
+    with mon:
+        result = mon.probe(memory_budget=700 * MiB, timeout=180)
+    assert result.status == "ok", result.error
+    *trials, confirmation = result.points
+    assert confirmation.confirmation and not confirmation.fits
+    assert confirmation.batch_size == result.predicted_max
+    assert confirmation.note == "confirmation: out of memory"  # the sidecar's own cap
+    ran = max(p.batch_size for p in trials if p.fits)
+    assert result.confirmed_max == result.max_batch_size == ran
+    assert result.confirmation == (
+        f"untested: the step at {result.predicted_max:,} did not fit (out of memory); "
+        f"{ran:,} is the largest size that ran"
+    )
+    assert result.recommendation.batch_size <= ran
+    assert f"the prediction is {result.confirmation}" in result.recommendation.reasons
+    assert mon.batch_control.probe_max == ran
+
+
+def test_a_recommendation_that_runs_out_of_memory_in_the_job_steps_back_and_says_so(
+    bsmon_dir,
+):
+    model, optimizer, mon = train_a_little()
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randint(0, 8, (4096,)))
+    with mon:
+        result = mon.probe(memory_budget=700 * MiB, timeout=180)
+        recommended = result.recommendation.batch_size
+        assert result.status == "ok" and recommended > 32, result
+        with JobConnection(mon.socket_path) as conn:  # `a` on the probe screen, confirmed
+            reply = conn.request(
+                protocol.SetBatchSize(
+                    value=recommended, reason="the probe's recommendation", confirm=True
+                )
+            )
+            assert reply.ok, reply.error
+        for x, y in mon.dataloader(data):
+            with mon.guard():
+                if len(x) > 32:  # the job holds more than the sidecar could see
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            if mon.step >= 8:
+                break
+        assert mon.batch_size == 32
+        assert mon.flush()
+        (oom,) = [e for e in mon.telemetry.events if e.kind == "oom"]
+        assert oom.message.startswith(
+            f"out of memory at batch {recommended} (the probe's recommendation); "
+            "back to 32, the last size that ran; "
+        )
+        assert "ran out of memory" in mon.request_batch_size(recommended).error
 
 
 def crash(model, batch):
@@ -239,6 +418,11 @@ def hang(model, batch):
 
 
 def hog(model, batch):
+    """Lifts the sidecar's own allocation cap (as C code could) and runs away."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
     hog.keep = torch.ones(128 * MiB)  # 512 MiB on top of the runtime: far over the budget
     time.sleep(600)
 
