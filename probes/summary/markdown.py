@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import plotext
 
 from .. import units
+from ..anatomy.sampling import DEFAULT_STRIDE
+from ..anatomy.verdict import MIN_STEPS
 from .schema import Note, Point, Summary
 
 CHART_WIDTH = 76
@@ -168,7 +170,14 @@ def _anatomy(s: Summary) -> str:
         seconds = getattr(a, f"{phase}_s")
         share = pct(100 * seconds / a.step_s) if seconds is not None else "not measured"
         rows.append((name, ms(seconds), share))
-    verdict = f"**{a.verdict}**: {a.evidence}; try: {a.advice}.\n\n" if a.verdict else ""
+    low, high = DEFAULT_STRIDE
+    if a.verdict:
+        verdict = f"**{a.verdict}**: {a.evidence}; try: {a.advice}.\n\n"
+    else:
+        verdict = (
+            f"No verdict: {a.steps:,} steps were split, and a verdict needs {MIN_STEPS} "
+            f"(bsmon splits one step in {low} to {high}: a longer run gets one).\n\n"
+        )
     notes = "".join(f"- {note}\n" for note in a.notes)
     return (
         f"## Where the step time went\n\n{verdict}"

@@ -345,6 +345,11 @@ def test_the_record_summary_and_replay_carry_the_breakdown(tmp_path, every_step)
     markdown = render_markdown(summary)
     assert "## Where the step time went" in markdown and "**input-bound**" in markdown
     assert "| waiting for data |" in markdown and "all-reduce" in markdown
+    anatomy.steps, anatomy.verdict = 8, None  # a short run: too few sampled steps
+    assert (
+        "No verdict: 8 steps were split, and a verdict needs 10 (bsmon splits one step in 4 to 12"
+        in (render_markdown(summary))
+    )
 
     data = load_replay(path)
     assert sum(span.phases.steps for span in data.spans if span.phases) == 39
