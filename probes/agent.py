@@ -154,6 +154,8 @@ class Monitor:
         self._anatomy_sampler = AnatomySampler(stride)
         self._loader_facts: tuple[int, LoaderFacts] | None = None  # (iterator id, facts)
         self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
+        # called once per training DataLoader iterator (an epoch), on the training thread
+        self.on_new_training_iterator: Callable[[Any], None] | None = None
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
@@ -568,6 +570,8 @@ class Monitor:
             known = self._loader_sizes
             if known[0]() is not iterator:  # a new iterator (an epoch): its facts, once
                 known = self._loader_sizes = self._sizes_of(iterator)
+                if self.on_new_training_iterator is not None:
+                    self.on_new_training_iterator(iterator)
             if known[1]:
                 self._samples.draw(n, known[2])
         except Exception as exc:
@@ -731,6 +735,10 @@ class Monitor:
                     f"DistributedSampler {how} samples every epoch",
                 )
         return make_dataloader(dataset, lambda: control.loader_size, self._on_batch, **kwargs)
+
+    def training_iterator(self) -> Any:
+        """The DataLoader iterator the job's training batches come from now (None: none)."""
+        return self._loader_sizes[0]()
 
     def on_batch_size_change(self, callback: Callable[[int, int], None]) -> None:
         """Call ``callback(old, new)`` on the training thread whenever the batch size changes."""

@@ -25,13 +25,19 @@ def job_socket(name: str, directory: Path, timeout: float = 90.0) -> Path:
 
 
 def metrics_until(
-    conn: JobConnection, condition: Callable[[protocol.Metrics], bool], timeout: float = 60.0
+    conn: JobConnection,
+    condition: Callable[[protocol.Metrics], bool],
+    timeout: float = 60.0,
+    keep: list[protocol.Message] | None = None,
 ) -> protocol.Metrics:
-    """The first metrics message that satisfies ``condition`` (others are dropped)."""
+    """The first metrics message that satisfies ``condition`` (the others are dropped, or
+    appended to ``keep``)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         for message in conn.pump(0.2):
+            if keep is not None:
+                keep.append(message)
             if isinstance(message, protocol.Metrics):
                 last = message
                 if condition(message):

@@ -6,6 +6,7 @@ Modules, one job each:
 - ``extension``: the batch-size commands, and the agent-thread side of the controller;
 - ``policy``: which sizes the keys step to, and which are refused (and why);
 - ``loader``: a DataLoader whose batch size follows the monitor, batch by batch;
+- ``script_loader``: the batch size of a DataLoader the script built itself (``--resizable``);
 - ``lr_scaling``: the learning rate rescaled with the batch size (auto: linear for SGD, sqrt
   for Adam-type; or chosen; or none);
 - ``safety``: which sizes ask first (not measured to fit; more than 2× from the last size

@@ -84,6 +84,8 @@ class BatchController:
         self.last_good = initial
         self.pending: Pending | None = None
         self.arrived: Pending | None = None  # the change that set the current size
+        # what the job's loader cannot take (bsmon run --resizable: the script's own loader)
+        self.veto: Callable[[int], str | None] | None = None
         # Where a change is applied when not at the next step boundary (an integration whose
         # loader is rebuilt only between epochs): it then calls apply_deferred() there.
         self.apply_at: str | None = None
@@ -137,6 +139,8 @@ class BatchController:
             if self._rank != 0:
                 raise CommandRefused("in a distributed job, send batch-size commands to rank 0")
             if (refusal := self.policy.refusal(value)) is not None:
+                raise CommandRefused(refusal)
+            if self.veto is not None and (refusal := self.veto(value)) is not None:
                 raise CommandRefused(refusal)
             current = self._next_size()
             if value == current:

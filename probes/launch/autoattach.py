@@ -22,8 +22,13 @@ never attaches: no thread, no socket. It leaves ``bsmon run`` a note (``run_note
 why — a script that calls ``backward()`` but updates its parameters by hand is told apart
 from one that never trained — and a process that trained without attaching also leaves a
 record that says so. Nothing is written to the job's own output. Batch-size control is off,
-with the reason and how to turn it on: the script's own DataLoaders cannot be resized from
-outside.
+with the reason and how to turn it on, unless ``bsmon run --resizable`` asked for it: then
+the monitor's batch control drives the script's own training DataLoader
+(``batch.script_loader``).
+
+Why one module: the hooks installed here (the global step pre-hook, the backward wrapper, the
+loader watch before the first step) and the attach they lead to are one state machine whose
+states (waiting, attached, stood down, exiting) every callback reads.
 
 Rules of the house: every callback is O(1) on the training thread, apart from the one-time
 attach at the first step (which also scans the heap once for the model, ~0.1 s per 200k
@@ -33,10 +38,12 @@ objects); every exception inside bsmon code is caught, counted and shown as an e
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +51,7 @@ import torch
 from torch import nn
 
 from ..batch.loader import batch_length
+from ..batch.script_loader import LengthReads, find_scheduler, take_control, why_not_resizable
 from ..integrations.common import disable_batch_control, note, rank_name
 from ..record.writer import write_unattached
 from ..runtime import distributed, loader_watch
@@ -52,10 +60,15 @@ from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
 from ..wire.protocol import Event
 from . import notes as run_notes
+from .environment import ENV_RESIZABLE
 
 CONTROL_REASON = (
-    "bsmon run cannot resize the script's own loaders; "
-    "attach(..., batch_size=N) and mon.dataloader() in the script enable it"
+    "bsmon run leaves the script's DataLoader as it is; "
+    "bsmon run --resizable makes its batch size controllable"
+)
+NO_LOADER_REASON = (
+    "the script cuts its own batches (no DataLoader batch was seen before its first step), "
+    "so bsmon cannot change them; docs/zero-code.md says what to change in the script"
 )
 PROBE_REASON = (
     "bsmon run cannot give the probe a batch size or a loss; "
@@ -114,6 +127,9 @@ class AutoAttach:
         self._notes: tuple[Path, str] | None = None  # (bsmon directory, run id) of bsmon run
         self._script_attached = False
         self._started = time.time()
+        self.resizable = os.environ.get(ENV_RESIZABLE) == "1"
+        self._first_iterator: Any = lambda: None  # weak: the first training batch's iterator
+        self._lengths: LengthReads | None = None  # len(loader) reads, when resizable
 
     # -- installation ----------------------------------------------------------------------
 
@@ -126,6 +142,10 @@ class AutoAttach:
         else:
             self._unwrap.append(lambda: loader_watch.unsubscribe(self._on_batch))
         self._wrap_backward()
+        if self.resizable:  # a progress bar reads len(loader) before the first step
+            self._lengths = LengthReads()
+            if self._lengths.start() is None:
+                self._unwrap.append(self._lengths.stop)
         run_id = os.environ.get(run_notes.ENV_RUN_ID)
         if run_id:
             self._notes = (discovery.default_dir(), run_id)
@@ -191,6 +211,8 @@ class AutoAttach:
                 return
             if not self._total:
                 self._first = loader_watch.nominal_batch_size(iterator) or n
+                with contextlib.suppress(TypeError):
+                    self._first_iterator = weakref.ref(iterator)
             self._total += n
         except Exception as exc:
             self.guard.report("counting a DataLoader batch", exc)
@@ -242,19 +264,31 @@ class AutoAttach:
             self._stand_down("the script attaches bsmon itself; bsmon run leaves it to that")
             return
         started = time.perf_counter()
+        scheduler = None
         try:
-            objects = gc.get_objects()  # one scan of the heap for both
+            objects = gc.get_objects()  # one scan of the heap for all three
             model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            if self.resizable:
+                scheduler = find_scheduler(optimizer, objects)
             del objects
         except Exception as exc:
             model = scaler = None
             self.guard.report("looking for the model", exc)
         search_s = time.perf_counter() - started
         rank, world_size = distributed.world()
+        control_off = self._control_reason()
         monitor = attach(
-            model, optimizer, name=rank_name(self.name, rank, world_size), grad_scaler=scaler
+            model,
+            optimizer,
+            name=rank_name(self.name, rank, world_size),
+            grad_scaler=scaler,
+            batch_size=None if control_off else self._first,
+            lr_scheduler=scheduler,
         )
-        disable_batch_control(monitor, CONTROL_REASON)
+        if control_off:
+            disable_batch_control(monitor, control_off)
+        else:
+            take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
         monitor.router.disable("probe", PROBE_REASON)
         self.monitor, self.optimizer, self.model = monitor, optimizer, model
         for event in self._early:
@@ -268,11 +302,25 @@ class AutoAttach:
             "zero_code",
             f"bsmon run: watching {describe_optimizer(optimizer)} training "
             f"{describe_model(model)} (found in {search_s:.2f} s); the loss shown is the "
-            "value backward() is called on; batch-size control is off (see its reason)",
+            "value backward() is called on; "
+            + (
+                f"batch-size control is off: {control_off}"
+                if control_off
+                else "the keys change the batch size of the script's DataLoader"
+            ),
             optimizer=type(optimizer).__name__,
             model=type(model).__name__ if model is not None else None,
             search_s=round(search_s, 4),
         )
+
+    def _control_reason(self) -> str | None:
+        """Why the batch size cannot be controlled (None: the script's loader can be)."""
+        if not self.resizable:
+            return CONTROL_REASON
+        if not self._first:
+            return NO_LOADER_REASON
+        why = why_not_resizable(self._first_iterator())
+        return f"bsmon run --resizable: {why}" if why is not None else None
 
     def _stand_down(self, why: str) -> None:
         self.stood_down = why

@@ -17,6 +17,7 @@ from ..wire import discovery
 from . import notes as run_notes
 
 ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
+ENV_RESIZABLE = "BSMON_RESIZABLE"  # "1": the agent may resize the script's DataLoader
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 PYTHON_LAUNCHERS = ("python", "torchrun", "accelerate", "deepspeed", "uv", "lightning")
 LAUNCHER_MODULES = (
@@ -27,17 +28,22 @@ LAUNCHER_MODULES = (
 
 
 def child_environment(
-    base: Mapping[str, str], name: str, directory: Path, run_id: str
+    base: Mapping[str, str], name: str, directory: Path, run_id: str, resizable: bool = False
 ) -> dict[str, str]:
     """``base`` plus what the agent in the child needs: the boot directory first on
-    ``PYTHONPATH``, the job's name, the socket directory this ``bsmon run`` watches, and the
-    run's id (the processes' notes carry it, see ``run_notes``)."""
+    ``PYTHONPATH``, the job's name, the socket directory this ``bsmon run`` watches, the
+    run's id (the processes' notes carry it, see ``run_notes``) and, with ``resizable``, that
+    the script's DataLoader may be resized."""
     env = dict(base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *rest])
     env[ENV_RUN] = name
     env[discovery.ENV_DIR] = str(directory)
     env[run_notes.ENV_RUN_ID] = run_id
+    if resizable:
+        env[ENV_RESIZABLE] = "1"
+    else:
+        env.pop(ENV_RESIZABLE, None)
     return env
 
 

@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--name", help="the job's name (default: the script's name)")
     p.add_argument("--headless", action="store_true", help="no dashboard: only run the command")
     p.add_argument(
+        "--resizable",
+        action="store_true",
+        help="let + and - change the batch size of the script's training DataLoader (nothing "
+        "changes until a key is pressed; docs/zero-code.md lists what is refused and why)",
+    )
+    p.add_argument(
         "--log",
         type=Path,
         default=None,
@@ -118,7 +124,7 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     directory = discovery.ensure_private_dir(discovery.default_dir())
     tidy(directory)  # what killed runs left: their notes, and logs beyond the newest 20
     run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
-    env = launch.child_environment(os.environ, name, directory, run_id)
+    env = launch.child_environment(os.environ, name, directory, run_id, args.resizable)
     if args.log is not None:
         check_writable(args.log).close()
     headless = args.headless

@@ -1,0 +1,205 @@
+"""The batch size of a DataLoader the script built itself, changed from outside (``bsmon run
+--resizable``).
+
+Nothing is touched until a change is asked for: until then the job draws exactly the batches,
+in exactly the order, it would without bsmon. A change, at a step boundary, sets the loader's
+``BatchSampler.batch_size`` (the next epochs, ``len(loader)``, ``loader.batch_size``) and
+takes over the running epoch's cutting from the same iterator over the sampler's indices, so
+the rest of the epoch is cut at the new size with no sample dropped or repeated. Batches that
+DataLoader workers already prefetched keep their size; the event says how many.
+
+What cannot be resized is refused with the reason: a custom batch sampler, an
+``IterableDataset`` (its batches are cut inside its workers), a loader without automatic
+batching. A size that leaves a last batch of one sample in a model with BatchNorm (which
+cannot train on it), and a smaller batch under a ``OneCycleLR`` (which raises once stepped
+past its ``total_steps``), are refused too.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from ..runtime import loader_watch
+from ..runtime.call_watch import CallWatch
+from ..wire.protocol import Event
+
+TrainingIterator = Callable[[], Any]  # the DataLoader iterator of the job's training batches
+
+
+def why_not_resizable(iterator: Any) -> str | None:
+    """Why the loader behind ``iterator`` cannot be resized (None: it can)."""
+    if iterator is None:
+        return "no training batch from a DataLoader was seen"
+    if isinstance(getattr(iterator, "_dataset", None), IterableDataset):
+        return "the training data is an IterableDataset: its batches are cut inside its iterator"
+    if not getattr(iterator, "_auto_collation", False):
+        return "the training DataLoader has batch_size=None: the script's dataset makes batches"
+    sampler = getattr(iterator, "_index_sampler", None)
+    if type(sampler) is not BatchSampler:
+        return (
+            f"the training DataLoader cuts batches with its own batch_sampler "
+            f"({type(sampler).__name__}), which bsmon cannot resize"
+        )
+    if _indices_of(iterator) is None:
+        return "this torch's BatchSampler is not one bsmon knows how to resize mid-epoch"
+    return None
+
+
+def _indices_of(iterator: Any) -> Iterator[int] | None:
+    """The iterator over the sampler's indices inside the running epoch's BatchSampler
+    generator (a suspended generator's locals), or None."""
+    cutting = getattr(iterator, "_sampler_iter", None)
+    frame = getattr(cutting, "gi_frame", None)
+    if frame is None or getattr(cutting, "gi_code", None) is not BatchSampler.__iter__.__code__:
+        return None
+    return frame.f_locals.get("sampler_iter")
+
+
+def cut(indices: Iterator[int], size: Callable[[], int], drop_last: bool) -> Iterator[list[int]]:
+    """What ``BatchSampler`` yields, with the size read before each batch."""
+    while True:
+        wanted = size()
+        batch = list(itertools.islice(indices, wanted))
+        if not batch or (drop_last and len(batch) < wanted):
+            return
+        yield batch
+
+
+def _len_locate() -> tuple[Any, str]:
+    return DataLoader, "__len__"
+
+
+class LengthReads:
+    """The lengths the script read from its DataLoaders (``len(loader)``: progress bars,
+    schedules sized in steps), so a change can say what they no longer match."""
+
+    def __init__(self) -> None:
+        self._watch = CallWatch(_len_locate)
+        self.read: dict[int, int] = {}  # id(batch sampler) -> the last length read
+
+    def start(self) -> str | None:
+        return self._watch.subscribe(self._on_len)
+
+    def stop(self) -> None:
+        self._watch.unsubscribe(self._on_len)
+
+    def _on_len(self, loader: Any, length: Any, _started: float, _finished: float) -> None:
+        if isinstance(length, int):
+            self.read[id(getattr(loader, "batch_sampler", None))] = length
+
+
+class ScriptLoader:
+    """Batch control's hands on the script's own training DataLoader."""
+
+    def __init__(
+        self, training_iterator: TrainingIterator, model: nn.Module | None, scheduler: Any
+    ) -> None:
+        self._iterator = training_iterator
+        self._has_batch_norm = model is not None and any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+        )
+        self._scheduler = scheduler
+        self.lengths = LengthReads()
+
+    def refusal(self, value: int) -> str | None:
+        """Why ``value`` cannot be applied (agent thread; None: it can)."""
+        iterator = self._iterator()
+        if (why := why_not_resizable(iterator)) is not None:
+            return why
+        sampler: BatchSampler = iterator._index_sampler
+        size = sampler.batch_size
+        samples = _length(sampler.sampler)
+        if self._has_batch_norm and not sampler.drop_last and samples and samples % value == 1:
+            return (
+                f"{value} leaves a last batch of 1 sample in each epoch ({samples:,} samples), "
+                "which the model's BatchNorm cannot train on"
+            )
+        if value < size and isinstance(self._scheduler, torch.optim.lr_scheduler.OneCycleLR):
+            total = getattr(self._scheduler, "total_steps", None)
+            return (
+                f"the script's OneCycleLR raises once stepped past its total_steps ({total}): "
+                f"a batch below {size} needs more steps than it allows"
+            )
+        return None
+
+    def resize(self, new: int) -> str:
+        """Apply ``new`` (training thread, at the step boundary); where it takes effect."""
+        iterator = self._iterator()
+        sampler: BatchSampler = iterator._index_sampler
+        sampler.batch_size = new
+        for holder in gc.get_referrers(sampler):  # the DataLoader's own batch_size attribute
+            if isinstance(holder, DataLoader) and holder.batch_sampler is sampler:
+                object.__setattr__(holder, "batch_size", new)  # it refuses a plain setattr
+        indices = _indices_of(iterator)
+        if indices is not None:
+            iterator._sampler_iter = cut(indices, lambda: sampler.batch_size, sampler.drop_last)
+        words = ["from the next batch"]
+        ahead = getattr(iterator, "_tasks_outstanding", 0)
+        if isinstance(ahead, int) and ahead > 0:
+            words = [f"after the {ahead} batches its workers already prefetched"]
+        read = self.lengths.read.get(id(sampler))
+        if read is not None:
+            words.append(
+                f"the script read len(loader) = {read:,} before: a progress bar or a schedule "
+                f"sized from it still counts that many batches (now {len(sampler):,} an epoch)"
+            )
+        return "; ".join(words)
+
+
+def _length(sampler: Any) -> int | None:
+    try:
+        return len(sampler)
+    except TypeError:
+        return None
+
+
+def find_scheduler(optimizer: torch.optim.Optimizer, objects: list[Any]) -> Any:
+    """The job's one learning-rate scheduler of ``optimizer`` (None: none, or several)."""
+    base = getattr(torch.optim.lr_scheduler, "LRScheduler", None)
+    if base is None:
+        return None
+    found = [
+        obj
+        for obj in objects
+        if issubclass(type(obj), base) and getattr(obj, "optimizer", None) is optimizer
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def take_control(
+    monitor: Any,
+    model: nn.Module | None,
+    scheduler: Any,
+    first_iterator: TrainingIterator,
+    lengths: LengthReads | None,
+) -> ScriptLoader:
+    """Batch control over the script's own DataLoader: the monitor's batch control (made with
+    the loader's batch size) vetoes what the loader cannot take and resizes it at the switch;
+    ``first_iterator``: the loader's iterator until the monitor has seen one itself."""
+    loader = ScriptLoader(lambda: monitor.training_iterator() or first_iterator(), model, scheduler)
+    if lengths is not None:
+        loader.lengths = lengths
+    monitor.batch_control.veto = loader.refusal
+
+    def resized(_old: int, new: int) -> None:
+        where = loader.resize(new)
+        message = f"the script's DataLoader cuts batches of {new} {where}"
+        monitor.emit(Event(t=time.time(), step=monitor.step, kind="zero_code", message=message))
+
+    def new_epoch(iterator: Any) -> None:  # a DataLoader built anew gets the size too
+        size = monitor.batch_control.size
+        stale = loader_watch.nominal_batch_size(iterator) not in (None, size)
+        if stale and why_not_resizable(iterator) is None:
+            loader.resize(size)
+
+    monitor.on_batch_size_change(resized)
+    monitor.on_new_training_iterator = new_epoch
+    return loader

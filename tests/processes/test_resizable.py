@@ -1,0 +1,143 @@
+"""`bsmon run --resizable`: the batch size of a script's own DataLoader, from the keys.
+
+Every test runs tests/resizable_job.py (a script that never imports bsmon) as a real process
+under `bsmon run --resizable --headless` and drives it over its socket.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+
+from ..helpers import ROOT
+from ..watch import events_of, job_socket, kill_run_processes, metrics_until
+
+JOB = str(ROOT / "tests" / "resizable_job.py")
+GPT = str(ROOT / "tests" / "corpus" / "gpt.py")
+BSMON = [sys.executable, "-m", "bsmon.tui.cli", "run", "--resizable", "--headless"]
+STEP = re.compile(r"step (\d+) epoch (\d+) batch (\d+): ([\d ]+)")
+
+
+@pytest.fixture(autouse=True)
+def no_strays(bsmon_dir):
+    yield
+    kill_run_processes(bsmon_dir)
+
+
+def start(processes, name: str, *job_args: str, script: str = JOB) -> subprocess.Popen:
+    command = [*BSMON, "--name", name, "--", sys.executable, script, *job_args]
+    return processes.start(command, cwd=ROOT, text=True)
+
+
+def steps_of(output: str) -> list[tuple[int, int, list[int]]]:
+    """(epoch, batch size, indices) of each step the job printed."""
+    return [(int(m[2]), int(m[3]), [int(i) for i in m[4].split()]) for m in STEP.finditer(output)]
+
+
+def finish(run: subprocess.Popen) -> str:
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert out.rstrip().endswith("done"), out
+    return out
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_until_a_key_is_pressed_the_job_draws_exactly_its_own_batches(
+    bsmon_dir, processes, workers
+):
+    args = ("--epochs", "2", "--workers", workers)
+    bare = subprocess.run(
+        [sys.executable, JOB, *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    resizable = finish(start(processes, "twin", *args))
+    assert resizable == bare.stdout  # the same batches, in the same order
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_key_resizes_the_loader_at_a_step_boundary_and_no_sample_is_lost(
+    bsmon_dir, processes, tmp_path, workers
+):
+    gate = tmp_path / "gate"
+    run = start(processes, "keys", "--workers", workers, "--read-len", "--gate", str(gate))
+    with JobConnection(job_socket("keys", bsmon_dir)) as conn:
+        hello = conn.hello()
+        assert hello.capabilities["set_batch_size"].available
+        metrics_until(conn, lambda m: m.step >= 3)
+        reply = conn.request(protocol.SetBatchSize(value=16, reason="+", confirm=True))
+        assert reply.ok, reply.error
+        gate.touch()
+        seen: list[protocol.Message] = []
+        metrics = metrics_until(conn, lambda m: m.batch_size == 16 and m.step >= 8, keep=seen)
+        events = events_of([*seen, *conn.messages(0.5)])
+    steps = steps_of(finish(run))
+    for epoch in (0, 1):  # every sample once an epoch: none dropped, none repeated
+        drawn = Counter(i for e, _, ids in steps if e == epoch for i in ids)
+        assert sorted(drawn) == list(range(96)) and set(drawn.values()) == {1}, drawn
+    sizes = [size for _, size, _ in steps]
+    switch = sizes.index(16)
+    assert switch >= 4 and set(sizes[:switch]) == {8}
+    rest_of_epoch = [size for e, size, _ in steps[switch:] if e == 0]
+    assert set(rest_of_epoch[:-1]) == {16} and 0 < rest_of_epoch[-1] <= 16  # may end short
+    assert [size for e, size, _ in steps if e == 1] == [16] * 6  # the next epoch: 96 / 16
+    assert metrics.batch_size == 16
+    (resized,) = [e for e in events if "the script's DataLoader cuts batches of 16" in e.message]
+    if workers == "2":
+        assert "batches its workers already prefetched" in resized.message
+    else:
+        assert "from the next batch" in resized.message
+    assert "the script read len(loader) = 12 before" in resized.message
+    assert "(now 6 an epoch)" in resized.message
+    (change,) = [e for e in events if e.kind == "batch_size"]
+    assert "batch 8 → 16" in change.message and "lr 0.01 → 0.02 (linear rule" in change.message
+
+
+@pytest.mark.parametrize(
+    ("job_args", "reason"),
+    [
+        (("--iterable",), "the training data is an IterableDataset"),
+        (("--own-sampler",), "its own batch_sampler (PairsSampler), which bsmon cannot resize"),
+    ],
+)
+def test_a_loader_bsmon_cannot_resize_turns_the_keys_off_with_the_reason(
+    bsmon_dir, processes, job_args, reason
+):
+    run = start(processes, "off", "--epochs", "1", "--gate", "never", *job_args)
+    with JobConnection(job_socket("off", bsmon_dir)) as conn:
+        capability = conn.hello().capabilities["set_batch_size"]
+    run.kill()
+    assert not capability.available and reason in capability.reason
+    assert capability.reason.startswith("bsmon run --resizable: ")
+
+
+def test_sizes_the_job_cannot_train_at_are_refused_with_the_reason(bsmon_dir, processes, tmp_path):
+    gate = tmp_path / "gate"
+    run = start(processes, "hazards", "--batch-norm", "--one-cycle", "--gate", str(gate))
+    with JobConnection(job_socket("hazards", bsmon_dir)) as conn:
+        metrics_until(conn, lambda m: m.step >= 3)
+        ones = conn.request(protocol.SetBatchSize(value=19, confirm=True))  # 96 = 5 × 19 + 1
+        smaller = conn.request(protocol.SetBatchSize(value=4, confirm=True))
+        larger = conn.request(protocol.SetBatchSize(value=16, confirm=True))
+        gate.touch()
+        metrics_until(conn, lambda m: m.batch_size == 16)
+    finish(run)
+    assert not ones.ok and "19 leaves a last batch of 1 sample" in ones.error
+    assert "BatchNorm" in ones.error
+    assert not smaller.ok and "OneCycleLR raises once stepped past its total_steps" in smaller.error
+    assert larger.ok, larger.error  # fewer steps than OneCycleLR allows: it never raises
+
+
+def test_a_script_that_cuts_its_own_batches_says_why_the_keys_are_off(bsmon_dir, processes):
+    run = start(processes, "gpt", "--steps", "400", script=GPT)
+    with JobConnection(job_socket("gpt", bsmon_dir)) as conn:
+        capability = conn.hello().capabilities["set_batch_size"]
+    run.kill()
+    assert not capability.available
+    assert "the script cuts its own batches" in capability.reason
+    assert "docs/zero-code.md" in capability.reason
