@@ -7,6 +7,7 @@ import math
 import types
 
 import msgspec
+import pytest
 
 from bsmon.probes.wire.protocol import (
     Capability,
@@ -21,6 +22,7 @@ from ..gpu_check_kit import BENCHMARKS  # noqa: F401 (puts benchmarks/ on the im
 
 # isort: split
 from gpucheck import (
+    anatomy_check,
     dashboard_check,
     nvml_check,
     probe_check,
@@ -297,6 +299,66 @@ def test_a_probe_that_ran_three_sizes_and_a_confirmation_is_within_its_sizes():
     assert (criterion.measured, criterion.ok) == ("3 + a confirmation at 486", True)
     result.points.insert(0, ProbePoint(batch_size=64, fits=True))
     assert probe_check.sizes_criterion("resnet", result).ok is False
+
+
+# -- the step anatomy ------------------------------------------------------------------------
+
+
+def totals(steps: int, forward: float, backward: float, optimizer: float, other: float = 0.0):
+    step = forward + backward + optimizer + other
+    per_step = {"step": step, "forward": forward, "backward": backward, "optimizer": optimizer}
+    return {"steps": steps, **{k: seconds * steps for k, seconds in per_step.items()}}
+
+
+def test_the_anatomy_is_judged_on_its_shares_against_the_synchronized_steps():
+    """Synchronized steps are slower (4 ms against 3): only the shares are compared."""
+    measured = {
+        "anatomy": totals(400, 0.0010, 0.0017, 0.0003),  # 33%, 57%, 10%
+        "synchronized": totals(400, 0.0013, 0.0023, 0.0004),  # 32.5%, 57.5%, 10%
+        "self": totals(400, 0.0013, 0.0023, 0.0004),
+        "kernels": {"forward": 0.0006, "backward": 0.0012, "optimizer": 0.0002},
+    }
+    criteria, rows = anatomy_check.compare(measured)
+    assert [c.ok for c in criteria] == [True, True, True, None]
+    assert criteria[0].measured == "33.3% vs 32.5% (0.8 points)"
+    backward = ["backward", "1.70 ms", "56.7%", "2.30 ms", "57.5%", "57.5%", "1.20 ms", "60.0%"]
+    assert rows[1] == backward  # ms per step of each; the kernels' share is of their total
+    # the H100's anatomy (2026-11-24) against a backward that holds its kernels
+    measured["anatomy"] = totals(100, 0.00180, 0.00182, 0.00019, other=0.00013)
+    criteria, _ = anatomy_check.compare(measured)
+    assert [c.ok for c in criteria[:3]] == [False, False, False]
+    assert criteria[1].measured == "46.2% vs 57.5% (11.3 points)"
+
+
+def event(name: str, start: float, end: float, *kernels: float, device: str = "CPU"):
+    return types.SimpleNamespace(
+        name=name,
+        device_type=f"DeviceType.{device}",
+        is_async=False,
+        time_range=types.SimpleNamespace(start=start, end=end),
+        kernels=[types.SimpleNamespace(duration=us) for us in kernels],
+    )
+
+
+def test_kernels_go_to_the_phase_whose_marker_was_open_when_their_op_started():
+    """Two steps, in µs. Backward's ops run on autograd's thread, outside the training
+    thread's marker as the profiler nests them, but inside its time window."""
+    events = []
+    for at in (0.0, 100.0):
+        events += [
+            event("check.forward", at, at + 30),
+            event("aten::conv2d", at + 1, at + 20),  # its own kernels: none
+            event("aten::cudnn_convolution", at + 2, at + 19, 12.0),
+            event("cudaLaunchKernel", at + 3, at + 4),  # the runtime's event: no kernel
+            event("check.backward", at + 30, at + 80),
+            event("autograd::engine::evaluate_function: ConvBackward0", at + 35, at + 70, 30.0),
+            event("check.backward", at + 30, at + 80, device="CUDA"),  # the device's copy
+            event("check.optimizer", at + 80, at + 90),
+            event("aten::_foreach_add_", at + 81, at + 89, 2.0, 1.0),
+            event("aten::zero_", at + 92, at + 95, 5.0),  # between markers: no phase
+        ]
+    kernels = anatomy_check.kernels_by_phase(events, steps=2)
+    assert kernels == pytest.approx({"forward": 12e-6, "backward": 30e-6, "optimizer": 3e-6})
 
 
 # -- timing ----------------------------------------------------------------------------------
