@@ -1,4 +1,4 @@
-"""Every GPU path of bsmon, checked on a real GPU, in one command and under 9 minutes.
+"""Every GPU path of bsmon, checked on a real GPU, in one command and under 12½ minutes.
 
     python benchmarks/gpu_check.py --out DIR [--only NAME ...]
 
