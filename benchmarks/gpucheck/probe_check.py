@@ -145,7 +145,7 @@ def trial(
 def probe_bounds(result: ProbeResult) -> tuple[int, int | None]:
     """The probe's own bounds on the boundary: the largest size it ran (its confirmation
     step included, where the result has one) and the smallest it saw fail (None: none)."""
-    confirmed = getattr(result, "confirmed_max", None) or 0
+    confirmed = result.confirmed_max or 0
     failed = [p.batch_size for p in result.points if not p.fits]
     return max(result.max_batch_size, confirmed), min(failed, default=None)
 
@@ -272,7 +272,7 @@ def judge(runs: list[ModelRun], notes: list[str]) -> Finding:
             "recommendation": result.recommendation.batch_size
             if result is not None and result.recommendation is not None
             else None,
-            "confirmed_max": getattr(result, "confirmed_max", None),
+            "confirmed_max": result.confirmed_max,
             "searches": {k: search_figures(s) for k, s in run_.searches.items()},
         }
     tables = [
@@ -328,7 +328,7 @@ def probe_row(label: str, result: ProbeResult, job: dict[str, Any]) -> list[str]
     recommended = "—"
     if result.recommendation is not None:
         recommended = f"{result.recommendation.batch_size:,}"
-        confirmed = getattr(result, "confirmed_max", None)
+        confirmed = result.confirmed_max
         recommended += f" (ran {confirmed:,})" if confirmed else " (not run)"
     return [
         label,
@@ -412,7 +412,7 @@ def sizes_criterion(name: str, result: ProbeResult) -> Criterion:
     """At most three sizes searched, plus the step that confirms the recommendation (the
     last point, at the confirmed size, where the result reports one)."""
     sizes = [p.batch_size for p in result.points]
-    confirmed = getattr(result, "confirmed_max", None)
+    confirmed = result.confirmed_max
     confirming = confirmed is not None and len(sizes) > 3 and sizes[-1] == confirmed
     searched = len(sizes) - confirming
     measured = f"{searched}" + (f" + a confirmation at {confirmed:,}" if confirming else "")
@@ -465,7 +465,7 @@ def recommendation_criterion(name: str, result: ProbeResult, base: Search) -> Cr
     if result.recommendation is None:
         return Criterion(what, "no recommendation", goal, False)
     size, bounds = result.recommendation.batch_size, base.bounds
-    confirmed = getattr(result, "confirmed_max", None)
+    confirmed = result.confirmed_max
     probe = "the probe ran it" if confirmed and confirmed >= size else "the probe did not run it"
     fits = bounds.fits(size)
     if fits is True:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import types
 
-import msgspec
 import pytest
 
 from bsmon.probes.wire.protocol import (
@@ -135,8 +134,7 @@ def probe_result(recommended: int = 486, confirmed: int | None = None) -> ProbeR
         ],
         recommendation=Recommendation(recommended, ["memory"], current=128),
     )
-    if confirmed is not None:  # the field the probe adds: the largest size that ran a step
-        result = types.SimpleNamespace(**msgspec.structs.asdict(result), confirmed_max=confirmed)
+    result.confirmed_max = confirmed  # the largest size a step confirmed
     return result
 
 
