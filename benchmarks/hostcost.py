@@ -134,18 +134,25 @@ def bsmon(**options: object) -> Setup:
     return setup
 
 
-@contextlib.contextmanager
-def zero_code(loop: Loop) -> Iterator[None]:
-    """What ``bsmon run`` loads into an unmodified script (in this process: the same agent,
-    without the process boot)."""
-    from bsmon.probes.launch.autoattach import AutoAttach
+def zero_code(resizable: bool = False) -> Setup:
+    """What ``bsmon run`` (``--resizable``) loads into an unmodified script (in this process:
+    the same agent, without the process boot)."""
 
-    agent = AutoAttach("hostcost")
-    agent.install()
-    try:
-        yield
-    finally:
-        agent.uninstall()
+    @contextlib.contextmanager
+    def setup(loop: Loop) -> Iterator[None]:
+        from bsmon.probes.launch.autoattach import AutoAttach
+        from bsmon.probes.launch.environment import ENV_RESIZABLE
+
+        os.environ[ENV_RESIZABLE] = "1" if resizable else "0"
+        agent = AutoAttach("hostcost")
+        del os.environ[ENV_RESIZABLE]
+        agent.install()
+        try:
+            yield
+        finally:
+            agent.uninstall()
+
+    return setup
 
 
 @contextlib.contextmanager
@@ -184,7 +191,8 @@ CONFIGS: dict[str, Setup] = {
     "defaults (noise scale on its budget)": bsmon(**DECLARED, record=True),
     "noise scale every step": bsmon(**DECLARED, record=True, noise_budget=None),
     "defaults, no batch size declared": bsmon(record=True),
-    "bsmon run (zero-code)": zero_code,
+    "bsmon run (zero-code)": zero_code(),
+    "bsmon run --resizable": zero_code(resizable=True),
     "TensorBoard add_scalar(loss.item())": tensorboard,
     "W&B offline run.log(loss.item())": weights_and_biases,
 }
@@ -192,6 +200,7 @@ WARMUP = {
     "defaults (noise scale on its budget)": 800,
     "defaults, no batch size declared": 800,
     "bsmon run (zero-code)": 800,
+    "bsmon run --resizable": 800,
 }
 
 

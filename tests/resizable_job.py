@@ -2,11 +2,13 @@
 
     python resizable_job.py [--epochs N] [--samples N] [--batch N] [--workers N]
                             [--drop-last] [--batch-norm] [--one-cycle] [--iterable]
-                            [--own-sampler] [--read-len] [--gate PATH]
+                            [--own-sampler] [--read-len] [--ddp] [--gate PATH]
 
 Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch) and
 at the end ``done``. With ``--gate PATH`` it waits after its third step until PATH exists (the
-test sends its batch-size command meanwhile), at most 60 s.
+test sends its batch-size command meanwhile), at most 60 s. With ``--ddp`` (under torchrun)
+it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo) and prefixes
+every line with ``rank R``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Indexed(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return torch.full((4,), float(i)), i
+        return torch.full((4,), i / self.n), i
 
 
 class Stream(IterableDataset):
@@ -38,7 +40,7 @@ class Stream(IterableDataset):
 
     def __iter__(self):
         for i in range(self.n):
-            yield torch.full((4,), float(i)), i
+            yield torch.full((4,), i / self.n), i
 
 
 class PairsSampler(BatchSampler):
@@ -50,6 +52,9 @@ def loader(args: argparse.Namespace) -> DataLoader:
     if args.iterable:
         return DataLoader(Stream(args.samples), batch_size=args.batch, **common)
     data = Indexed(args.samples)
+    if args.ddp:
+        shard = torch.utils.data.DistributedSampler(data, seed=1)
+        return DataLoader(data, batch_size=args.batch, sampler=shard, **common)
     if args.own_sampler:
         sampler = PairsSampler(SequentialSampler(data), args.batch, drop_last=False)
         return DataLoader(data, batch_sampler=sampler, **common)
@@ -62,15 +67,22 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
-    for flag in ("drop-last", "batch-norm", "one-cycle", "iterable", "own-sampler", "read-len"):
+    flags = ("drop-last", "batch-norm", "one-cycle", "iterable", "own-sampler", "read-len", "ddp")
+    for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
     args = parser.parse_args()
 
     torch.manual_seed(0)
+    prefix = ""
+    if args.ddp:
+        torch.distributed.init_process_group("gloo")
+        prefix = f"rank {torch.distributed.get_rank()} "
     train = loader(args)
     norm = [nn.BatchNorm1d(8)] if args.batch_norm else []
     model = nn.Sequential(nn.Linear(4, 8), *norm, nn.Linear(8, 1))
+    if args.ddp:
+        model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = None
     if args.one_cycle:
@@ -78,6 +90,8 @@ def main() -> int:
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
     step = 0
     for epoch in range(args.epochs):
+        if args.ddp:
+            train.sampler.set_epoch(epoch)
         if args.read_len:
             print(f"epoch {epoch}: {len(train)} batches", flush=True)
         for x, ids in train:
@@ -87,13 +101,16 @@ def main() -> int:
             if scheduler is not None:
                 scheduler.step()
             step += 1
-            print(f"step {step} epoch {epoch} batch {len(ids)}: {' '.join(map(str, ids.tolist()))}")
+            indices = " ".join(map(str, ids.tolist()))
+            print(f"{prefix}step {step} epoch {epoch} batch {len(ids)}: {indices}")
             sys.stdout.flush()
             if args.gate and step == 3:
                 deadline = time.monotonic() + 60
                 while not os.path.exists(args.gate) and time.monotonic() < deadline:
                     time.sleep(0.05)
-    print("done", flush=True)
+    print(f"{prefix}done", flush=True)
+    if args.ddp:
+        torch.distributed.destroy_process_group()
     return 0
 
 

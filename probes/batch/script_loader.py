@@ -161,6 +161,28 @@ def _length(sampler: Any) -> int | None:
         return None
 
 
+FRAMEWORKS = {  # a trainer class's module -> how its batch size is changed instead
+    "transformers.trainer": (
+        "the Hugging Face Trainer counts its steps from its DataLoader's length once; "
+        "bsmon's Trainer callback changes its batch size (docs/integrations.md)"
+    ),
+    "lightning.pytorch.trainer.trainer": (
+        "Lightning's loop counts an epoch's batches from its DataLoader's length; "
+        "bsmon's Lightning callback changes its batch size (docs/integrations.md)"
+    ),
+}
+FRAMEWORKS["pytorch_lightning.trainer.trainer"] = FRAMEWORKS["lightning.pytorch.trainer.trainer"]
+
+
+def framework_reason(objects: list[Any]) -> str | None:
+    """Why a framework's own loop rules out resizing its loader (None: no such trainer)."""
+    for obj in objects:
+        why = FRAMEWORKS.get(getattr(type(obj), "__module__", ""))
+        if why is not None and type(obj).__name__ == "Trainer":
+            return why
+    return None
+
+
 def find_scheduler(optimizer: torch.optim.Optimizer, objects: list[Any]) -> Any:
     """The job's one learning-rate scheduler of ``optimizer`` (None: none, or several)."""
     base = getattr(torch.optim.lr_scheduler, "LRScheduler", None)

@@ -51,7 +51,13 @@ import torch
 from torch import nn
 
 from ..batch.loader import batch_length
-from ..batch.script_loader import LengthReads, find_scheduler, take_control, why_not_resizable
+from ..batch.script_loader import (
+    LengthReads,
+    find_scheduler,
+    framework_reason,
+    take_control,
+    why_not_resizable,
+)
 from ..integrations.common import disable_batch_control, note, rank_name
 from ..record.writer import write_unattached
 from ..runtime import distributed, loader_watch
@@ -130,6 +136,7 @@ class AutoAttach:
         self.resizable = os.environ.get(ENV_RESIZABLE) == "1"
         self._first_iterator: Any = lambda: None  # weak: the first training batch's iterator
         self._lengths: LengthReads | None = None  # len(loader) reads, when resizable
+        self._framework: str | None = None  # a trainer whose loop rules out resizing
 
     # -- installation ----------------------------------------------------------------------
 
@@ -270,6 +277,7 @@ class AutoAttach:
             model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
             if self.resizable:
                 scheduler = find_scheduler(optimizer, objects)
+                self._framework = framework_reason(objects)
             del objects
         except Exception as exc:
             model = scaler = None
@@ -319,7 +327,7 @@ class AutoAttach:
             return CONTROL_REASON
         if not self._first:
             return NO_LOADER_REASON
-        why = why_not_resizable(self._first_iterator())
+        why = self._framework or why_not_resizable(self._first_iterator())
         return f"bsmon run --resizable: {why}" if why is not None else None
 
     def _stand_down(self, why: str) -> None:

@@ -23,6 +23,7 @@ JOB = str(ROOT / "tests" / "resizable_job.py")
 GPT = str(ROOT / "tests" / "corpus" / "gpt.py")
 BSMON = [sys.executable, "-m", "bsmon.tui.cli", "run", "--resizable", "--headless"]
 STEP = re.compile(r"step (\d+) epoch (\d+) batch (\d+): ([\d ]+)")
+RANK_STEP = re.compile(r"rank (\d) step (\d+) epoch (\d+) batch (\d+): ([\d ]+)")
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +32,10 @@ def no_strays(bsmon_dir):
     kill_run_processes(bsmon_dir)
 
 
-def start(processes, name: str, *job_args: str, script: str = JOB) -> subprocess.Popen:
-    command = [*BSMON, "--name", name, "--", sys.executable, script, *job_args]
+def start(
+    processes, name: str, *job_args: str, script: str = JOB, launcher: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    command = [*BSMON, "--name", name, "--", sys.executable, *launcher, script, *job_args]
     return processes.start(command, cwd=ROOT, text=True)
 
 
@@ -141,3 +144,38 @@ def test_a_script_that_cuts_its_own_batches_says_why_the_keys_are_off(bsmon_dir,
     assert not capability.available
     assert "the script cuts its own batches" in capability.reason
     assert "docs/zero-code.md" in capability.reason
+
+
+def test_under_torchrun_every_rank_changes_at_the_same_step(bsmon_dir, processes, tmp_path):
+    gate = tmp_path / "gate"
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    # the ranks agree on a change every few steps (batch control's step sync): six epochs
+    run = start(processes, "ddp", "--ddp", "--epochs", "6", "--gate", str(gate), launcher=torchrun)
+    with JobConnection(job_socket("ddp", bsmon_dir, timeout=120)) as conn:
+        metrics_until(conn, lambda m: m.step >= 3, timeout=120)
+        reply = conn.request(protocol.SetBatchSize(value=16, reason="+", confirm=True))
+        assert reply.ok, reply.error
+        gate.touch()
+        metrics_until(conn, lambda m: m.batch_size == 16, timeout=120)
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    by_rank: dict[int, list[tuple[int, int, int, list[int]]]] = {0: [], 1: []}
+    for m in RANK_STEP.finditer(out):
+        by_rank[int(m[1])].append((int(m[2]), int(m[3]), int(m[4]), [int(i) for i in m[5].split()]))
+    sizes = {rank: [size for _, _, size, _ in steps] for rank, steps in by_rank.items()}
+    assert sizes[0] == sizes[1] and 8 in sizes[0] and 16 in sizes[0], sizes  # the same step
+    for epoch in range(6):  # the two shards: every sample once an epoch, none dropped
+        drawn = Counter(
+            i for steps in by_rank.values() for _, e, _, ids in steps if e == epoch for i in ids
+        )
+        assert sorted(drawn) == list(range(96)) and set(drawn.values()) == {1}, drawn
+
+
+def test_a_framework_s_own_loop_is_left_to_its_callback(bsmon_dir, processes):
+    run = start(processes, "lit", script=str(ROOT / "tests" / "corpus" / "lightning_job.py"))
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    assert "epoch 14: val_loss" in out  # it trained to the end, as it would
+    (record,) = (bsmon_dir / "records").glob("*.jsonl")
+    said = "batch-size control is off: bsmon run --resizable: Lightning's loop counts"
+    assert said in record.read_text() and "Lightning callback" in record.read_text()

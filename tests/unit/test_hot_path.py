@@ -43,6 +43,19 @@ def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most):
     assert count.bsmon <= 2, count  # the post-hook, and log() or the backward wrapper
 
 
+def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
+    """--resizable on a DataLoader loop: batch control over the script's loader adds no
+    call to any step (it acts only at a change, and once per epoch)."""
+    plain, resizable = (
+        hostcost.count_calls(hostcost.CONFIGS[name], "tiny-loader", steps=200, warmup=120)
+        for name in ("bsmon run (zero-code)", "bsmon run --resizable")
+    )
+    assert resizable.ordinary == plain.ordinary and resizable.bsmon == plain.bsmon, (
+        plain,
+        resizable,
+    )
+
+
 def test_telemetry_alone_costs_the_same_on_every_step(hostcost):
     config = hostcost.CONFIGS["telemetry (noise, anatomy, record off)"]
     count = hostcost.count_calls(config, "tiny", steps=200, warmup=20)
