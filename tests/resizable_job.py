@@ -3,12 +3,14 @@
     python resizable_job.py [--epochs N] [--samples N] [--batch N] [--workers N]
                             [--drop-last] [--batch-norm] [--one-cycle] [--iterable]
                             [--own-sampler] [--read-len] [--ddp] [--gate PATH]
+                            [--loss outside|criterion|model]
 
 Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch) and
 at the end ``done``. With ``--gate PATH`` it waits after its third step until PATH exists (the
-test sends its batch-size command meanwhile), at most 60 s. With ``--ddp`` (under torchrun)
-it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo) and prefixes
-every line with ``rank R``.
+test sends its batch-size command meanwhile), at most 60 s. ``--loss``: computed in the loop
+(default), by an ``nn.MSELoss`` module, or by the model itself (it returns (output, loss)).
+With ``--ddp`` (under torchrun) it trains a DistributedDataParallel model on a
+DistributedSampler's shard (gloo) and prefixes every line with ``rank R``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ class Stream(IterableDataset):
             yield torch.full((4,), i / self.n), i
 
 
+class SelfLoss(nn.Module):
+    """A model that computes its own loss when given targets, as nanoGPT's does."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.body(x)
+        return out, nn.functional.mse_loss(out, target)
+
+
 class PairsSampler(BatchSampler):
     """A batch sampler of the script's own (the kind bsmon must refuse to resize)."""
 
@@ -71,6 +85,7 @@ def main() -> int:
     for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
+    parser.add_argument("--loss", choices=("outside", "criterion", "model"), default="outside")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -81,8 +96,11 @@ def main() -> int:
     train = loader(args)
     norm = [nn.BatchNorm1d(8)] if args.batch_norm else []
     model = nn.Sequential(nn.Linear(4, 8), *norm, nn.Linear(8, 1))
+    if args.loss == "model":
+        model = SelfLoss(model)
     if args.ddp:
         model = nn.parallel.DistributedDataParallel(model)
+    criterion = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = None
     if args.one_cycle:
@@ -95,7 +113,14 @@ def main() -> int:
         if args.read_len:
             print(f"epoch {epoch}: {len(train)} batches", flush=True)
         for x, ids in train:
-            model(x).pow(2).mean().backward()
+            target = x[:, :1] * 2
+            if args.loss == "criterion":
+                loss = criterion(model(x), target)
+            elif args.loss == "model":
+                loss = model(x, target)[1]
+            else:
+                loss = model(x).pow(2).mean()
+            loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             if scheduler is not None:

@@ -59,6 +59,7 @@ from ..batch.script_loader import (
     why_not_resizable,
 )
 from ..integrations.common import disable_batch_control, note, rank_name
+from ..maxbatch.seen_step import WAITING, StepWatch
 from ..record.writer import write_unattached
 from ..runtime import distributed, loader_watch
 from ..runtime.fault_guard import FaultGuard
@@ -77,8 +78,8 @@ NO_LOADER_REASON = (
     "so bsmon cannot change them; docs/zero-code.md says what to change in the script"
 )
 PROBE_REASON = (
-    "bsmon run cannot give the probe a batch size or a loss; "
-    "attach(..., batch_size=N, loss_fn=...) in the script enables it"
+    "the probe needs the batch size under control: bsmon run --resizable, "
+    "or attach(..., batch_size=N, loss_fn=...) in the script"
 )
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
 UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
@@ -297,7 +298,11 @@ class AutoAttach:
             disable_batch_control(monitor, control_off)
         else:
             take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
-        monitor.router.disable("probe", PROBE_REASON)
+        if control_off or model is None:
+            monitor.router.disable("probe", PROBE_REASON)
+        else:  # the next training step says where the loss is
+            monitor.probe_source.why_not = WAITING
+            StepWatch(model, monitor.probe_source.use_seen)
         self.monitor, self.optimizer, self.model = monitor, optimizer, model
         for event in self._early:
             monitor.emit(event)

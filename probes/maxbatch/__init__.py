@@ -10,5 +10,6 @@ Modules, one job each:
 - ``cpu_memory``: the CPU sidecar's peak resident memory, and its cap on allocations;
 - ``runner``: the job's side: starts the sidecar, watches it, turns its output into a result;
 - ``job``: what the job contributes: its batch, its precision, the batch control it has;
+- ``seen_step``: the probe's step under ``bsmon run``, rebuilt from one training step seen;
 - ``sidecar``: the entry point, ``python -m bsmon.probes.maxbatch.sidecar RECIPE``.
 """

@@ -14,6 +14,7 @@ from ..runtime.forward_watch import ForwardWatch, RootPass
 from ..wire.protocol import ProbeResult
 from . import plan
 from . import recipe as recipes
+from .seen_step import SeenStep
 
 PRECISION = "the probe: the job's precision"
 CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
@@ -39,6 +40,7 @@ class ProbeSource:
         self.control = control
         self.batch: Any = None
         self.budget_note: str | None = None  # how the last recipe's budget was chosen
+        self.why_not: str | None = None  # why the job cannot be probed (bsmon run's own words)
         self.batch_size = 0
         self.batch_numel = 0
         self.autocast_dtype: str | None = None
@@ -71,7 +73,17 @@ class ProbeSource:
 
     # -- the recipe (the probe's thread) -------------------------------------------------------
 
+    def use_seen(self, seen: SeenStep) -> None:
+        """What a step seen under ``bsmon run`` gives the probe (training thread, once)."""
+        self.why_not = seen.why_not
+        if seen.why_not is None:
+            self.probe_step, self.loss_fn = seen.probe_step, seen.loss_fn
+            self.batch, self.batch_size = seen.batch, seen.size
+            self.batch_numel = recipes.batch_numel(seen.batch)
+
     def check(self) -> None:
+        if self.why_not is not None:
+            raise recipes.RecipeError(self.why_not)
         if self.model is None:
             raise recipes.RecipeError("the probe needs the model: attach(model, optimizer, ...)")
         if self.control is None:

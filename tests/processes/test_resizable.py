@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from bsmon.probes.maxbatch.seen_step import NOT_REPRODUCIBLE, WAITING
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
@@ -179,3 +180,33 @@ def test_a_framework_s_own_loop_is_left_to_its_callback(bsmon_dir, processes):
     (record,) = (bsmon_dir / "records").glob("*.jsonl")
     said = "batch-size control is off: bsmon run --resizable: Lightning's loop counts"
     assert said in record.read_text() and "Lightning callback" in record.read_text()
+
+
+def probe_reading(conn: JobConnection, condition) -> protocol.ProbeReading:
+    return metrics_until(conn, lambda m: condition(m.probe), timeout=180).probe
+
+
+def test_the_probe_replays_the_scripts_loss_module(bsmon_dir, processes, tmp_path):
+    gate = tmp_path / "gate"
+    run = start(processes, "probe", "--loss", "criterion", "--gate", str(gate))
+    with JobConnection(job_socket("probe", bsmon_dir)) as conn:
+        probe_reading(conn, lambda p: p.blocked is None)  # the step was seen: it can start
+        reply = conn.request(protocol.ProbeCommand(memory_budget=700 << 20, timeout_s=150))
+        assert reply.ok, reply.error
+        result = probe_reading(conn, lambda p: p.status == "done").result
+        gate.touch()
+    finish(run)
+    assert result.status == "ok", result.error
+    assert result.points[0].batch_size == 8 and result.points[0].fits  # the job's own size
+    assert result.confirmed_max and result.confirmed_max > 8
+    assert result.recommendation is not None
+
+
+def test_a_loss_bsmon_cannot_replay_blocks_the_probe_with_the_reason(bsmon_dir, processes):
+    run = start(processes, "noprobe", "--gate", "never")  # the loss: x.pow(2).mean() in the loop
+    with JobConnection(job_socket("noprobe", bsmon_dir)) as conn:
+        reading = probe_reading(conn, lambda p: p.blocked != WAITING)
+        reply = conn.request(protocol.ProbeCommand(memory_budget=700 << 20))
+    run.kill()
+    assert reading.blocked == NOT_REPRODUCIBLE
+    assert not reply.ok and reply.error == f"probe: {NOT_REPRODUCIBLE}"
