@@ -1,16 +1,18 @@
 """A training script that never imports bsmon, for the `bsmon run --resizable` tests.
 
     python resizable_job.py [--epochs N] [--samples N] [--batch N] [--workers N]
-                            [--drop-last] [--batch-norm] [--one-cycle] [--iterable]
-                            [--own-sampler] [--read-len] [--ddp] [--gate PATH]
-                            [--loss outside|criterion|model]
+                            [--drop-last] [--batch-norm] [--one-cycle] [--cosine]
+                            [--iterable] [--own-sampler] [--read-len] [--ddp]
+                            [--gate PATH] [--loss outside|criterion|model]
+                            [--accumulate K]
 
-Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch) and
-at the end ``done``. With ``--gate PATH`` it waits after its third step until PATH exists (the
-test sends its batch-size command meanwhile), at most 60 s. ``--loss``: computed in the loop
-(default), by an ``nn.MSELoss`` module, or by the model itself (it returns (output, loss)).
-With ``--ddp`` (under torchrun) it trains a DistributedDataParallel model on a
-DistributedSampler's shard (gloo) and prefixes every line with ``rank R``.
+Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch; with a
+scheduler, ``lr L`` after the batch size) and at the end ``done``. With ``--gate PATH`` it
+waits after its third step until PATH exists (the test sends its batch-size command
+meanwhile), at most 60 s. ``--loss``: computed in the loop (default), by an ``nn.MSELoss``
+module, or by the model itself (it returns (output, loss)). With ``--ddp`` (under torchrun)
+it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo) and prefixes
+every line with ``rank R``. ``--accumulate K`` steps the optimizer once every K batches.
 """
 
 from __future__ import annotations
@@ -81,10 +83,12 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
-    flags = ("drop-last", "batch-norm", "one-cycle", "iterable", "own-sampler", "read-len", "ddp")
+    flags = ("drop-last", "batch-norm", "one-cycle", "cosine", "iterable", "own-sampler")
+    flags += ("read-len", "ddp")
     for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
+    parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--loss", choices=("outside", "criterion", "model"), default="outside")
     args = parser.parse_args()
 
@@ -106,6 +110,8 @@ def main() -> int:
     if args.one_cycle:
         total = args.epochs * len(train)
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+    if args.cosine:
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
     step = 0
     for epoch in range(args.epochs):
         if args.ddp:
@@ -121,13 +127,15 @@ def main() -> int:
             else:
                 loss = model(x).pow(2).mean()
             loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
             step += 1
+            if step % args.accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+                if scheduler is not None:
+                    scheduler.step()
             indices = " ".join(map(str, ids.tolist()))
-            print(f"{prefix}step {step} epoch {epoch} batch {len(ids)}: {indices}")
+            lr = f" lr {optimizer.param_groups[0]['lr']:.6f}" if scheduler is not None else ""
+            print(f"{prefix}step {step} epoch {epoch} batch {len(ids)}{lr}: {indices}")
             sys.stdout.flush()
             if args.gate and step == 3:
                 deadline = time.monotonic() + 60

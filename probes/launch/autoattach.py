@@ -320,11 +320,19 @@ class AutoAttach:
                 f"batch-size control is off: {control_off}"
                 if control_off
                 else "the keys change the batch size of the script's DataLoader"
+                + self._accumulation_words()
             ),
             optimizer=type(optimizer).__name__,
             model=type(model).__name__ if model is not None else None,
             search_s=round(search_s, 4),
         )
+
+    def _accumulation_words(self) -> str:
+        """A script that draws several batches per optimizer step (gradient accumulation)."""
+        if self._first and self._total >= 2 * self._first:
+            per_step = round(self._total / self._first)
+            return f" ({self._first}); each optimizer step trains about {per_step} of them"
+        return ""
 
     def _control_reason(self) -> str | None:
         """Why the batch size cannot be controlled (None: the script's loader can be)."""

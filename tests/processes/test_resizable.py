@@ -23,7 +23,8 @@ from ..watch import events_of, job_socket, kill_run_processes, metrics_until
 JOB = str(ROOT / "tests" / "resizable_job.py")
 GPT = str(ROOT / "tests" / "corpus" / "gpt.py")
 BSMON = [sys.executable, "-m", "bsmon.tui.cli", "run", "--resizable", "--headless"]
-STEP = re.compile(r"step (\d+) epoch (\d+) batch (\d+): ([\d ]+)")
+STEP = re.compile(r"step (\d+) epoch (\d+) batch (\d+)(?: lr [\d.]+)?: ([\d ]+)")
+LR = re.compile(r"step (\d+) epoch \d+ batch (\d+) lr ([\d.]+)")
 RANK_STEP = re.compile(r"rank (\d) step (\d+) epoch (\d+) batch (\d+): ([\d ]+)")
 
 
@@ -210,3 +211,47 @@ def test_a_loss_bsmon_cannot_replay_blocks_the_probe_with_the_reason(bsmon_dir, 
     run.kill()
     assert reading.blocked == NOT_REPRODUCIBLE
     assert not reply.ok and reply.error == f"probe: {NOT_REPRODUCIBLE}"
+
+
+def test_a_scheduler_that_sets_the_lr_every_step_follows_the_batch(bsmon_dir, processes, tmp_path):
+    """Cosine annealing overwrites the lr at every step: its base rates are scaled, so after
+    8 → 16 each step's lr is twice what the same step's is without the change."""
+    args = ("--cosine", "--epochs", "2")
+    bare = subprocess.run(
+        [sys.executable, JOB, *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    gate = tmp_path / "gate"
+    run = start(processes, "cosine", *args, "--gate", str(gate))
+    with JobConnection(job_socket("cosine", bsmon_dir)) as conn:
+        metrics_until(conn, lambda m: m.step >= 3)
+        assert conn.request(protocol.SetBatchSize(value=16, confirm=True)).ok
+        gate.touch()
+        seen: list[protocol.Message] = []
+        metrics_until(conn, lambda m: m.batch_size == 16, keep=seen)
+        events = events_of([*seen, *conn.messages(0.5)])
+    resized = {int(m[1]): (int(m[2]), float(m[3])) for m in LR.finditer(finish(run))}
+    plain = {int(m[1]): float(m[3]) for m in LR.finditer(bare.stdout)}
+    (change,) = [e for e in events if e.kind == "batch_size"]
+    assert "lr 0.00998 → 0.02 (linear rule for SGD)" in change.message  # cosine's lr then
+    assert "owns the lr" not in change.message  # the scheduler was found: its base rates
+    first = min(step for step, (size, _) in resized.items() if size == 16)
+    for step in range(first, first + 4):  # the same schedule, at twice the rate
+        assert resized[step][1] == pytest.approx(2 * plain[step], rel=1e-3), (step, resized, plain)
+
+
+def test_an_accumulating_script_is_told_what_the_keys_change(bsmon_dir, processes, tmp_path):
+    gate = tmp_path / "gate"
+    run = start(processes, "accumulate", "--accumulate", "2", "--gate", str(gate))
+    with JobConnection(job_socket("accumulate", bsmon_dir)) as conn:
+        backlog = conn.messages(0.5)
+        metrics_until(conn, lambda m: m.step >= 1)
+        assert conn.request(protocol.SetBatchSize(value=16, confirm=True)).ok
+        gate.touch()
+        metrics = metrics_until(conn, lambda m: m.batch_size == 16)
+    steps = steps_of(finish(run))
+    (attached,) = [e for e in events_of(backlog) if e.message.startswith("bsmon run: watching")]
+    assert "the keys change the batch size of the script's DataLoader (8); each optimizer " in (
+        attached.message
+    )
+    assert "step trains about 2 of them" in attached.message
+    assert metrics.batch_size == 16 and steps[-1][1] == 16
