@@ -59,7 +59,7 @@ def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
         assert "tq" in screen and "+/- p off — ? says why" in screen
         tmux.send("?")  # the help opens with why the keys are off
         screen = tmux.wait_for(lambda s: "This job" in s, what="the help")
-        assert "+/- is off: bsmon run cannot resize" in screen
+        assert "+/- is off: bsmon run leaves the script's DataLoader" in screen
         tmux.send("Escape")
         tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
         tmux.send("q")

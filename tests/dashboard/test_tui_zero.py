@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bsmon.probes.launch.autoattach import CONTROL_REASON, PROBE_REASON
 from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.commands import describe_success
@@ -12,8 +13,7 @@ from bsmon.tui.widgets.batch import size_line
 from ..scripted import NOW, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
-REASON = "bsmon run cannot resize the script's own loaders"
-PROBE_REASON = "bsmon run cannot give the probe a batch size or a loss"
+REASON = CONTROL_REASON
 SAMPLES_NOTE = "samples not counted: no DataLoader batch was seen"
 
 
