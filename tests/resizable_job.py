@@ -4,7 +4,7 @@
                             [--drop-last] [--batch-norm] [--one-cycle] [--cosine]
                             [--iterable] [--own-sampler] [--read-len] [--ddp]
                             [--gate PATH] [--loss outside|criterion|model]
-                            [--accumulate K]
+                            [--accumulate K] [--fresh]
 
 Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch; with a
 scheduler, ``lr L`` after the batch size) and at the end ``done``. With ``--gate PATH`` it
@@ -12,7 +12,8 @@ waits after its third step until PATH exists (the test sends its batch-size comm
 meanwhile), at most 60 s. ``--loss``: computed in the loop (default), by an ``nn.MSELoss``
 module, or by the model itself (it returns (output, loss)). With ``--ddp`` (under torchrun)
 it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo) and prefixes
-every line with ``rank R``. ``--accumulate K`` steps the optimizer once every K batches.
+every line with ``rank R``. ``--accumulate K`` steps the optimizer once every K batches;
+``--fresh`` builds a new DataLoader for every epoch.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
     flags = ("drop-last", "batch-norm", "one-cycle", "cosine", "iterable", "own-sampler")
-    flags += ("read-len", "ddp")
+    flags += ("read-len", "ddp", "fresh")
     for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
@@ -114,6 +115,8 @@ def main() -> int:
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
     step = 0
     for epoch in range(args.epochs):
+        if args.fresh and epoch:
+            train = loader(args)
         if args.ddp:
             train.sampler.set_epoch(epoch)
         if args.read_len:

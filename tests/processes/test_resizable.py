@@ -255,3 +255,19 @@ def test_an_accumulating_script_is_told_what_the_keys_change(bsmon_dir, processe
     )
     assert "step trains about 2 of them" in attached.message
     assert metrics.batch_size == 16 and steps[-1][1] == 16
+
+
+def test_a_loader_built_anew_each_epoch_gets_the_new_size_from_its_second_batch(
+    bsmon_dir, processes, tmp_path
+):
+    gate = tmp_path / "gate"
+    run = start(processes, "fresh", "--fresh", "--gate", str(gate))
+    with JobConnection(job_socket("fresh", bsmon_dir)) as conn:
+        metrics_until(conn, lambda m: m.step >= 3)
+        assert conn.request(protocol.SetBatchSize(value=16, confirm=True)).ok
+        gate.touch()
+    steps = steps_of(finish(run))
+    second_epoch = [size for epoch, size, _ in steps if epoch == 1]
+    assert second_epoch == [8] + [16] * 5 + [8]  # 96 = 8 + 5 × 16 + 8
+    drawn = Counter(i for epoch, _, ids in steps if epoch == 1 for i in ids)
+    assert sorted(drawn) == list(range(96)) and set(drawn.values()) == {1}
