@@ -1,12 +1,15 @@
 """A training script that knows nothing about bsmon. Watch it without changing a line:
 
     bsmon run -- python examples/unmodified.py
+    bsmon run --resizable -- python examples/unmodified.py   # + and - resize its DataLoader
 
 `bsmon run` loads bsmon's agent when the script imports torch; the agent attaches at the first
 `optimizer.step()`, finds the model through the optimizer's parameters, counts the samples
 the DataLoader yields, and shows the value `backward()` is called on as the loss. Batch-size
-control is off (the script's own DataLoader cannot be resized from outside); the dashboard
-says how to turn it on. Quit the dashboard with `q`: the script keeps training.
+control is off unless `--resizable` asks for it: then `+` and `-` change the batch size of the
+script's DataLoader at a step boundary, and `p` probes the largest batch (the script's
+`nn.CrossEntropyLoss`-style loss is replayed; this one's functional loss is not, and `p` says
+why). `q` or Ctrl-C stops the script; `d` detaches and leaves it training.
 """
 
 from __future__ import annotations
