@@ -46,11 +46,12 @@ from torch import nn
 from ..batch.loader import batch_length
 from ..integrations.common import disable_batch_control, note, rank_name
 from ..record.writer import write_unattached
-from ..runtime import distributed, loader_watch
+from ..runtime import audience, distributed, loader_watch
 from ..runtime.fault_guard import FaultGuard
 from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
 from ..wire.protocol import Event
+from . import accelerate_loss
 from . import notes as run_notes
 
 CONTROL_REASON = (
@@ -62,6 +63,7 @@ PROBE_REASON = (
     "attach(..., batch_size=N, loss_fn=...) in the script enables it"
 )
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
+EARLY_LOSSES = 256  # backward() scalars kept from before the first step (its micro-batches)
 UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
 HAND_UPDATES = (
     "it calls backward() but steps no torch.optim optimizer (parameters updated by hand?); "
@@ -102,7 +104,7 @@ class AutoAttach:
         self.stood_down: str | None = None  # why this process is not monitored, if it is not
         self.guard = FaultGuard(self._emit, lambda: self.monitor.step if self.monitor else 0)
         self._early: list[Event] = []
-        self._early_loss: torch.Tensor | None = None
+        self._early_losses: list[torch.Tensor] = []  # backward()'s scalars before attach
         self._others: set[int] = set()
         self._total = 0  # training samples drawn before the first step
         self._first = 0  # the job's batch size, from the first training batch
@@ -140,6 +142,7 @@ class AutoAttach:
             self._hook = None
         if self.monitor is not None:
             self.monitor.close()
+        audience.set_zero_code(False)
 
     def _unwrap_all(self) -> None:
         while self._unwrap:
@@ -203,8 +206,8 @@ class AutoAttach:
                 self.monitor.log(loss=tensor)
                 return
             self._backwards += 1
-            if self.stood_down is None:
-                self._early_loss = tensor.detach()
+            if self.stood_down is None and len(self._early_losses) < EARLY_LOSSES:
+                self._early_losses.append(tensor.detach())
             if self._backwards == UNSTEPPED_BACKWARDS and self.optimizer is None:
                 self._leave_note()  # bsmon run can say why while the job runs
                 preload()  # before exit, where importing it could fail
@@ -242,15 +245,18 @@ class AutoAttach:
             self._stand_down("the script attaches bsmon itself; bsmon run leaves it to that")
             return
         started = time.perf_counter()
+        accelerator = None
         try:
-            objects = gc.get_objects()  # one scan of the heap for both
+            objects = gc.get_objects()  # one scan of the heap for all three
             model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            accelerator = accelerate_loss.find_accelerator(objects)
             del objects
         except Exception as exc:
             model = scaler = None
             self.guard.report("looking for the model", exc)
         search_s = time.perf_counter() - started
         rank, world_size = distributed.world()
+        audience.set_zero_code(True)  # the reasons this monitor gives are for bsmon run's user
         monitor = attach(
             model, optimizer, name=rank_name(self.name, rank, world_size), grad_scaler=scaler
         )
@@ -260,24 +266,35 @@ class AutoAttach:
         for event in self._early:
             monitor.emit(event)
         self._early.clear()
-        if self._early_loss is not None:
-            monitor.log(loss=self._early_loss)
-            self._early_loss = None
+        loss_is = "the value backward() is called on"
+        if accelerator is not None:
+            loss_is = self._follow_accelerator(accelerator, monitor)
+        for loss in self._early_losses:  # every micro-batch of an accumulating first step
+            monitor.log(loss=loss)
+        self._early_losses = []
         note(
             monitor,
             "zero_code",
             f"bsmon run: watching {describe_optimizer(optimizer)} training "
-            f"{describe_model(model)} (found in {search_s:.2f} s); the loss shown is the "
-            "value backward() is called on; batch-size control is off (see its reason)",
+            f"{describe_model(model, optimizer)} (found in {search_s:.2f} s); the loss shown "
+            f"is {loss_is}; batch-size control is off (see its reason)",
             optimizer=type(optimizer).__name__,
             model=type(model).__name__ if model is not None else None,
             search_s=round(search_s, 4),
         )
 
+    def _follow_accelerator(self, accelerator: Any, monitor: Any) -> str:
+        """accelerate divides the loss before backward(): show the one it was given (the
+        first step's, taken at backward() before this, multiplied back or left out)."""
+        self._unwrap.append(accelerate_loss.wrap_backward(accelerator, monitor.loss_given))
+        factor = accelerate_loss.early_loss_factor(accelerator)
+        self._early_losses = [] if factor is None else [t * factor for t in self._early_losses]
+        return "the value given to accelerator.backward(), not divided by the accumulation steps"
+
     def _stand_down(self, why: str) -> None:
         self.stood_down = why
         self._early.clear()
-        self._early_loss = None
+        self._early_losses = []
         self._unwrap_all()  # the hook stays (torch may be iterating over it); it does nothing
         self._leave_note()
 
@@ -380,11 +397,22 @@ def find_grad_scaler(objects: list[Any] | None = None) -> Any:
     return scalers[0] if len(scalers) == 1 else None
 
 
-def describe_model(model: nn.Module | None) -> str:
+def describe_model(model: nn.Module | None, optimizer: torch.optim.Optimizer | None = None) -> str:
+    """The model's class and its parameters: those ``optimizer`` trains, when it holds others
+    too (an EMA copy or a teacher beside the trained model in one module, frozen layers)."""
     if model is None:
         return "a model bsmon did not find (no nn.Module holds the optimizer's parameters)"
     count = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__} ({count:,} parameters)"
+    if optimizer is None:
+        return f"{type(model).__name__} ({count:,} parameters)"
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trained = sum(p.numel() for p in model.parameters() if id(p) in wanted)
+    if trained == count:
+        return f"{type(model).__name__} ({count:,} parameters)"
+    return (
+        f"{type(model).__name__} ({trained:,} parameters trained; it holds {count - trained:,} "
+        "more that the optimizer does not train: an EMA copy, a frozen part)"
+    )
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer | None) -> str:
