@@ -866,7 +866,7 @@ class Monitor:
             self.recorder.probe(result, self._progress.step)
 
     def _close_at_exit(self) -> None:
-        self.close("the job exited")
+        self.close(interrupts.exit_reason())
 
     def close(self, reason: str = "closed") -> None:
         """Remove every hook, stop every thread, remove the socket, end the record and write
@@ -919,8 +919,8 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *_exc: object) -> None:
+        self.close("closed" if kind is None else interrupts.ending(kind))
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else f"step {self._progress.step}"

@@ -212,8 +212,9 @@ class SummaryBuilder:
             self.rss = merge_stat(self.rss, span.host.rss)
         for name, stat in span.scalars.items():
             old = self.scalars.get(name)
-            if old is None:
-                self.scalars[name] = (stat, stat.mean, stat.mean)
+            if old is None:  # the first value, where the record has it (else its span's mean)
+                first = span.first.get(name, stat.mean)
+                self.scalars[name] = (stat, first, stat.mean)
             else:
                 self.scalars[name] = (merge_stat(old[0], stat), old[1], stat.mean)  # type: ignore[assignment]
         if span.noise_steps is not None:
@@ -324,7 +325,7 @@ class SummaryBuilder:
                 name: Scalar(
                     stat.n, _round(first), _round(last), stat.min, stat.max, _round(stat.mean)
                 )
-                for name, (stat, first, last) in self.scalars.items()
+                for name, (stat, first, last) in self._scalars_at_end().items()
             },
             events=self.events,
             probes=self.probes,
@@ -416,6 +417,15 @@ class SummaryBuilder:
             temperature_max_c=d.temperature.max if d.temperature else None,
             power_mean_w=_round(d.power.mean) if d.power else None,
         )
+
+    def _scalars_at_end(self) -> dict[str, tuple[Stat, float, float]]:
+        """Each scalar's stat, first and last value: the last as the end line has it (a record
+        without one, or from before it was kept: the last span's mean)."""
+        last = self.end.last if self.end is not None else {}
+        return {
+            name: (stat, first, last.get(name, mean))
+            for name, (stat, first, mean) in self.scalars.items()
+        }
 
     def _noise(self) -> NoiseScale:
         n = self.noise
