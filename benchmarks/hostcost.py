@@ -71,7 +71,7 @@ class Loop:
             self.log(loss)
 
 
-MODELS = ("tiny", "mid", "tiny-loader")
+MODELS = ("tiny", "mid", "tiny-loader", "tiny-bn")
 
 
 def endless(loader: DataLoader) -> Iterator:
@@ -80,11 +80,15 @@ def endless(loader: DataLoader) -> Iterator:
 
 
 def make_loop(model_name: str) -> Loop:
-    """``tiny``, ``mid``, or ``tiny-loader``: the tiny step drawing its batch from a
-    DataLoader (the per-batch hook's cost)."""
+    """``tiny``, ``mid``, ``tiny-loader``: the tiny step drawing its batch from a DataLoader
+    (the per-batch hook's cost), or ``tiny-bn``: the tiny step through a BatchNorm (the noise
+    scale waits for gradient accumulation there)."""
     torch.manual_seed(0)
-    if model_name.startswith("tiny"):
-        model: nn.Module = nn.Linear(16, 16)
+    if model_name == "tiny-bn":
+        model: nn.Module = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16))
+        x, y = torch.randn(4, 16), torch.randn(4, 16)
+    elif model_name.startswith("tiny"):
+        model = nn.Linear(16, 16)
         x, y = torch.randn(4, 16), torch.randn(4, 16)
     else:
         model = nn.Sequential(

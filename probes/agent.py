@@ -51,12 +51,12 @@ from .noise.shared_backward import SharedBackward
 from .options import check_options
 from .record.recorder import Recorder
 from .record.writer import RECORDS_SUBDIR, claim_record_path, default_record_path
-from .runtime import distributed, interrupts, loader_watch, mode_watch, signals
+from .runtime import audience, distributed, interrupts, loader_watch, mode_watch, signals
 from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
-from .runtime.hot_path import LOGGED, NEVER, HotPath, Progress, StepWork
+from .runtime.hot_path import LOGGED, LOSS_GIVEN, NEVER, HotPath, Progress, StepWork
 from .runtime.inbox import Flush, make_inbox
 from .runtime.ranks import (
     DDP_SAMPLE_EVERY,
@@ -244,7 +244,7 @@ class Monitor:
             ProbeExtension(self.prober),
         ]
         # reads nothing unless the job is distributed and its model DistributedDataParallel
-        self._ddp_timing = DdpTiming(self.model if world_size > 1 else None)
+        self._ddp_timing = DdpTiming(distributed.ddp_of(model, params) if world_size > 1 else None)
         self.telemetry.comm_sample = self._ddp_timing.comm_wait
         self._ranks_exchange: RankExchange | None = None
         self._anatomy: AnatomyExtension | None = None
@@ -614,10 +614,11 @@ class Monitor:
         if step <= 1:
             return None
         seen = self._watch.blocked() or "the model's own forward was not called"
-        reason = (
-            f"samples not counted: no DataLoader batch was seen and {seen}; "
-            "attach(..., batch_size=N) declares them"
+        fix = audience.say(
+            attach="attach(..., batch_size=N) declares them",
+            run="bsmon run counts the batches of a DataLoader or the model's input",
         )
+        reason = f"samples not counted: no DataLoader batch was seen and {seen}; {fix}"
         self._warn("samples_not_counted", reason)
         return reason
 
@@ -707,6 +708,12 @@ class Monitor:
         not now: log a fresh one (the loss, ``acc / n``), not one the loop changes in place
         afterwards (``acc.zero_()``: log ``acc.clone()``)."""
         self._inbox.append((LOGGED, self._progress.step, scalars))
+
+    def loss_given(self, loss: Any) -> None:
+        """A framework's ``backward(loss)`` was called (``bsmon run``, accelerate): show
+        ``loss`` as the loss, not the scalar that framework then calls ``backward()`` on (one
+        append)."""
+        self._inbox.append((LOSS_GIVEN, self._progress.step, loss))
 
     def record_backward_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``Tensor.backward`` that also shows the tensor as the loss (``bsmon run``): one
@@ -867,7 +874,7 @@ class Monitor:
             self.recorder.probe(result, self._progress.step)
 
     def _close_at_exit(self) -> None:
-        self.close("the job exited")
+        self.close(interrupts.exit_reason())
 
     def close(self, reason: str = "closed") -> None:
         """Remove every hook, stop every thread, remove the socket, end the record and write
@@ -920,8 +927,8 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *_exc: object) -> None:
+        self.close("closed" if kind is None else interrupts.ending(kind))
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else f"step {self._progress.step}"

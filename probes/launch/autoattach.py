@@ -61,11 +61,12 @@ from ..batch.script_loader import (
 from ..integrations.common import disable_batch_control, note, rank_name
 from ..maxbatch.seen_step import WAITING, StepWatch
 from ..record.writer import write_unattached
-from ..runtime import distributed, loader_watch
+from ..runtime import audience, distributed, loader_watch
 from ..runtime.fault_guard import FaultGuard
 from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
 from ..wire.protocol import Event
+from . import accelerate_loss
 from . import notes as run_notes
 from .environment import ENV_RESIZABLE
 
@@ -82,6 +83,7 @@ PROBE_REASON = (
     "or attach(..., batch_size=N, loss_fn=...) in the script"
 )
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
+EARLY_LOSSES = 256  # backward() scalars kept from before the first step (its micro-batches)
 UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
 HAND_UPDATES = (
     "it calls backward() but steps no torch.optim optimizer (parameters updated by hand?); "
@@ -122,7 +124,7 @@ class AutoAttach:
         self.stood_down: str | None = None  # why this process is not monitored, if it is not
         self.guard = FaultGuard(self._emit, lambda: self.monitor.step if self.monitor else 0)
         self._early: list[Event] = []
-        self._early_loss: torch.Tensor | None = None
+        self._early_losses: list[torch.Tensor] = []  # backward()'s scalars before attach
         self._others: set[int] = set()
         self._total = 0  # training samples drawn before the first step
         self._first = 0  # the job's batch size, from the first training batch
@@ -168,6 +170,7 @@ class AutoAttach:
             self._hook = None
         if self.monitor is not None:
             self.monitor.close()
+        audience.set_zero_code(False)
 
     def _unwrap_all(self) -> None:
         while self._unwrap:
@@ -233,8 +236,8 @@ class AutoAttach:
                 self.monitor.log(loss=tensor)
                 return
             self._backwards += 1
-            if self.stood_down is None:
-                self._early_loss = tensor.detach()
+            if self.stood_down is None and len(self._early_losses) < EARLY_LOSSES:
+                self._early_losses.append(tensor.detach())
             if self._backwards == UNSTEPPED_BACKWARDS and self.optimizer is None:
                 self._leave_note()  # bsmon run can say why while the job runs
                 preload()  # before exit, where importing it could fail
@@ -273,9 +276,11 @@ class AutoAttach:
             return
         started = time.perf_counter()
         scheduler = None
+        accelerator = None
         try:
-            objects = gc.get_objects()  # one scan of the heap for all three
+            objects = gc.get_objects()  # one scan of the heap for all four
             model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            accelerator = accelerate_loss.find_accelerator(objects)
             if self.resizable:
                 scheduler = find_scheduler(optimizer, objects)
                 self._framework = framework_reason(objects)
@@ -286,6 +291,7 @@ class AutoAttach:
         search_s = time.perf_counter() - started
         rank, world_size = distributed.world()
         control_off = self._control_reason()
+        audience.set_zero_code(True)  # the reasons this monitor gives are for bsmon run's user
         monitor = attach(
             model,
             optimizer,
@@ -307,15 +313,18 @@ class AutoAttach:
         for event in self._early:
             monitor.emit(event)
         self._early.clear()
-        if self._early_loss is not None:
-            monitor.log(loss=self._early_loss)
-            self._early_loss = None
+        loss_is = "the value backward() is called on"
+        if accelerator is not None:
+            loss_is = self._follow_accelerator(accelerator, monitor)
+        for loss in self._early_losses:  # every micro-batch of an accumulating first step
+            monitor.log(loss=loss)
+        self._early_losses = []
         note(
             monitor,
             "zero_code",
             f"bsmon run: watching {describe_optimizer(optimizer)} training "
-            f"{describe_model(model)} (found in {search_s:.2f} s); the loss shown is the "
-            "value backward() is called on; "
+            f"{describe_model(model, optimizer)} (found in {search_s:.2f} s); the loss shown "
+            f"is {loss_is}; "
             + (
                 f"batch-size control is off: {control_off}"
                 if control_off
@@ -343,10 +352,18 @@ class AutoAttach:
         why = self._framework or why_not_resizable(self._first_iterator())
         return f"bsmon run --resizable: {why}" if why is not None else None
 
+    def _follow_accelerator(self, accelerator: Any, monitor: Any) -> str:
+        """accelerate divides the loss before backward(): show the one it was given (the
+        first step's, taken at backward() before this, multiplied back or left out)."""
+        self._unwrap.append(accelerate_loss.wrap_backward(accelerator, monitor.loss_given))
+        factor = accelerate_loss.early_loss_factor(accelerator)
+        self._early_losses = [] if factor is None else [t * factor for t in self._early_losses]
+        return "the value given to accelerator.backward(), not divided by the accumulation steps"
+
     def _stand_down(self, why: str) -> None:
         self.stood_down = why
         self._early.clear()
-        self._early_loss = None
+        self._early_losses = []
         self._unwrap_all()  # the hook stays (torch may be iterating over it); it does nothing
         self._leave_note()
 
@@ -449,11 +466,22 @@ def find_grad_scaler(objects: list[Any] | None = None) -> Any:
     return scalers[0] if len(scalers) == 1 else None
 
 
-def describe_model(model: nn.Module | None) -> str:
+def describe_model(model: nn.Module | None, optimizer: torch.optim.Optimizer | None = None) -> str:
+    """The model's class and its parameters: those ``optimizer`` trains, when it holds others
+    too (an EMA copy or a teacher beside the trained model in one module, frozen layers)."""
     if model is None:
         return "a model bsmon did not find (no nn.Module holds the optimizer's parameters)"
     count = sum(p.numel() for p in model.parameters())
-    return f"{type(model).__name__} ({count:,} parameters)"
+    if optimizer is None:
+        return f"{type(model).__name__} ({count:,} parameters)"
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trained = sum(p.numel() for p in model.parameters() if id(p) in wanted)
+    if trained == count:
+        return f"{type(model).__name__} ({count:,} parameters)"
+    return (
+        f"{type(model).__name__} ({trained:,} parameters trained; it holds {count - trained:,} "
+        "more that the optimizer does not train: an EMA copy, a frozen part)"
+    )
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer | None) -> str:

@@ -19,7 +19,7 @@ from . import notes as run_notes
 ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
 ENV_RESIZABLE = "BSMON_RESIZABLE"  # "1": the agent may resize the script's DataLoader
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
-PYTHON_LAUNCHERS = ("python", "torchrun", "accelerate", "deepspeed", "uv", "lightning")
+PYTHON_LAUNCHERS = ("python", "torchrun", "accelerate", "deepspeed", "uv", "lightning", "fabric")
 LAUNCHER_MODULES = (
     "torch.distributed.run",
     "torch.distributed.launch",
@@ -49,8 +49,9 @@ def child_environment(
 
 def job_name(command: Sequence[str]) -> str:
     """A name for the job from its command: the script's or module's name for a Python
-    launcher (``python train.py`` -> ``train``, ``torchrun ... -m pkg.train`` -> ``train``),
-    else the program's name."""
+    launcher (``python train.py`` -> ``train``, ``torchrun ... -m pkg.train`` -> ``train``,
+    ``fabric run --strategy ddp train_fabric.py`` -> ``train_fabric``), else the program's
+    name."""
     program = Path(command[0]).name
     if program.startswith(PYTHON_LAUNCHERS):
         args = list(command[1:])

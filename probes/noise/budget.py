@@ -9,8 +9,9 @@ from collections import deque
 
 
 class RecentMedian:
-    """The median of the last ``n`` values, refreshed every ``every`` values: the step that
-    pays for sorting them comes once in ``every``, not on every step."""
+    """The median of the last ``n`` values, refreshed every ``every`` values once there are
+    more than ``every`` (before, at each): the step that pays for sorting them comes once in
+    ``every``, not on every step."""
 
     def __init__(self, n: int, every: int = 8) -> None:
         self.values: deque[float] = deque(maxlen=n)
@@ -21,7 +22,7 @@ class RecentMedian:
     def add(self, value: float) -> None:
         self.values.append(value)
         self._since += 1
-        if self.median is None or self._since >= self.every:
+        if self._since >= self.every or len(self.values) <= self.every:
             self.median = statistics.median(self.values)
             self._since = 0
 
@@ -49,10 +50,21 @@ class Budget:
     def __init__(self, fraction: float | None) -> None:
         self.fraction = fraction
         self.credit = 0.0
-        self.cost: float | None = None  # smoothed host time in the hooks per measured step
+        self.costs = RecentMedian(self.SAMPLES)  # host time in the hooks per measured step
         self.measured_times = RecentMedian(self.SAMPLES)
         self.plain_times = RecentMedian(self.SAMPLES)
         self.share = 1.0  # smoothed share of steps measured
+
+    @property
+    def limited(self) -> bool:
+        """Whether it measures only some steps (False: every one, ``noise_budget=None``)."""
+        return self.fraction is not None and self.fraction < 1
+
+    @property
+    def cost(self) -> float | None:
+        """The hooks' host time on a recent measured step (the median: a layer's first calls,
+        which time two methods, do not raise it)."""
+        return self.costs.median
 
     @property
     def price(self) -> float | None:
@@ -84,7 +96,7 @@ class Budget:
         price, charge nothing. The bucket is credited for every step in between, so calling
         this only at measured steps decides exactly as calling it at every step would."""
         if measured and cost > 0:
-            self.cost = cost if self.cost is None else 0.9 * self.cost + 0.1 * cost
+            self.costs.add(cost)
         fraction, price = self.fraction, self.price
         base = self.plain_times.median or step_time
         if fraction is None or fraction >= 1 or not base or price is None:

@@ -37,29 +37,32 @@ import torch
 from torch import nn
 
 from ..runtime.devices import DeviceSample
+from ..runtime.distributed import ddp_of
 from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.service import Extension
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Capability, Event, NoiseScaleReading
+from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
 from .ddp import CommHookTaken, DDPSource
-from .layers import SUPPORTED_NAMES
 from .microbatch import MicrobatchSource
-from .per_example import PerExampleSource
+from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
 from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
+from .warmup import LIMIT, WARMUP_RSE, WARMUP_SHARE, WarmUp
 
 MODES = ("auto", "per_example", "microbatch", "sequential")
 SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
+WAITING_CHECK_EVERY = 64  # auto waits for accumulation: the passes of one step in this many
 BACKLOG = 4096  # records waiting for the agent thread (it drains them every 0.1 s)
 DEFAULT_BUDGET = 0.01  # share of the step time priced for the hooks; measured total ≈ twice that
-WARMUP_RSE = 0.20  # the dense warm-up ends once B_simple's relative standard error is this
-WARMUP_STEPS = 300  # ... or after this many steps, whatever the precision
+NO_ESTIMATE = "noise scale: no estimate — "  # an event's prefix: why there is none (yet)
+WARMUP_ENDED = "noise scale: no estimate yet — "  # the warm-up ran out of steps before one
 WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
 
@@ -116,7 +119,7 @@ class NoiseScale:
         self.next_measured = 1  # the next step whose pre-hook calls on_step
         self._measured_steps: set[int] = set()  # measured, their durations not yet seen
         self.phase = WARMING_UP
-        self._phase_steps = 0  # steps since the estimate (re)started
+        self.warmup = WarmUp(max(WARMUP_SHARE, budget or 0.0))
         self._examples_hint = examples_hint
         self._pass_hint = pass_hint
         self._examples_known = examples_known
@@ -127,10 +130,10 @@ class NoiseScale:
                 id(p): p for g in optimizer.param_groups for p in g["params"] if p.requires_grad
             }.values()
         )
-        ddp_type = torch.nn.parallel.DistributedDataParallel
         self._world = _world()
-        self._ddp = model if isinstance(model, ddp_type) and self._world > 1 else None
-        self._inner = model.module if isinstance(model, ddp_type) else model
+        ddp = ddp_of(model, self._trainable)  # the model, or a DDP inside a framework's wrapper
+        self._ddp = ddp if self._world > 1 else None
+        self._inner = ddp.module if ddp is not None else model
         self._counter: ExampleCounter | None = None
         self._inbox: deque[Any] = deque(maxlen=BACKLOG)
         self._exclusions: deque[tuple[int, ...]] = deque()
@@ -140,6 +143,7 @@ class NoiseScale:
         self._accumulating_steps = 0
         self._single_steps = 0
         self._auto_microbatch = False
+        self._per_example_unfit: str | None = None  # why auto never uses per-example norms
         self._reported: set[str] = set()
         self.reading = NoiseScaleReading()
         if mode is not None:
@@ -186,10 +190,7 @@ class NoiseScale:
             return "the model is compiled (torch.compile): bsmon's hooks cannot see its layers"
         if (reason := watch.blocked()) is not None:
             return f"{reason}: bsmon's hooks would change what it compiles"
-        return (
-            f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); "
-            "use noise_scale='microbatch' with gradient accumulation, or 'sequential' (biased)"
-        )
+        return reasons.no_layers()
 
     def _microbatch(self) -> MicrobatchSource:
         return MicrobatchSource(
@@ -212,29 +213,27 @@ class NoiseScale:
             return source, "consecutive steps (sequential: biased, for comparison only)"
         if world > 1 and mode in ("auto", "microbatch"):
             if self._ddp is None:
-                return None, (
-                    f"distributed run ({world} ranks): pass the DistributedDataParallel-wrapped "
-                    "model to attach() to measure the noise scale"
-                )
+                return None, reasons.not_ddp(world, self._model)
             try:
                 source = DDPSource(
                     self._ddp, self._counted(), self._examples_hint, **self._kwargs(world)
                 )
                 return source, f"local vs all-reduced gradients over {world} ranks (DDP comm hook)"
             except CommHookTaken:
-                taken = (
-                    "the DDP model had a comm hook before attach() (attach first, so bsmon can "
-                    "wrap it)"
-                )
+                taken = reasons.comm_hook_taken()
                 if mode == "microbatch":
                     return None, taken
+                if (coupled := batch_norm_coupled(self._inner)) is not None:
+                    return None, f"{taken}; and {coupled}"
                 source = self._per_example(world)
                 if source is None:
                     return None, f"{taken}; and {self._no_per_example()}"
                 return source, f"per-example gradient norms ({taken})"
         if mode in ("auto", "per_example"):
             if world > 1 and self._ddp is None and mode == "per_example":
-                return None, "distributed run: pass the DistributedDataParallel-wrapped model"
+                return None, reasons.not_ddp(world, self._model)
+            if mode == "auto" and (coupled := batch_norm_coupled(self._inner)) is not None:
+                return self._fallback_microbatch(coupled)
             source = self._per_example(world)
             if source is not None:
                 why = "per-example gradient norms in the backward pass"
@@ -245,7 +244,10 @@ class NoiseScale:
         return self._microbatch(), "micro-batch norms across the backward passes of each step"
 
     def _fallback_microbatch(self, why: str) -> tuple[Source, str]:
+        """auto, where per-example norms do not fit the job (``why``): micro-batches, which
+        wait for the job to accumulate gradients."""
         self._auto_microbatch = True
+        self._per_example_unfit = why
         return self._microbatch(), f"micro-batch norms (auto: {why}; needs gradient accumulation)"
 
     # -- training thread -----------------------------------------------------------------------
@@ -277,17 +279,28 @@ class NoiseScale:
             steps = step - self._last_call if self._last_call else 1
             self._last_call = step
             waiting = self._waiting_for_accumulation()
-            warming = not waiting and self._warming_up()
+            warming = not waiting and self.phase == WARMING_UP and self.budget.limited
+            step_time = self._step_time()
             ahead = self.budget.gap(
-                measured, source.take_cost(), self._step_time(), max(1, steps), free=warming
+                measured, source.take_cost(), step_time, max(1, steps), free=warming
             )
             source = self.source
             if source is None:
                 return
             if warming:
-                ahead = 1
+                dense = self.warmup.ahead(step, measured, self.budget, step_time, self._precise())
+                if dense is None:
+                    self.phase = TRACKING
+                    self._warmup_ended()
+                else:
+                    ahead = dense
             if isinstance(source, PerExampleSource):
                 self.next_measured = step + ahead  # the steps between are not even looked at
+            elif waiting and self._per_example_unfit and isinstance(source, MicrobatchSource):
+                # auto's micro-batches, in a job that does not accumulate (yet): its passes
+                # are counted on one step in WAITING_CHECK_EVERY, the others cost nothing
+                self.next_measured = step + WAITING_CHECK_EVERY
+                source.set_counting(False)
             else:
                 self.next_measured = step + 1  # micro-batches, DDP: passes counted every step
             source.set_measuring(ahead == 1 and not waiting)
@@ -302,10 +315,13 @@ class NoiseScale:
 
     def arm(self) -> None:
         """The next step is the one ``next_measured`` names: the per-example source measures
-        it (training thread). The other sources see every step, and ``on_step`` decides."""
+        it, a waiting micro-batch source counts its passes (training thread). The other
+        sources see every step, and ``on_step`` decides."""
         source = self.source
         if isinstance(source, PerExampleSource) and not source.measuring:
             source.set_measuring(True)
+        elif isinstance(source, MicrobatchSource):
+            source.set_counting(True)
 
     def on_duration(self, step: int, duration: float | None) -> None:
         """A step's duration (agent thread): what measured and other steps take, for the
@@ -327,22 +343,20 @@ class NoiseScale:
             and source.last_backwards < 2
         )
 
-    def _warming_up(self) -> bool:
-        """Whether the next step is measured whatever the budget: until the estimate first
-        reaches ±20% (or for WARMUP_STEPS steps). The rule looks at the precision reached,
-        never at a step's own gradient, and it decides the rate, not which steps: every step
-        is measured while it holds."""
-        if self.phase == WARMING_UP:
-            self._phase_steps += 1
-            reading = self.reading
-            precise = (
-                reading.b_simple is not None
-                and reading.stderr is not None
-                and reading.stderr <= WARMUP_RSE * reading.b_simple
-            )
-            if precise or self._phase_steps > WARMUP_STEPS:
-                self.phase = TRACKING
-        return self.phase == WARMING_UP
+    def _warmup_ended(self) -> None:
+        """The warm-up ran out of steps before an estimate: say so, with what it measured."""
+        if self.warmup.ended == LIMIT and self.reading.b_simple is None:
+            self._emit(f"{WARMUP_ENDED}{self.warmup.describe()}; the cost budget alone from now on")
+
+    def _precise(self) -> bool:
+        """Whether the estimate has reached the warm-up's precision (±20%): the rule looks at
+        the precision reached, never at a step's own gradient."""
+        reading = self.reading
+        return (
+            reading.b_simple is not None
+            and reading.stderr is not None
+            and reading.stderr <= WARMUP_RSE * reading.b_simple
+        )
 
     def _per_example_refused(self, reason: str) -> None:
         """The forward watch cannot be used (torch.compile came into use): fall back."""
@@ -380,6 +394,7 @@ class NoiseScale:
             and self._auto_microbatch
             and self._single_steps >= SWITCH_AFTER
             and self._inner is not None
+            and self._per_example_unfit is None
         ):
             per_example = self._per_example(1)
             if per_example is not None:
@@ -396,7 +411,8 @@ class NoiseScale:
         self.source = new
         self._last_measured = 0
         self.next_measured = 0  # from the next step on, as the new source decides
-        self.phase, self._phase_steps = WARMING_UP, 0
+        self.phase = WARMING_UP
+        self.warmup.restart(self._step())
         self._auto_microbatch = auto_microbatch
         self._accumulating_steps = self._single_steps = 0
         if restart_why:
@@ -436,6 +452,19 @@ class NoiseScale:
         if changed:
             self.reading = self._reading()
             telemetry.noise = self.reading
+            self._report_below_zero(telemetry)
+
+    def _report_below_zero(self, telemetry: Telemetry) -> None:
+        """Once: enough steps, and |G|² below zero beyond its error (BatchNorm, for
+        per-example norms): the reason there is no estimate, as a warning the summary keeps."""
+        source, note = self.source, self.reading.note
+        if source is None or note is None or note != source.below_zero():
+            return
+        if NO_ESTIMATE in self._reported:
+            return
+        self._reported.add(NO_ESTIMATE)
+        message = f"{NO_ESTIMATE}{note}"
+        telemetry.add_event(Event(time.time(), self._step(), "noise_scale", message, "warning"))
 
     def _ingest(self, record: StepRecord, values: list[float], telemetry: Telemetry) -> None:
         outcome = self.tracker.add(record, values)
@@ -459,10 +488,11 @@ class NoiseScale:
         if source is None:
             return NoiseScaleReading(note=self.why)
         detail = source.detail()
-        phase = None if source.always_measure else self.phase
-        if phase == WARMING_UP:
-            detail += f"; warming up: every step until ±{WARMUP_RSE:.0%}"
-        elif phase == TRACKING:
+        phase = None if source.always_measure or not self.budget.limited else self.phase
+        waiting = self._waiting_for_accumulation()
+        warmup = self.warmup.describe() if phase is not None and not waiting else ""
+        detail += f"; {warmup}" if warmup else ""
+        if phase == TRACKING:
             detail += f"; tracking: measured on {self.budget.share:.0%} of steps (cost budget)"
             age = self.tracker.averages.mean_age
             if age >= 1:
@@ -473,6 +503,7 @@ class NoiseScale:
             biased=source.biased,
             preconditioned=self.preconditioned,
             detail=detail,
+            negative=source.below_zero(),
         )
         reading.phase = phase
         return reading

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from ..runtime.audience import examples_unknown
 from .autograd import ExampleCounter, total_squared_norm
 from .source import Source, hook
 from .step_record import StepRecord
@@ -249,7 +250,7 @@ class DDPSource(Source):
             return None
         examples = self.take_examples() or self._examples_hint() or 0
         if not examples:
-            self._problem = "unknown local batch size (pass batch_size= to attach)"
+            self._problem = f"unknown local batch size ({examples_unknown()})"
         world = self.world
         return self._make(
             step,

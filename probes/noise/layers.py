@@ -80,11 +80,15 @@ _FEATURE_DIMS = {"linear": 1, "embedding": 0}
 
 class FastestMethod:
     """Times a layer's exact methods on its first calls and keeps the fastest: which one wins
-    depends on the layer's shape and the device. CPU calls are timed directly; on a GPU the
-    calls are bracketed by CUDA events that are read later, once they have completed (a query,
-    never a wait)."""
+    depends on the layer's shape and the device (on a CPU a convolution's two methods differ
+    tenfold, one way on large images and the other on small ones). The trials run on the
+    call's first ``TRIAL_EXAMPLES`` examples and their results are thrown away, so a slow
+    method never runs on a whole batch; the call itself then runs the fastest so far. CPU
+    trials are timed directly; on a GPU they are bracketed by CUDA events that are read later,
+    once they have completed (a query, never a wait)."""
 
     TRIALS = 2
+    TRIAL_EXAMPLES = 4
 
     def __init__(self, methods: tuple[str, ...]) -> None:
         self.methods = methods
@@ -92,32 +96,35 @@ class FastestMethod:
         self._pending: list[tuple[str, object, object]] = []
         self.choice: str | None = None
 
-    def pick(self) -> str:
+    def pick(self, device: torch.device, trial: Callable[[str, int], object]) -> str:
+        """The method for this call; until one is chosen, each method not yet timed
+        ``TRIALS`` times first runs as ``trial(method, TRIAL_EXAMPLES)``."""
         if self.choice is not None:
             return self.choice
         self._collect()
-        started = {m: len(self.times[m]) for m in self.methods}
-        for method, _, _ in self._pending:
-            started[method] += 1
         if all(len(t) >= self.TRIALS for t in self.times.values()):
             self.choice = min(self.methods, key=lambda m: sorted(self.times[m])[0])
             return self.choice
-        return min(self.methods, key=lambda m: started[m])
+        started = {m: len(self.times[m]) for m in self.methods}
+        for method, _, _ in self._pending:
+            started[method] += 1
+        for method in self.methods:
+            if started[method] < self.TRIALS:
+                self._time(method, device, lambda m=method: trial(m, self.TRIAL_EXAMPLES))
+        timed = [m for m in self.methods if self.times[m]]
+        return min(timed, key=lambda m: min(self.times[m])) if timed else self.methods[0]
 
-    def timed(self, method: str, device: torch.device, run: Callable[[], Tensor]) -> Tensor:
-        if self.choice is not None:
-            return run()
+    def _time(self, method: str, device: torch.device, run: Callable[[], object]) -> None:
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            out = run()
+            run()
             end.record()
             self._pending.append((method, start, end))
-            return out
+            return
         began = time.perf_counter()
-        out = run()
+        run()
         self.times[method].append(time.perf_counter() - began)
-        return out
 
     def _collect(self) -> None:
         still = []
@@ -196,8 +203,11 @@ class Layer:
         g: Tensor,
         precond: AdamPreconditioner | None,
         batch_stats: bool,
+        *,
+        stats: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Per-example squared norms (B,) of this layer's measured parameters."""
+        """Per-example squared norms (B,) of this layer's measured parameters (``stats``: a
+        BatchNorm's batch statistics as its forward saved them, when known)."""
         weight = self.weight is not None and self.weight.requires_grad
         bias = self.bias is not None and self.bias.requires_grad
         w2 = (
@@ -219,12 +229,12 @@ class Layer:
         if kind == "conv":
             chooser = self.methods
             assert chooser is not None
-            method = chooser.pick()
-            return chooser.timed(
-                method,
-                g.device,
-                lambda: pernorms.conv(m, x, g, method=method, **flags),  # type: ignore[arg-type]
-            )
+
+            def trial(method: str, n: int) -> Tensor:
+                return pernorms.conv(m, x[:n], g[:n], method=method, **flags)  # type: ignore[arg-type, index]
+
+            method = chooser.pick(g.device, trial)
+            return pernorms.conv(m, x, g, method=method, **flags)  # type: ignore[arg-type]
         if kind == "embedding":
             if not weight:
                 return g.new_zeros(g.shape[0], dtype=torch.float32)
@@ -235,7 +245,7 @@ class Layer:
             return pernorms.rms_norm(m, x, g, weight=weight, w2=w2)
         if kind == "group_norm":
             return pernorms.group_norm(m, x, g, **flags)  # type: ignore[arg-type]
-        return pernorms.batch_norm(m, x, g, batch_stats=batch_stats, **flags)  # type: ignore[arg-type]
+        return pernorms.batch_norm(m, x, g, batch_stats=batch_stats, stats=stats, **flags)  # type: ignore[arg-type]
 
 
 @dataclass

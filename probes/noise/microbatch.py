@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..runtime.audience import examples_unknown
 from .autograd import ExampleCounter, accumulates, grad_accumulator, squared_norm
 from .source import Source, hook
 from .step_record import StepRecord
@@ -38,10 +39,24 @@ class MicrobatchSource(Source):
         self._examples_hint = examples_hint
         self._pass_hint = pass_hint  # the batch the job drew last: this pass's examples
         self._accumulators = {id(p): grad_accumulator(p) for p in trainable}
-        self._handles = [p.register_hook(functools.partial(self._on_grad, p)) for p in trainable]
+        self._handles: list[Any] = []
+        self.set_counting(True)
         self._pending: list[Tensor] = []  # this backward pass
         self._units: list[tuple[Tensor, int]] = []  # this step: (Σ|c_j|², examples) per pass
         self.last_units = 0
+
+    def set_counting(self, counting: bool) -> None:
+        """The hooks on (the next step's passes are seen) or off (a step no one looks at
+        costs nothing: while ``auto`` waits for the job to accumulate, it looks at one step in
+        a few, the controller decides which)."""
+        if counting and not self._handles and not self.closed:
+            self._handles = [
+                p.register_hook(functools.partial(self._on_grad, p)) for p in self.params
+            ]
+        elif not counting:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def _on_grad(self, param: Tensor, grad: Tensor) -> None:
         """Every backward pass is counted, measured or not (a step not measured costs one
@@ -93,7 +108,7 @@ class MicrobatchSource(Source):
                 "(2 or more backward passes per optimizer step)"
             )
         elif not all(sizes):
-            self._problem = "unknown micro-batch sizes (pass batch_size= to attach)"
+            self._problem = f"unknown micro-batch sizes ({examples_unknown()})"
         return self._make(
             step,
             [value for value, _ in units],
@@ -102,7 +117,8 @@ class MicrobatchSource(Source):
         )
 
     def _clear(self) -> None:
-        self.last_units = len(self._units)
+        if self._units:  # a step measured: its micro-batches (unmeasured ones have none)
+            self.last_units = len(self._units)
         self.take_examples()  # forward passes not followed by a backward pass in this step
         self._pending = []
         self._units = []
@@ -113,6 +129,4 @@ class MicrobatchSource(Source):
 
     def close(self) -> None:
         super().close()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.set_counting(False)

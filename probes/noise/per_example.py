@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..runtime.audience import examples_unknown
 from ..runtime.forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
@@ -38,6 +39,35 @@ from .step_record import StepRecord
 
 HOLDER = "per-example norms"
 UNBATCHED = "its input has no batch dimension"
+BATCH_NORM_COUPLED = (
+    "per-example norms read |G|² below zero: BatchNorm's batch statistics couple the examples "
+    "of a batch, so their gradients are not independent draws (more so the smaller the "
+    "batch); with gradient accumulation or DDP the micro-batches or ranks are the small "
+    "batches and give an estimate"
+)
+
+
+def batch_norm_coupled(model: nn.Module | None) -> str | None:
+    """Why per-example norms do not fit ``model`` — a BatchNorm layer in training mode —
+    or None. Through the batch statistics every example's gradient depends on the others':
+    BatchNorm's backward pass centres the output gradient over the batch, so the examples'
+    contributions are negatively correlated and the estimate of |G|² reads low, below zero
+    unless the batch is far above B_simple (a ResNet-18-style CNN at batch 32: below zero
+    after 500 measured steps, ``benchmarks/warmup_cost.py``). They also cost a third to a half
+    of a step on a CNN. Micro-batches of an accumulating step, or DDP's ranks, each have their
+    own statistics and fit."""
+    if model is None:
+        return None
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and (
+            module.training or getattr(module, "running_mean", None) is None
+        ):
+            return (
+                f"BatchNorm in training mode ({type(module).__name__}) couples the examples of "
+                "a batch, so per-example norms cannot resolve |G|² and would cost a third of a "
+                "step or more"
+            )
+    return None
 
 
 class LayerCall(NamedTuple):
@@ -48,6 +78,7 @@ class LayerCall(NamedTuple):
     term: Tensor | None  # pernorms.linear_input_term of a 2-D input
     shape: torch.Size
     batch_stats: bool
+    stats: tuple[Tensor, Tensor] | None  # a BatchNorm's (mean, invstd), as its forward saved
     pass_id: int
 
 
@@ -117,8 +148,9 @@ class PerExampleSource(Source):
             batch_stats = layer.kind == "batch_norm" and (
                 module.training or getattr(module, "running_mean", None) is None
             )
+            stats = pernorms.batch_norm_stats(output) if batch_stats else None
             call = LayerCall(
-                layer, None if term is not None else x, term, x.shape, batch_stats, pass_id
+                layer, None if term is not None else x, term, x.shape, batch_stats, stats, pass_id
             )
             output.register_hook(functools.partial(self._gradient, call))
         except Exception as exc:
@@ -139,7 +171,7 @@ class PerExampleSource(Source):
             self.cost += time.perf_counter() - started
 
     def _norms(self, call: LayerCall, g: Tensor) -> None:
-        layer, x, term, shape, batch_stats, pass_id = call
+        layer, x, term, shape, batch_stats, stats, pass_id = call
         if not accumulates(layer.accumulator):
             return  # torch.autograd.grad or backward(inputs=...): not a training gradient
         if layer not in self._live:
@@ -148,7 +180,7 @@ class PerExampleSource(Source):
         if not examples:
             self._problem = (
                 "bsmon cannot tell how many examples the model's forward pass carried "
-                "(pass batch_size= to attach)"
+                f"({examples_unknown()})"
             )
             return
         if shape[0] == examples and term is not None:
@@ -161,7 +193,7 @@ class PerExampleSource(Source):
         if axis:
             g = g.movedim(axis, 0)
             x = x.movedim(axis, 0) if x is not None else None
-        sq = layer.norms(x, term, g, self.precond, batch_stats)
+        sq = layer.norms(x, term, g, self.precond, batch_stats, stats=stats)
         self._entries.append((layer, sq, examples, pass_id))
         self._end.touch()
 
@@ -258,6 +290,11 @@ class PerExampleSource(Source):
         if any(m.training for m in self._batch_norms):
             text += "; BatchNorm couples the examples, so approximate"
         return text
+
+    def below_zero(self) -> str:
+        if not any(m.training for m in self._batch_norms):
+            return super().below_zero()
+        return BATCH_NORM_COUPLED
 
     def close(self) -> None:
         super().close()

@@ -19,6 +19,7 @@ from ..runtime.fault_guard import FaultGuard
 from .autograd import BackwardEnd, ExampleCounter, total_squared_norm
 from .scaling import AdamPreconditioner, LossScale
 from .step_record import StepRecord, capture
+from .tracker import BELOW_ZERO
 
 Emit = Callable[[str, str], None]  # (message, level)
 Body = TypeVar("Body", bound=Callable[..., Any])
@@ -187,6 +188,10 @@ class Source:
 
     def detail(self) -> str:
         return ""
+
+    def below_zero(self) -> str:
+        """Why |G|² can read below zero beyond its error with this source."""
+        return BELOW_ZERO
 
     def close(self) -> None:
         self.closed = True

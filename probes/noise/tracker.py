@@ -25,6 +25,10 @@ NEGATIVE_G2 = (
     "microbatch measure |G|² without that bias"
 )
 UNACCOUNTED = "a measured parameter got gradient outside its layer's forward"
+BELOW_ZERO = (
+    "the averaged |G|² reads below zero beyond its error: the small batches' gradients are "
+    "not independent draws of the step's"
+)
 
 
 @dataclass
@@ -88,7 +92,11 @@ class Tracker:
         biased: bool,
         preconditioned: bool,
         detail: str | None,
+        *,
+        negative: str = BELOW_ZERO,
     ) -> NoiseScaleReading:
+        """The reading now; ``negative``: why an unbiased estimator's |G|² can read below
+        zero beyond its error (the source knows: BatchNorm, for per-example norms)."""
         est = self.averages.estimate()
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
@@ -105,15 +113,20 @@ class Tracker:
             effective=round(est.effective_steps, 1),
             preconditioned=preconditioned,
             detail=detail or None,
-            note=self._note(est, biased),
+            note=self._note(est, biased, negative),
         )
 
-    def _note(self, est: Estimate, biased: bool) -> str | None:
-        """Why the last step was skipped; or, for the biased pairing of consecutive steps,
-        why there is no estimate once enough steps have been seen."""
+    def _note(self, est: Estimate, biased: bool, negative: str) -> str | None:
+        """Why the last step was skipped; or why there is no estimate once enough steps have
+        been seen: for the biased pairing of consecutive steps, |G|² at or below zero; for
+        the others, |G|² below zero beyond its error (no lower bound either)."""
         if self.note is not None:
             return self.note
         enough = est.effective_steps >= est.needed
-        if biased and enough and est.b_simple is None and est.g2 is not None and est.g2 <= 0:
+        if not enough or est.b_simple is not None or est.g2 is None:
+            return None
+        if biased and est.g2 <= 0:
             return NEGATIVE_G2
+        if not biased and est.lower_bound is None and est.g2 < 0:
+            return negative
         return None

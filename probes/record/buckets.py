@@ -177,6 +177,7 @@ def merge_spans(a: Span, b: Span) -> Span:
         step_hist=merge_counts(a.step_hist, b.step_hist),
         throughput=merge_stat(a.throughput, b.throughput),
         scalars=_merge_named(a.scalars, b.scalars),
+        first={**b.first, **a.first},
         b_simple=merge_stat(a.b_simple, b.b_simple),
         b_simple_at_least=b.b_simple_at_least,
         noise_steps=b.noise_steps if b.noise_steps is not None else a.noise_steps,

@@ -162,6 +162,7 @@ class Span(RecordLine, tag="span"):
     step_hist: dict[int, int] = msgspec.field(default_factory=dict)  # log bin -> steps
     throughput: Stat | None = None  # samples/s, over base spans
     scalars: dict[str, Stat] = msgspec.field(default_factory=dict)
+    first: dict[str, float] = msgspec.field(default_factory=dict)  # a scalar's first value
     b_simple: Stat | None = None
     b_simple_at_least: float | None = None  # no estimate yet: B_simple is at least this
     noise_steps: int | None = None  # steps the noise scale has measured and used so far
@@ -185,6 +186,7 @@ class End(RecordLine, tag="end"):
     reason: str
     step: int
     samples: int
+    last: dict[str, float] = msgspec.field(default_factory=dict)  # each scalar's last value
 
 
 def throughput(timed_samples: int, timed_s: float, uncounted_s: float = 0.0) -> float | None:

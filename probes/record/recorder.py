@@ -46,6 +46,7 @@ class _Bucket:
     __slots__ = (
         "batch_size",
         "eval_s",
+        "first",
         "hist",
         "phases",
         "scalars",
@@ -70,6 +71,7 @@ class _Bucket:
         self.step_time = StatAcc()
         self.hist: dict[int, int] = {}
         self.scalars: dict[str, StatAcc] = {}
+        self.first: dict[str, float] = {}  # scalars logged for the first time in this span
         self.phases = PhaseTotals()
 
 
@@ -115,6 +117,7 @@ class Recorder(Extension):
         self._bucket = _Bucket(session.start_time, telemetry.batch_size)
         self._status: tuple[Capability, Capability] | None = None
         self._last_sample: DeviceSample | None = None
+        self._last: dict[str, float] = {}  # each scalar's latest value
         self._closed = False
 
     @property
@@ -157,10 +160,14 @@ class Recorder(Extension):
 
     def on_scalar(self, name: str, value: float) -> None:
         try:
-            acc = self._bucket.scalars.get(name)
+            bucket = self._bucket
+            acc = bucket.scalars.get(name)
             if acc is None:
-                acc = self._bucket.scalars[name] = StatAcc()
+                acc = bucket.scalars[name] = StatAcc()
             acc.add(value)
+            if name not in self._last:
+                bucket.first[name] = value  # the first value of the run, not a span's mean
+            self._last[name] = value
         except Exception as exc:
             self._internal_error(exc)
 
@@ -225,6 +232,7 @@ class Recorder(Extension):
             step_hist=bucket.hist,
             throughput=single(throughput(bucket.timed_samples, bucket.timed_s, bucket.uncounted_s)),
             scalars={name: acc.stat() for name, acc in bucket.scalars.items()},  # type: ignore[misc]
+            first=bucket.first,
             b_simple=single(noise.b_simple),
             b_simple_at_least=noise.lower_bound if noise.b_simple is None else None,
             noise_steps=noise.samples or None,
@@ -252,7 +260,13 @@ class Recorder(Extension):
         if self._closed:
             return False
         self._closed = True
-        end = End(t=self._clock(), reason=reason, step=max(step, self.step), samples=self.samples)
+        end = End(
+            t=self._clock(),
+            reason=reason,
+            step=max(step, self.step),
+            samples=self.samples,
+            last=dict(self._last),
+        )
         self.writer.put(encode_line(end))
         return self.writer.finish(timeout)
 

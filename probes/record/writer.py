@@ -41,10 +41,18 @@ _claimed_lock = threading.Lock()
 _CLOSE = object()
 
 
+NAME_CHARS = 40  # of the job's name in a record's file name
+
+
 def default_record_path(records: Path, name: str, start: float, pid: int) -> Path:
-    """``<records>/<YYYYmmdd-HHMMSS>-<name>-<pid>.jsonl``."""
+    """``<records>/<YYYYmmdd-HHMMSS>-<name>-<pid>.jsonl``; a long name is cut in its middle,
+    so that a rank's suffix (``-rank1``) stays."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(start))
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:40] or "job"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "job"
+    if len(safe) > NAME_CHARS:
+        tail = re.search(r"-rank\d+$", safe)
+        keep = tail.group() if tail else ""
+        safe = safe[: NAME_CHARS - len(keep)] + keep
     return records / f"{stamp}-{safe}-{pid}.jsonl"
 
 

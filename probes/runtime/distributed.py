@@ -7,8 +7,33 @@ on gloo, so that it never competes with the job's NCCL streams.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
+from torch import nn
+
+
+def ddp_of(
+    model: object, trained: Iterable[torch.Tensor] = ()
+) -> nn.parallel.DistributedDataParallel | None:
+    """The DistributedDataParallel that trains ``model``: the model itself, or the outermost
+    one it holds — frameworks wrap DDP in modules of their own (Lightning Fabric's
+    ``_FabricModule``, timm's ``TrainingTask``), and that wrapper is what a script calls and
+    what ``bsmon run`` finds. With ``trained`` (the optimizer's parameters), the first DDP that
+    holds any of them. None when there is none (a scan of the modules, once, at attach)."""
+    ddp_type = nn.parallel.DistributedDataParallel
+    if isinstance(model, ddp_type):
+        return model
+    if not isinstance(model, nn.Module):
+        return None
+    wanted = {id(p) for p in trained}
+    for module in model.modules():  # outer modules first
+        if isinstance(module, ddp_type) and (
+            not wanted or any(id(p) in wanted for p in module.parameters())
+        ):
+            return module
+    return None
 
 
 def world() -> tuple[int, int]:

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from . import audience
 from .fault_guard import FaultGuard
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
@@ -131,7 +132,10 @@ class ForwardWatch:
         self.wrapper = compiled_wrapper(model)
         self.refusal: str | None = None
         if model is None:
-            self.refusal = "no model was given to attach()"
+            self.refusal = audience.say(
+                attach="no model was given to attach()",
+                run="bsmon run found no module that holds the optimizer's parameters",
+            )
         elif compiled_in_place(model):
             self.refusal = "the model was compiled with Module.compile()"
 

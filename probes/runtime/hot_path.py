@@ -41,6 +41,7 @@ from .samples import NOT_COUNTED
 
 NEVER = sys.maxsize  # no boundary scheduled
 STEP, LOGGED, LOSS = "step", "logged", "loss"  # the first field of the hot path's records
+LOSS_GIVEN = "loss_given"  # a framework's backward(loss) was given it: the next LOSS is its own
 
 
 def _step_wrapper_code() -> Any:

@@ -19,7 +19,7 @@ from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
-from .hot_path import LOGGED, LOSS, STEP
+from .hot_path import LOGGED, LOSS, LOSS_GIVEN, STEP
 from .inbox import Flush, StepEnded
 from .samples import StepTally
 from .timing import Captured, CudaMark, ScalarError, capture_scalar, elapsed, read_scalar
@@ -115,6 +115,7 @@ class Telemetry:
         # on_scalar(name, value). The session recorder uses it.
         self.tap: StepTap | None = None
         self.duration_listeners: list[Callable[[int, float | None], None]] = []
+        self._loss_given = False  # a LOSS_GIVEN came: the LOSS after it is left out
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
@@ -130,7 +131,13 @@ class Telemetry:
             elif kind == LOGGED:
                 self._capture(record[2])
             elif kind == LOSS:
+                if self._loss_given:  # the backward() inside the framework's: not the loss
+                    self._loss_given = False
+                else:
+                    self._capture_loss(record[2])
+            elif kind == LOSS_GIVEN:
                 self._capture_loss(record[2])
+                self._loss_given = True
             else:
                 return False
         elif isinstance(record, Event):

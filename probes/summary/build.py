@@ -61,14 +61,16 @@ from .schema import (
 
 SERIES_POINTS = 256
 NOISE_STEPS_NEEDED = 30  # the noise reading's ``needed`` at its defaults
+WARMUP_ENDED = "noise scale: no estimate yet — "  # the noise controller's event: warm-up over
 MAX_SEGMENTS = 1000
 MAX_LISTED = 100  # warnings from events, probe results
 
 
 def _noise_reason(message: str) -> str | None:
     """Why the estimate is missing, from one of the noise scale's warning events."""
-    if message.startswith("noise scale: off — "):
-        return message.removeprefix("noise scale: off — ")
+    for prefix in ("noise scale: off — ", "noise scale: no estimate — "):
+        if message.startswith(prefix):
+            return message.removeprefix(prefix)
     if "skipped step" in message:
         reason = message.split(": ", 2)[-1].removesuffix(" (further skips are only counted)")
         return f"measured steps were skipped ({reason})"
@@ -158,6 +160,7 @@ class SummaryBuilder:
         self.gpu_reason: str | None = None
         self.noise_reason: str | None = None  # the job's word on why there is no estimate
         self.noise_source: str | None = None  # the estimator the job last reported
+        self.noise_warmup: str | None = None  # what the warm-up measured, when it ran out
         self.resolution_s = 0.0
         self.end: End | None = None
         self.series = {name: _Series() for name in ("step_time_ms", "samples_per_s", "b_simple")}
@@ -209,8 +212,9 @@ class SummaryBuilder:
             self.rss = merge_stat(self.rss, span.host.rss)
         for name, stat in span.scalars.items():
             old = self.scalars.get(name)
-            if old is None:
-                self.scalars[name] = (stat, stat.mean, stat.mean)
+            if old is None:  # the first value, where the record has it (else its span's mean)
+                first = span.first.get(name, stat.mean)
+                self.scalars[name] = (stat, first, stat.mean)
             else:
                 self.scalars[name] = (merge_stat(old[0], stat), old[1], stat.mean)  # type: ignore[assignment]
         if span.noise_steps is not None:
@@ -269,6 +273,8 @@ class SummaryBuilder:
         self.last_t = max(self.last_t, event.t)
         if event.kind == "noise_scale" and event.level == "warning":
             self.noise_reason = self.noise_reason or _noise_reason(event.message)
+        elif event.kind == "noise_scale" and event.message.startswith(WARMUP_ENDED):
+            self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
@@ -319,7 +325,7 @@ class SummaryBuilder:
                 name: Scalar(
                     stat.n, _round(first), _round(last), stat.min, stat.max, _round(stat.mean)
                 )
-                for name, (stat, first, last) in self.scalars.items()
+                for name, (stat, first, last) in self._scalars_at_end().items()
             },
             events=self.events,
             probes=self.probes,
@@ -412,6 +418,15 @@ class SummaryBuilder:
             power_mean_w=_round(d.power.mean) if d.power else None,
         )
 
+    def _scalars_at_end(self) -> dict[str, tuple[Stat, float, float]]:
+        """Each scalar's stat, first and last value: the last as the end line has it (a record
+        without one, or from before it was kept: the last span's mean)."""
+        last = self.end.last if self.end is not None else {}
+        return {
+            name: (stat, first, last.get(name, mean))
+            for name, (stat, first, mean) in self.scalars.items()
+        }
+
     def _noise(self) -> NoiseScale:
         n = self.noise
         return NoiseScale(
@@ -434,7 +449,8 @@ class SummaryBuilder:
                 f"is not yet resolved from the noise at this batch size{bound}{estimator}"
             )
         measured = f" ({self.noise_steps} so far)" if self.noise_steps else ""
-        return f"not enough measured steps for an estimate{measured}{estimator}"
+        warmup = f"; {self.noise_warmup}" if self.noise_warmup else ""
+        return f"not enough measured steps for an estimate{measured}{estimator}{warmup}"
 
     def _segment(self, s: _Segment) -> BatchSegment:
         return BatchSegment(

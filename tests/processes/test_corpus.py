@@ -65,6 +65,10 @@ CASES = [
     Case("gan.py", 60, None, both("ran through this model"), exit_code=3),
     Case("compiled.py", 40, {RUN: 39 * 16, ATTACH: None}, both("compile")),
     Case("lightning_job.py", 60, both(15 * 100), both(ESTIMATE)),
+    # the model and its EMA copy held by one module the script calls (timm's TrainingTask)
+    Case("ema.py", 56, both(8 * 200), both(ESTIMATE), args=("--task",)),
+    # accelerate: 3 epochs of 128 micro-batches of 16, 4 per optimizer step
+    Case("accelerate_accum.py", 96, both(3 * 2048), both(ESTIMATE)),
 ]
 
 
@@ -79,10 +83,19 @@ class Outcome:
     records: list[Path]
 
 
-def run(script: str, args: tuple[str, ...], mode: str, bsmon_dir: Path) -> Outcome:
+def run(
+    script: str,
+    args: tuple[str, ...],
+    mode: str,
+    bsmon_dir: Path,
+    launcher: tuple[str, ...] = (),
+    timeout: float = TIMEOUT_S,
+) -> Outcome:
+    """``script`` run bare, under ``bsmon run``, or attaching itself (``mode``); with
+    ``launcher`` (``-m torch.distributed.run ...``) started through it."""
     env = {**os.environ, "BSMON_DIR": str(bsmon_dir)}
     env.pop("CORPUS_ATTACH", None)
-    command = [sys.executable, script, *args]
+    command = [sys.executable, *launcher, script, *args]
     if mode == ATTACH:
         env["CORPUS_ATTACH"] = "1"
     elif mode == RUN:
@@ -90,7 +103,7 @@ def run(script: str, args: tuple[str, ...], mode: str, bsmon_dir: Path) -> Outco
     processes = Processes()
     try:
         process = processes.start(command, cwd=CORPUS, env=env, text=True)
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+        stdout, stderr = process.communicate(timeout=timeout)
     finally:
         processes.cleanup()
     records = sorted((bsmon_dir / "records").glob("*.jsonl"))
@@ -103,9 +116,9 @@ def run(script: str, args: tuple[str, ...], mode: str, bsmon_dir: Path) -> Outco
 
 
 @functools.cache
-def bare(script: str, args: tuple[str, ...], tmp: str) -> Outcome:
+def bare(script: str, args: tuple[str, ...], tmp: str, launcher: tuple[str, ...] = ()) -> Outcome:
     """The script without bsmon (one run per script, shared by the modes)."""
-    return run(script, args, "bare", Path(tmp))
+    return run(script, args, "bare", Path(tmp), launcher)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,10 @@ import signal
 import subprocess
 import sys
 
+import msgspec
+
+from bsmon.probes.summary.schema import Summary
+
 SCRIPT = """
 import sys
 import torch
@@ -39,6 +43,11 @@ def run_script(bsmon_dir, tmp_path, error: str) -> subprocess.CompletedProcess:
     )
 
 
+def end_reason(bsmon_dir) -> str | None:
+    (summary,) = (bsmon_dir / "records").glob("*.summary.json")
+    return msgspec.json.decode(summary.read_bytes(), type=Summary).run.end_reason
+
+
 def frames(stderr: str) -> list[str]:
     return [line.strip() for line in stderr.splitlines() if line.strip().startswith("File ")]
 
@@ -51,6 +60,7 @@ def test_a_keyboard_interrupt_shows_the_users_line_not_bsmons_wrappers(bsmon_dir
     assert 'train.py", line 18' in shown[0]  # the user's loop, then torch's DataLoader
     assert any("dataloader.py" in frame for frame in shown)
     assert done.stderr.rstrip().endswith("KeyboardInterrupt: at item 40")
+    assert end_reason(bsmon_dir) == "interrupted: KeyboardInterrupt (Ctrl-C)"  # not "exited"
 
 
 def test_other_exceptions_keep_their_whole_traceback(bsmon_dir, tmp_path):
@@ -58,3 +68,4 @@ def test_other_exceptions_keep_their_whole_traceback(bsmon_dir, tmp_path):
     assert done.returncode == 1
     assert any("/probes/" in frame for frame in frames(done.stderr))  # nothing hidden
     assert done.stderr.rstrip().endswith("ValueError: at item 40")
+    assert end_reason(bsmon_dir) == "the job raised ValueError"

@@ -217,6 +217,41 @@ def test_a_model_without_measurable_layers_waits_for_accumulation():
 # -- the automatic choice, off, faults ----------------------------------------------------------
 
 
+def small_bn_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)
+    )
+
+
+def test_a_batchnorm_model_waits_for_accumulation_instead_of_per_example_norms():
+    """BatchNorm in training mode couples the examples of a batch: auto measures micro-batches
+    (each with its own statistics) once the job accumulates, and says why; in eval mode the
+    statistics are fixed and per-example norms fit."""
+    torch.manual_seed(0)
+    model = small_bn_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=16, serve=False, noise_budget=None) as mon:
+        noise = mon._noise
+        assert noise.source.estimator == "microbatch"
+        reason = noise.capability.reason
+        fit_squares(model, optimizer, 70, (16, 3, 8, 8))
+        assert not noise.source._handles  # between the checks for accumulation: no hook
+        assert mon.flush()
+        assert "waiting for gradient accumulation" in mon.stats()["noise"]["detail"]
+        for _ in range(120):  # seen at the next check (one step in 64), measured from then
+            for _ in range(4):
+                model(torch.randn(4, 3, 8, 8)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert mon.flush()
+        reading = mon.stats()["noise"]
+    assert "BatchNorm in training mode (BatchNorm2d) couples the examples" in reason
+    assert reading["samples"] >= 30 and "4 micro-batches per step" in reading["detail"]
+    model.eval()
+    with attach(model, optimizer, batch_size=16, serve=False) as mon:
+        assert mon._noise.source.estimator == "per_example"
+
+
 def test_auto_switches_to_micro_batches_and_back():
     torch.manual_seed(0)
     job = Regression(ANISO, seed=0)

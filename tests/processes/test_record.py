@@ -304,3 +304,22 @@ def test_a_probe_result_goes_into_the_record_and_the_summary(bsmon_dir):
     summary = msgspec.json.decode(json_path.read_bytes(), type=Summary)
     assert summary.probes[0]["status"] == "crashed" and summary.probes[0]["step"] == 5
     assert "crashed · error: the sidecar crashed" in md_path.read_text()
+
+
+def test_a_scalars_first_and_last_are_the_values_logged_not_a_spans_mean(bsmon_dir):
+    """A loss that falls fast in the first half-second: the summary's first is the first
+    value logged (the first step's), its last the last one, not their spans' means."""
+    job = TinyJob()
+    with attach(job.model, job.optimizer, batch_size=8, name="first") as mon:
+        path = mon.recorder.path
+        for i in range(40):
+            job.step(mon)
+            mon.log(score=10.0 - 0.25 * i)
+        assert mon.flush()
+    reader, items = record_items(path)
+    spans = [i for i in items if isinstance(i, Span)]
+    assert spans[0].scalars["score"].mean < 10.0  # the first span holds several values
+    assert reader.end.last["score"] == 0.25
+    json_path, _ = paths_beside(path)
+    score = msgspec.json.decode(json_path.read_bytes(), type=Summary).scalars["score"]
+    assert (score.first, score.last, score.n) == (10.0, 0.25, 40)

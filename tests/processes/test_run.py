@@ -193,6 +193,7 @@ def test_the_start_up_hook_chains_and_never_breaks_the_child(tmp_path):
         (["python", "-m", "torch.distributed.run", "--standalone", "a/b.py"], "b"),
         (["python", "-m", "pkg.train", "--config", "x.py"], "train"),
         (["./run.sh", "x.py"], "run.sh"),
+        (["fabric", "run", "--strategy", "ddp", "train_fabric.py"], "train_fabric"),
     ],
 )
 def test_job_names_come_from_the_script(command, name):

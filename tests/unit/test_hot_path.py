@@ -56,6 +56,17 @@ def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
     )
 
 
+def test_a_batchnorm_model_waiting_for_accumulation_costs_its_ordinary_steps_nothing(hostcost):
+    """auto does not measure a BatchNorm model per example; it looks at one step in 64 for
+    gradient accumulation, and the others cost what any ordinary step costs."""
+    config = hostcost.CONFIGS["defaults (noise scale on its budget)"]
+    count = hostcost.count_calls(config, "tiny-bn", steps=320, warmup=20)
+    assert count.ordinary - LOG_CALL <= 5, count
+    off = hostcost.bsmon(**hostcost.DECLARED, record=True, noise_scale=None)
+    without = hostcost.count_calls(off, "tiny-bn", steps=320, warmup=20)
+    assert count.mean - without.mean < 3, (count, without)  # ~140 calls every 64 steps
+
+
 def test_telemetry_alone_costs_the_same_on_every_step(hostcost):
     config = hostcost.CONFIGS["telemetry (noise, anatomy, record off)"]
     count = hostcost.count_calls(config, "tiny", steps=200, warmup=20)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -166,7 +168,29 @@ def test_batch_norm(make, shape, training):
     x = torch.randn(*shape)
     g = torch.randn(*shape)
     ours = pernorms.batch_norm(layer, x, g, weight=True, bias=True, batch_stats=training)
-    close(ours, per_example_copies_bn(layer, x, g, training))
+    expected = per_example_copies_bn(layer, x, g, training)
+    close(ours, expected)
+    layer.train(training)
+    out = layer(x.clone().requires_grad_())
+    stats = pernorms.batch_norm_stats(out)  # what the forward saved for its backward pass
+    assert (stats is not None) == training
+    flags = {"weight": True, "bias": True, "batch_stats": training}
+    close(pernorms.batch_norm(layer, x, g, stats=stats, **flags), expected)
+    with torch.no_grad():
+        assert pernorms.batch_norm_stats(layer(x)) is None  # no autograd node, nothing saved
+
+
+def test_batch_norm_far_from_zero():
+    """An input whose mean is far from zero against its spread: the input is centred before
+    the products, so nothing cancels."""
+    layer = nn.BatchNorm2d(3)
+    x = 100 + 0.1 * torch.randn(8, 3, 4, 4)
+    g = torch.randn(8, 3, 4, 4)
+    stats = pernorms.batch_norm_stats(layer(x.clone().requires_grad_()))
+    expected = per_example_copies_bn(copy.deepcopy(layer).double(), x.double(), g.double(), True)
+    for given in (None, stats):
+        ours = pernorms.batch_norm(layer, x, g, weight=True, bias=True, stats=given)
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-3, atol=1e-6)
 
 
 def test_preconditioned_weights():

@@ -279,3 +279,18 @@ def test_the_ddp_source_reads_free_memory_at_most_every_few_seconds(monkeypatch)
     clock.now += ddp.ROOM_FRESH_S
     assert not source._room_for_a_copy(cpu)
     assert len(reads) == 2
+
+
+def test_a_gradient_below_zero_beyond_its_error_is_said_with_the_sources_reason():
+    """Enough steps, |G|² significantly below zero (no estimate, no lower bound): why, in the
+    source's words (BatchNorm for per-example norms); not while still collecting."""
+    from bsmon.probes.noise.smoothing import Estimate
+    from bsmon.probes.noise.tracker import Tracker
+
+    tracker = Tracker(1000)
+    below = Estimate(g2=-1.0, trace=5.0, effective_steps=40.0, needed=30.0)
+    assert tracker._note(below, False, "BatchNorm couples them") == "BatchNorm couples them"
+    collecting = Estimate(g2=-1.0, trace=5.0, effective_steps=12.0, needed=30.0)
+    assert tracker._note(collecting, False, "BatchNorm couples them") is None
+    bounded = Estimate(g2=0.1, trace=5.0, effective_steps=40.0, needed=30.0, lower_bound=20.0)
+    assert tracker._note(bounded, False, "BatchNorm couples them") is None

@@ -400,3 +400,21 @@ def test_a_loss_that_diverged_after_a_change_is_a_warning_and_a_recommendation(t
     assert any(w.kind == "loss_diverged" and message in w.message for w in summary.warnings)
     (note,) = [r for r in summary.recommendations if r.kind == "loss_diverged_after_batch_change"]
     assert message in note.message and "restore a checkpoint" in note.message
+
+
+def test_spikes_in_a_short_run_name_the_slowest_step_not_a_share_of_steps():
+    """'1% of steps' of a 24-step run would name less than one step."""
+    from types import SimpleNamespace
+
+    from bsmon.probes.summary.recommend import _spikes
+    from bsmon.probes.summary.schema import StepTime
+
+    def said(**times) -> str:
+        notes = []
+        _spikes(SimpleNamespace(step_time_s=StepTime(p50=0.01, **times)), notes)
+        (note,) = notes
+        return note.message
+
+    short = said(timed_steps=24, p99=0.09, max=0.1)
+    assert short.startswith("the slowest of the 24 timed steps took 10.0× the median step time")
+    assert said(timed_steps=2400, p99=0.09, max=0.5).startswith("1% of steps took over 9.0×")

@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.markup import escape
@@ -152,7 +153,10 @@ def describe(
         lines.extend(meaning(batch, reading.lower_bound, bound=True, compact=compact))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
-        if reading.needed:
+        if reading.needed and reading.effective >= reading.needed and reading.note:
+            lines.append(Line(f"B_simple: none — {reading.note}", "$text-muted"))
+            reading = msgspec.structs.replace(reading, note=None)  # said once, not as a skip
+        elif reading.needed:
             progress = f"{min(reading.effective, reading.needed):.0f}/{reading.needed}"
             lines.append(Line(f"B_simple: collecting {progress} steps", "$text-muted"))
         else:  # the first frame: the job has not reported a measured step yet

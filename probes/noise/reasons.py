@@ -1,0 +1,44 @@
+"""Why the noise scale is off or measured another way, in words for whoever reads them: the
+author of a script that calls ``attach()``, or someone running it under ``bsmon run``
+(``runtime.audience``)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..runtime.audience import say
+from .layers import SUPPORTED_NAMES
+
+
+def not_ddp(world: int, model: nn.Module | None) -> str:
+    """A rank of a distributed run whose model is not DistributedDataParallel and holds none:
+    bsmon cannot tell whether (or how) its gradients are averaged with the other ranks', so
+    it cannot tell the local batch from the global one."""
+    name = type(model).__name__ if model is not None else "no model"
+    why = (
+        f"distributed run ({world} ranks), and this rank's model ({name}) is not "
+        "DistributedDataParallel and holds none: its gradients are averaged some other way "
+        "(FSDP, DeepSpeed, a hand-written all-reduce) or not at all (each rank training on "
+        "its own), so bsmon cannot tell this rank's batch from the global one"
+    )
+    return say(
+        attach=f"{why}; if DDP wraps the model, pass the wrapped model to attach()",
+        run=f"{why}; the noise scale is off",
+    )
+
+
+def comm_hook_taken() -> str:
+    """DDP allows one communication hook, and the job registered its own first."""
+    return say(
+        attach="the DDP model had a comm hook before attach() (attach first, so bsmon can wrap it)",
+        run="the script registered a DDP comm hook before bsmon attached (at the first "
+        "optimizer step), and DDP allows only one",
+    )
+
+
+def no_layers() -> str:
+    """No layer of the model has per-example norms bsmon can compute."""
+    return f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); " + say(
+        attach="use noise_scale='microbatch' with gradient accumulation, or 'sequential' (biased)",
+        run="micro-batch norms need the script to accumulate gradients",
+    )
