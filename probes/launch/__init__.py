@@ -6,7 +6,8 @@ Modules, one job each:
 - ``boot/sitecustomize.py``: the start-up hook every Python process of the job loads;
 - ``autoattach``: the agent the hook loads once torch is imported (attaches at the first
   ``optimizer.step()``);
-- ``notes``: what each process tells ``bsmon run`` about attaching, and why not.
+- ``notes``: what each process tells ``bsmon run`` about attaching, and why not;
+- ``accelerate_loss``: the loss of a script that trains through accelerate, as it sees it.
 
 The ``bsmon run`` command imports this package (``environment`` and ``notes``): neither
 torch nor textual. ``autoattach`` runs in the job and is not exported here.

@@ -13,9 +13,11 @@ Modules, one job each:
   sources that run in the training job's hooks;
 - ``step_record``: the step record handed to the agent thread without a device sync;
 - ``budget``: which steps are measured, at about a fixed share of the step time;
+- ``warmup``: the dense measuring at a run's start, under a cost bound;
 - ``tracker``: the agent thread's side (records → smoothed reading);
 - ``shared_backward``: another model's backward pass running through this one (a GAN):
   the noise scale is refused with the reason;
+- ``reasons``: why the noise scale is off or measured another way, in its reader's words;
 - ``controller``: ``NoiseScale``, which picks and runs all of the above for a ``Monitor``.
 
 Never imports textual or rich.

@@ -19,7 +19,8 @@ Modules, one job each:
 - ``signals``: SIGTERM closes the monitors (end line, summary) before the job exits;
 - ``interrupts``: Ctrl-C's traceback leaves out bsmon's wrappers (it ends at the user's line);
 - ``distributed``: a private gloo group and the step-boundary exchange between ranks;
-- ``ranks``: every rank's summary on rank 0, through torch.distributed's store.
+- ``ranks``: every rank's summary on rank 0, through torch.distributed's store;
+- ``audience``: whose words a reason is in (bsmon run's user, or attach()'s author).
 
 Imported by ``agent`` (the composition root) and the other wings inside the job; never by
 the dashboard.
