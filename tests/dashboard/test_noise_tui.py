@@ -57,6 +57,18 @@ def test_no_number_before_there_is_one():
     assert words(None, capability=None) == "waiting for the job…"
 
 
+def test_enough_steps_and_no_estimate_says_why_not_collecting():
+    """|G|² below zero beyond its error after enough steps (BatchNorm): the reason, once,
+    instead of 'collecting 30/30' and a 'last step skipped'."""
+    why = "per-example norms read |G|² below zero: BatchNorm's batch statistics couple them"
+    reading = NoiseScaleReading(
+        estimator="per_example", samples=40, needed=30, effective=40.0, note=why
+    )
+    text = words(reading)
+    assert f"B_simple: none — {why}" in text
+    assert "collecting" not in text and "last step skipped" not in text
+
+
 def test_biased_preconditioned_and_partial_estimates_say_so():
     reading = NoiseScaleReading(
         b_simple=500.0,
