@@ -296,9 +296,15 @@ class NoiseScale:
                     ahead = dense
             if isinstance(source, PerExampleSource):
                 self.next_measured = step + ahead  # the steps between are not even looked at
-            elif waiting and self._per_example_unfit and isinstance(source, MicrobatchSource):
-                # auto's micro-batches, in a job that does not accumulate (yet): its passes
-                # are counted on one step in WAITING_CHECK_EVERY, the others cost nothing
+            elif (
+                waiting
+                and self._per_example_unfit
+                and isinstance(source, MicrobatchSource)
+                and source.last_backwards == 1
+            ):
+                # auto's micro-batches in a job seen not to accumulate (a step with no pass
+                # counted, as bsmon run's first, is no evidence): its passes are counted on
+                # one step in WAITING_CHECK_EVERY, the others cost nothing
                 self.next_measured = step + WAITING_CHECK_EVERY
                 source.set_counting(False)
             else:
