@@ -159,7 +159,7 @@ class BatchController:
 
     def _next_size(self) -> int:
         """The size the job will have once what is pending or held is applied."""
-        upcoming = self.pending or self.held
+        upcoming = self.pending or self._in_flight or self.held
         return upcoming.value if upcoming else self.size
 
     def _applies_after(self, step: int) -> int:
@@ -339,7 +339,11 @@ class BatchController:
             max_size=self.policy.max_size,
             next_up=next_up,
             next_down=self.policy.next_size(self.size, "down"),
-            pending=upcoming.value if (upcoming := self.pending or self.held) else None,
+            pending=(
+                upcoming.value
+                if (upcoming := self.pending or self._in_flight or self.held)
+                else None
+            ),
             applies_at=self.apply_at,
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,

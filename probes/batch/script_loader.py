@@ -58,9 +58,14 @@ def _indices_of(iterator: Any) -> Iterator[int] | None:
     generator (a suspended generator's locals), or None."""
     cutting = getattr(iterator, "_sampler_iter", None)
     frame = getattr(cutting, "gi_frame", None)
-    if frame is None or getattr(cutting, "gi_code", None) is not BatchSampler.__iter__.__code__:
+    code = getattr(cutting, "gi_code", None)
+    if frame is None:
         return None
-    return frame.f_locals.get("sampler_iter")
+    if code is BatchSampler.__iter__.__code__:
+        return frame.f_locals.get("sampler_iter")
+    if code is cut.__code__:  # resized before in this epoch: cut by bsmon already
+        return frame.f_locals.get("indices")
+    return None
 
 
 def cut(indices: Iterator[int], size: Callable[[], int], drop_last: bool) -> Iterator[list[int]]:
