@@ -18,7 +18,7 @@ and the target are kept (never the output, which holds the step's graph).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 from ..batch.loader import batch_length
+from ..integrations.common import loss_of
 
 NOT_REPRODUCIBLE = (
     "bsmon run: the loss is computed outside the model by code bsmon cannot replay "
@@ -40,37 +41,31 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
 
 
-def loss_place(output: Any) -> tuple[str, Any] | None:
-    """Where the loss is in a model's output: ("output", None), ("key", "loss"),
-    ("attr", "loss") or ("item", i); None when the model does not return one."""
-    if _scalar(output):
-        return "output", None
-    if isinstance(output, Mapping) and _scalar(output.get("loss")):
-        return "key", "loss"
-    if _scalar(getattr(output, "loss", None)):
-        return "attr", "loss"
-    if isinstance(output, (tuple, list)):
-        scalars = [i for i, item in enumerate(output) if _scalar(item)]
-        if len(scalars) == 1:
-            return "item", scalars[0]
-    return None
-
-
 @dataclass(frozen=True)
 class ModelLoss:
-    """``probe_step`` for a model that computes its own loss (pickled into the recipe)."""
+    """``probe_step`` for a model that computes its own loss (pickled into the recipe):
+    ``index`` picks it from a returned tuple, else ``loss_of`` finds it."""
 
-    where: str
-    key: Any = None
+    index: int | None = None
 
     def __call__(self, model: nn.Module, batch: tuple[tuple, dict]) -> torch.Tensor:
         args, kwargs = batch
         output = model(*args, **kwargs)
-        if self.where == "output":
-            return output
-        if self.where == "attr":
-            return getattr(output, self.key)
-        return output[self.key]  # "key" of a mapping, "item" of a tuple
+        return loss_of(output) if self.index is None else output[self.index]
+
+
+def model_loss(output: Any) -> ModelLoss | None:
+    """How to take the loss from a model's output like this one: what ``loss_of`` finds (the
+    output itself, ``output["loss"]``, ``output.loss``) or the one scalar in a returned tuple;
+    None when the model does not return its loss."""
+    found = loss_of(output)
+    if found is not None and found.is_floating_point():
+        return ModelLoss()
+    if isinstance(output, (tuple, list)):
+        scalars = [i for i, item in enumerate(output) if _scalar(item)]
+        if len(scalars) == 1:
+            return ModelLoss(scalars[0])
+    return None
 
 
 @dataclass
@@ -107,8 +102,8 @@ class StepWatch:
                 self._finish(SeenStep(why_not=NOT_REPRODUCIBLE))
                 return
             self._inputs = (args, dict(kwargs))
-            if (place := loss_place(output)) is not None:
-                self._finish(self._seen(ModelLoss(*place)))
+            if (step := model_loss(output)) is not None:
+                self._finish(self._seen(step))
             else:
                 self._output_id = id(output)  # not the output: it holds the step's graph
         elif (

@@ -99,4 +99,4 @@ def test_evaluation_passes_are_not_the_step_and_the_hook_goes_away():
     assert len(seen) == 1 and len(hooks) == before  # seen once, then the hook is gone
     watch.close()
     assert len(hooks) == before
-    assert ModelLoss("item", 1)(model, ((x, y), {})).dim() == 0
+    assert ModelLoss(1)(model, ((x, y), {})).dim() == 0
