@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from math import floor, log
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.service import Extension, TickDone
 from ..wire.protocol import Capability, Event, SessionInfo
-from .buckets import StatAcc, single, step_bin
+from .buckets import LOG_GAMMA, StatAcc, single
 from .conversions import device_span
 from .format import (
     BUCKET_S,
@@ -75,6 +76,13 @@ class _Bucket:
         self.phases = PhaseTotals()
 
 
+def _add_timed(bucket: _Bucket, durations: list[float]) -> None:
+    if durations:
+        bucket.timed_steps += len(durations)
+        bucket.timed_s += math.fsum(durations)
+        bucket.step_time.extend(durations)
+
+
 class Recorder(Extension):
     """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk.
 
@@ -129,47 +137,61 @@ class Recorder(Extension):
 
     # -- the telemetry tap (agent thread) -----------------------------------------------------
 
-    def on_step(self, done: StepDone) -> None:
+    def on_steps(self, done: list[StepDone]) -> None:
+        """A poll's resolved steps, in order (one call for all of them: the agent thread's
+        time per step is time the training thread waits for the GIL)."""
         try:
-            step, duration, samples, batch_size, eval_s, phases = done
             bucket = self._bucket
-            if bucket.batch_size != batch_size:
-                if bucket.steps:  # a span has one batch size: a change closes it
-                    self._close_bucket(self._clock())
-                    bucket = self._bucket
-                bucket.batch_size = batch_size
-            bucket.steps += 1
-            bucket.eval_s += eval_s
-            self.step = step
-            if samples is not None:
-                self.samples += samples
-            if duration is not None and 0 < duration < math.inf:
-                bucket.timed_steps += 1
-                bucket.timed_s += duration
-                if samples is None:
-                    bucket.uncounted_s += duration
-                else:
-                    bucket.timed_samples += samples
-                bucket.step_time.add(duration)
-                if phases is not None:
-                    bucket.phases.add(duration, phases)
-                index = step_bin(duration)
-                bucket.hist[index] = bucket.hist.get(index, 0) + 1
+            hist = bucket.hist
+            durations: list[float] = []
+            timed = durations.append
+            for step, duration, samples, batch_size, eval_s, phases in done:
+                if bucket.batch_size != batch_size:
+                    _add_timed(bucket, durations)
+                    durations.clear()
+                    if bucket.steps:  # a span has one batch size: a change closes it
+                        self._close_bucket(self._clock())
+                        bucket = self._bucket
+                        hist = bucket.hist
+                    bucket.batch_size = batch_size
+                bucket.steps += 1
+                self.step = step
+                if eval_s:
+                    bucket.eval_s += eval_s
+                if samples is not None:
+                    self.samples += samples
+                if duration is not None and 0 < duration < math.inf:
+                    if samples is None:
+                        bucket.uncounted_s += duration
+                    else:
+                        bucket.timed_samples += samples
+                    timed(duration)
+                    if phases is not None:
+                        bucket.phases.add(duration, phases)
+                    index = floor(log(duration) / LOG_GAMMA)  # step_bin, inline
+                    hist[index] = hist.get(index, 0) + 1
+            _add_timed(bucket, durations)
         except Exception as exc:  # never into the agent's tick
             self._internal_error(exc)
 
-    def on_scalar(self, name: str, value: float) -> None:
+    def on_step(self, done: StepDone) -> None:
+        self.on_steps([done])
+
+    def on_scalars(self, name: str, values: list[float]) -> None:
         try:
             bucket = self._bucket
             acc = bucket.scalars.get(name)
             if acc is None:
                 acc = bucket.scalars[name] = StatAcc()
-            acc.add(value)
+            acc.extend(values)
             if name not in self._last:
-                bucket.first[name] = value  # the first value of the run, not a span's mean
-            self._last[name] = value
+                bucket.first[name] = values[0]  # the first value of the run, not a span's mean
+            self._last[name] = values[-1]
         except Exception as exc:
             self._internal_error(exc)
+
+    def on_scalar(self, name: str, value: float) -> None:
+        self.on_scalars(name, [value])
 
     def _internal_error(self, exc: Exception) -> None:
         self.telemetry.tap = None
