@@ -902,6 +902,8 @@ class Monitor:
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
+        if self.batch_control is not None and (never := self.batch_control.unapplied()):
+            self._warning("batch_size_unapplied", never)
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
