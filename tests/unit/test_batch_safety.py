@@ -130,6 +130,21 @@ def test_a_loss_that_rises_well_above_its_level_diverged():
     assert outcome.after == pytest.approx(2.3, abs=0.05)
 
 
+def test_a_loss_near_zero_that_wobbles_after_a_change_held_and_one_that_undoes_training_did_not():
+    """MNIST-like: from 2.3 down to 0.02; after a smaller batch the windows read 0.05 (more
+    than 10% and 5 noises above, yet a sliver of the 2.28 the run gained): held. Back at 1.0
+    it gave back half of what it learnt: diverged."""
+    rng = random.Random(7)
+    outcomes = {}
+    for after in (0.05, 1.0):
+        watch = LossWatch()
+        feed(watch, [2.3, 1.0, 0.5, 0.2, 0.1] + [0.02 + rng.gauss(0, 0.002) for _ in range(20)])
+        watch.start(change_step=250)
+        (outcome,) = feed(watch, [after + rng.gauss(0, 0.005) for _ in range(25)])
+        outcomes[after] = outcome.status
+    assert outcomes == {0.05: loss_watch.HELD, 1.0: loss_watch.DIVERGED}
+
+
 def test_one_spike_is_not_a_divergence_and_a_nan_is():
     watch = LossWatch()
     feed(watch, [1.0, 1.01, 0.99, 1.0, 1.02])
