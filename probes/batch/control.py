@@ -130,9 +130,11 @@ class BatchController:
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Another optimizer the job steps (a GAN's second one): its learning rate follows
-        the batch too, by the rule for its own class (training thread)."""
+        the batch too, by the rule for its own class, and the loss (the values backward() was
+        called on, theirs alternating) is no longer judged after a change (training thread)."""
         if optimizer is not self._optimizer and all(o is not optimizer for o in self._others):
             self._others.append(optimizer)
+            self.watch.loss_mixed = True
 
     def add_callback(self, callback: BatchCallback) -> None:
         if not callable(callback):

@@ -411,7 +411,10 @@ class AutoAttach:
         follows = ""
         if control is not None:
             control.add_optimizer(optimizer)
-            follows = "; its learning rate follows the batch size too"
+            follows = (
+                "; its learning rate follows the batch size too, and the loss shown mixes "
+                "both optimizers' losses, so whether it holds after a change is not judged"
+            )
         note(
             self.monitor,
             "zero_code",

@@ -129,6 +129,7 @@ def test_every_optimizer_the_job_steps_follows_the_batch(
     out = finish(run)
     (noticed,) = [e for e in events if "another optimizer" in e.message]
     assert "its learning rate follows the batch size too" in noticed.message
+    assert "whether it holds after a change is not judged" in noticed.message
     (change,) = [e for e in events if e.kind == "batch_size"]
     assert "lr 0.01 → 0.04 (linear rule for SGD)" in change.message
     assert "the other optimizer (Adam): lr 0.001 → 0.002" in change.message
