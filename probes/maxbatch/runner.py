@@ -119,7 +119,21 @@ class ProbeRunner:
         return self._reading.result
 
     def stop(self) -> None:
-        """Kill a running sidecar (the job is closing); its thread then reports "killed"."""
+        """Kill a running sidecar (the job is closing), saying so now: its thread's own
+        "killed" result would come after the session's last word."""
+        if self.running:
+            age = time.time() - (self._reading.started or time.time())
+            self._emit(
+                Event(
+                    t=time.time(),
+                    step=self._step(),
+                    kind="probe_result",
+                    level="warning",
+                    message=f"probe stopped: the job ended {age:.0f} s into it, before it "
+                    "finished (press p earlier, or run bsmon probe beside a longer job)",
+                    data={"status": "killed"},
+                )
+            )
         process = self._process
         if process is not None and process.poll() is None:
             process.kill()
