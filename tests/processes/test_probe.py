@@ -259,8 +259,8 @@ def test_a_probe_the_job_ends_during_is_said_in_the_record(bsmon_dir):
     with open_record(bsmon_dir / "run.jsonl") as reader:
         events = [e for e in reader.lines() if isinstance(e, protocol.Event)]
     (stopped,) = [e for e in events if e.kind == "probe_result"]
-    assert stopped.level == "warning" and stopped.data == {"status": "killed"}
-    assert stopped.message.startswith("probe stopped: the job ended ")
+    assert stopped.level == "warning" and stopped.data["status"] == "killed"
+    assert stopped.message.startswith("probe killed: the job ended ")
     assert not list(bsmon_dir.glob("*.recipe"))
 
 
