@@ -186,7 +186,7 @@ class Monitor:
         self.telemetry.noise = self._noise.reading
         self.telemetry.report = self._guard.report
         self.telemetry.samples_reason = self._samples_reason
-        self.telemetry.duration_listeners.append(self._noise.on_duration)
+        self.telemetry.duration_listeners.append(self._noise.on_durations)
         self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
         self.batch_control = self._make_batch_control(
@@ -218,6 +218,7 @@ class Monitor:
             reevaluates=self._reevaluates,
         )
         self._hot.control = self.batch_control
+        self.telemetry.hand_back = self._hot.hand_back
         self._hot.need_pre_hook(self._noise.due(1))
         self._hot.noise_due = self._noise.due(1)
         if self._reevaluates:
@@ -901,6 +902,8 @@ class Monitor:
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
+        if self.batch_control is not None and (never := self.batch_control.unapplied()):
+            self._warning("batch_size_unapplied", never)
         self._service.stop(reason)
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)

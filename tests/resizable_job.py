@@ -4,7 +4,7 @@
                             [--drop-last] [--batch-norm] [--one-cycle] [--cosine]
                             [--iterable] [--own-sampler] [--read-len] [--ddp]
                             [--gate PATH] [--loss outside|criterion|model]
-                            [--accumulate K] [--fresh]
+                            [--accumulate K] [--fresh] [--two-optimizers]
 
 Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch; with a
 scheduler, ``lr L`` after the batch size) and at the end ``done``. With ``--gate PATH`` it
@@ -13,7 +13,9 @@ meanwhile), at most 60 s. ``--loss``: computed in the loop (default), by an ``nn
 module, or by the model itself (it returns (output, loss)). With ``--ddp`` (under torchrun)
 it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo) and prefixes
 every line with ``rank R``. ``--accumulate K`` steps the optimizer once every K batches;
-``--fresh`` builds a new DataLoader for every epoch.
+``--fresh`` builds a new DataLoader for every epoch. ``--two-optimizers`` trains a second
+model with its own Adam on the same batches after each step, as a GAN's two do, and prints
+``lrs A B`` (both learning rates) before ``done``.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
     flags = ("drop-last", "batch-norm", "one-cycle", "cosine", "iterable", "own-sampler")
-    flags += ("read-len", "ddp", "fresh")
+    flags += ("read-len", "ddp", "fresh", "two-optimizers")
     for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
@@ -113,6 +115,8 @@ def main() -> int:
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
     if args.cosine:
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
+    second = nn.Linear(4, 1)
+    second_optimizer = torch.optim.Adam(second.parameters(), lr=0.001)
     step = 0
     for epoch in range(args.epochs):
         if args.fresh and epoch:
@@ -136,6 +140,10 @@ def main() -> int:
                 optimizer.zero_grad()
                 if scheduler is not None:
                     scheduler.step()
+            if args.two_optimizers:
+                second(x).pow(2).mean().backward()
+                second_optimizer.step()
+                second_optimizer.zero_grad()
             indices = " ".join(map(str, ids.tolist()))
             lr = f" lr {optimizer.param_groups[0]['lr']:.6f}" if scheduler is not None else ""
             print(f"{prefix}step {step} epoch {epoch} batch {len(ids)}{lr}: {indices}")
@@ -144,6 +152,9 @@ def main() -> int:
                 deadline = time.monotonic() + 60
                 while not os.path.exists(args.gate) and time.monotonic() < deadline:
                     time.sleep(0.05)
+    if args.two_optimizers:
+        lrs = (optimizer.param_groups[0]["lr"], second_optimizer.param_groups[0]["lr"])
+        print(f"{prefix}lrs {lrs[0]:.6f} {lrs[1]:.6f}")
     print(f"{prefix}done", flush=True)
     if args.ddp:
         torch.distributed.destroy_process_group()

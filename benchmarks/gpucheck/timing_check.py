@@ -45,11 +45,10 @@ class Durations:
     def __init__(self) -> None:
         self.values: list[float] = []
 
-    def on_step(self, done: StepDone) -> None:
-        if done.duration is not None:
-            self.values.append(done.duration)
+    def on_steps(self, done: list[StepDone]) -> None:
+        self.values.extend(d.duration for d in done if d.duration is not None)
 
-    def on_scalar(self, name: str, value: float) -> None:
+    def on_scalars(self, name: str, values: list[float]) -> None:
         pass
 
 

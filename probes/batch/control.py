@@ -98,6 +98,7 @@ class BatchController:
         self.host_memory = MemoryModel()  # resident memory per size (CPU: no device model)
         self.host_budget: int | None = None
         self._optimizer = optimizer
+        self._others: list[torch.optim.Optimizer] = []  # more optimizers the job steps
         self._lr_scaling = lr_scaling
         self._lr_rule = rule_for(lr_scaling, optimizer)
         self._scheduler = scheduler
@@ -126,6 +127,14 @@ class BatchController:
     @property
     def accumulation_steps(self) -> int:
         return self.size // self.micro if self.micro is not None else 1
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Another optimizer the job steps (a GAN's second one): its learning rate follows
+        the batch too, by the rule for its own class, and the loss (the values backward() was
+        called on, theirs alternating) is no longer judged after a change (training thread)."""
+        if optimizer is not self._optimizer and all(o is not optimizer for o in self._others):
+            self._others.append(optimizer)
+            self.watch.loss_mixed = True
 
     def add_callback(self, callback: BatchCallback) -> None:
         if not callable(callback):
@@ -161,6 +170,18 @@ class BatchController:
         """The size the job will have once what is pending or held is applied."""
         upcoming = self.pending or self._in_flight or self.held
         return upcoming.value if upcoming else self.size
+
+    def unapplied(self) -> str | None:
+        """At the job's end: a change that was accepted but never applied, because the job
+        ended before the step boundary that would have applied it (None: there is none)."""
+        upcoming = self.pending or self._in_flight or self.held
+        if upcoming is None:
+            return None
+        return (
+            f"the change to batch {upcoming.value} ({upcoming.reason}) was never applied: "
+            f"the job ended at step {self._step()}, before the step boundary that would "
+            f"apply it; it trained at batch {self.size} to the end"
+        )
 
     def _applies_after(self, step: int) -> int:
         """The boundary at which a change asked for now is applied."""
@@ -303,7 +324,20 @@ class BatchController:
                 "; a learning-rate scheduler owns the lr and may set it back at its next step "
                 "(attach(lr_scheduler=...) lets bsmon scale its base rates)"
             )
+        for other in self._others:
+            note += f"; {self._rescale_other(other, old, new)}"
         return factor, note
+
+    def _rescale_other(self, optimizer: torch.optim.Optimizer, old: int, new: int) -> str:
+        name = type(optimizer).__name__
+        rule = rule_for(self._lr_scaling, optimizer)
+        if rule.policy is None:
+            return f"the other optimizer ({name}) keeps its lr ({rule.why})"
+        try:
+            factor = lr_factor(rule.policy, old, new, self._noise_scale(), rule.adam_like)
+        except NoFactor as exc:
+            return f"the other optimizer ({name}) keeps its lr ({exc})"
+        return f"the other optimizer ({name}): {describe(rescale(optimizer, factor))}"
 
     # -- what changes bought, and the memory model (agent thread) ----------------------------
 

@@ -4,9 +4,12 @@ The loss the job logs (``mon.log(loss=...)``) arrives as one mean per metrics wi
 change, the last ``BASELINE_WINDOWS`` window means give its level (their median) and noise
 (1.4826 × their median absolute deviation, which also absorbs the loss's own downward trend).
 After the change, the loss has *diverged* when it is not finite, or when the median of the
-last ``RECENT`` windows stands above the level by more than ``K`` times the noise and by more
-than ``RELATIVE`` of the level: a sustained rise, not one noisy window. Once ``WATCH_STEPS``
-steps have run at the new size without that, the loss *held* and the size trained well.
+last ``RECENT`` windows stands above the level by more than ``K`` times the noise, by more
+than ``RELATIVE`` of the level, and by more than ``GIVE_BACK`` of the progress the run had
+made (its first window's mean less the level): a sustained rise that undoes training, not one
+noisy window, nor the wobble of a loss near zero (MNIST's 0.02 becoming 0.05 after a smaller
+batch, when it started at 2.3). Once ``WATCH_STEPS`` steps have run at the new size without
+that, the loss *held* and the size trained well.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ MIN_BASELINE = 3  # windows before the change needed to judge
 RECENT = 3
 K = 5.0
 RELATIVE = 0.1
+GIVE_BACK = 0.25  # of the drop from the run's first loss to the level before the change
 WATCH_STEPS = 200
 MIN_AFTER = 5  # windows after the change before "held"
 
@@ -31,19 +35,23 @@ HELD, DIVERGED, UNWATCHED = "held", "diverged", "not logged"
 class Baseline:
     level: float
     noise: float
+    progress: float = 0.0  # how far the loss had come down from the run's first window
 
     @property
     def threshold(self) -> float:
-        return self.level + max(K * self.noise, RELATIVE * abs(self.level))
+        rise = max(K * self.noise, RELATIVE * abs(self.level), GIVE_BACK * self.progress)
+        return self.level + rise
 
 
-def baseline(values: list[float]) -> Baseline | None:
-    """The loss's level and noise from window means (None: too few to judge)."""
+def baseline(values: list[float], first: float | None = None) -> Baseline | None:
+    """The loss's level and noise from window means, and its progress since ``first`` (the
+    run's first window mean); None: too few to judge."""
     if len(values) < MIN_BASELINE:
         return None
     level = statistics.median(values)
     mad = statistics.median(abs(v - level) for v in values)
-    return Baseline(level, 1.4826 * mad)
+    progress = max(0.0, first - level) if first is not None else 0.0
+    return Baseline(level, 1.4826 * mad, progress)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class LossWatch:
 
     def __init__(self) -> None:
         self._recent: deque[float] = deque(maxlen=BASELINE_WINDOWS)
+        self._first: float | None = None  # the run's first window mean
         self._watch: _Watch | None = None
 
     @property
@@ -75,7 +84,7 @@ class LossWatch:
     def start(self, change_step: int) -> None:
         """A change was applied after ``change_step``: judge the loss from now on against the
         windows before it (a change still watched is dropped: it did not finish)."""
-        self._watch = _Watch(change_step, baseline(list(self._recent)))
+        self._watch = _Watch(change_step, baseline(list(self._recent), self._first))
         self._recent.clear()
 
     def observe(self, steps: int, loss: float | None, nonfinite: bool = False) -> Outcome | None:
@@ -84,6 +93,8 @@ class LossWatch:
         watch = self._watch
         if loss is not None and math.isfinite(loss):
             self._recent.append(loss)
+            if self._first is None:
+                self._first = loss
         if watch is None:
             return None
         watch.steps += steps

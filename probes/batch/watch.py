@@ -25,6 +25,9 @@ class ChangeWatch:
         self.sizes: dict[int, SizeThroughput] = {}
         self._loss = LossWatch()
         self._step = step
+        # the loss is not one objective (bsmon run with a GAN's two optimizers: the values
+        # backward() was called on alternate between them): only a NaN or inf is judged
+        self.loss_mixed = False
 
     @property
     def latest(self) -> BatchChange | None:
@@ -54,7 +57,7 @@ class ChangeWatch:
         latest = self.latest
         self._add_throughput(metrics, latest)
         events = []
-        loss = metrics.scalars.get(LOSS)
+        loss = None if self.loss_mixed else metrics.scalars.get(LOSS)
         outcome = self._loss.observe(steps, loss, nonfinite_loss)
         if outcome is not None and latest is not None:
             events.extend(self._loss_outcome(latest, outcome))

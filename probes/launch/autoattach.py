@@ -407,11 +407,20 @@ class AutoAttach:
         if key in self._others or len(self._others) >= 8:
             return
         self._others.add(key)
+        control = getattr(self.monitor, "batch_control", None)
+        follows = ""
+        if control is not None:
+            control.add_optimizer(optimizer)
+            follows = (
+                "; its learning rate follows the batch size too, and the loss shown mixes "
+                "both optimizers' losses, so whether it holds after a change is not judged"
+            )
         note(
             self.monitor,
             "zero_code",
             f"another optimizer steps too ({describe_optimizer(optimizer)}); bsmon counts the "
-            f"steps of the first one that stepped ({describe_optimizer(self.optimizer)})",
+            f"steps of the first one that stepped ({describe_optimizer(self.optimizer)})"
+            f"{follows}",
         )
 
     def _emit(self, event: Event) -> None:

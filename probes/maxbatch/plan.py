@@ -268,8 +268,14 @@ def recommend(
     elif fast is not None:
         reasons.append("speed: throughput still rose at the largest size measured")
     if noise_scale is not None and noise_scale > 0:
-        if choice > noise_scale:
-            choice = max(current if current <= noise_scale else 1, math.floor(noise_scale))
+        if noise_scale < current:  # never a case for a smaller batch: steps cost time too
+            choice = min(choice, current)
+            reasons.append(
+                f"noise scale: B_simple ≈ {noise_scale:,.0f}, below the job's {current:,} "
+                "(it grows as the loss falls): no case for a larger batch yet"
+            )
+        elif choice > noise_scale:
+            choice = math.floor(noise_scale)
             reasons.append(
                 f"noise scale: B_simple ≈ {noise_scale:,.0f}; a larger batch mostly wastes samples"
             )

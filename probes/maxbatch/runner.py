@@ -31,6 +31,7 @@ from . import recipe as recipes
 WATCH_INTERVAL_S = 0.05
 DEFAULT_TIMEOUT_S = 600.0
 STDERR_TAIL = 2000
+STOP_WAIT_S = 5.0  # at close, for the probe thread to see its sidecar die and tidy up
 
 
 class _Line(msgspec.Struct):
@@ -65,6 +66,7 @@ class ProbeRunner:
         self._reading = ProbeReading()
         self._decoder = msgspec.json.Decoder(_Line)
         self._process: subprocess.Popen | None = None
+        self._closing = False
 
     def reading(self) -> ProbeReading:
         """The probe's state; when idle, with the reason a probe could not start now."""
@@ -119,10 +121,18 @@ class ProbeRunner:
         return self._reading.result
 
     def stop(self) -> None:
-        """Kill a running sidecar (the job is closing); its thread then reports "killed"."""
+        """Kill a running sidecar (the job is closing), saying so now, and wait a little for
+        its thread to tidy up (the recipe file)."""
+        if not self.running:
+            return
+        self._closing = True  # the thread's own "killed" would be a second word
+        age = time.time() - (self._reading.started or time.time())
+        why = f"the job ended {age:.0f} s into it, before it finished (press p earlier, "
+        self._announce(ProbeResult(status="killed", error=why + "or probe a longer job)"))
         process = self._process
         if process is not None and process.poll() is None:
             process.kill()
+        self._done.wait(STOP_WAIT_S)
 
     # -- the probe thread --------------------------------------------------------------------
 
@@ -155,6 +165,8 @@ class ProbeRunner:
                 start_new_session=True,
             )
             self._process = process
+            if self._closing:  # stop() came before there was a process to kill
+                process.kill()
             return self._follow(process, recipe, time.monotonic() + timeout, timeout)
         finally:
             if process is not None and process.poll() is None:
@@ -254,21 +266,24 @@ class ProbeRunner:
             points=result.points,
             result=result,
         )
-        level = "info" if result.status == "ok" else "warning"
         try:
             self._on_result(result)
         finally:
-            self._emit(
-                Event(
-                    t=time.time(),
-                    step=self._step(),
-                    kind="probe_result",
-                    level=level,
-                    message=summary(result),
-                    data=msgspec.to_builtins(result),
-                )
-            )
+            if not self._closing:
+                self._announce(result)
             self._done.set()
+
+    def _announce(self, result: ProbeResult) -> None:
+        self._emit(
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="probe_result",
+                level="info" if result.status == "ok" else "warning",
+                message=summary(result),
+                data=msgspec.to_builtins(result),
+            )
+        )
 
 
 class ProbeExtension(Extension):

@@ -26,6 +26,16 @@ class RecentMedian:
             self.median = statistics.median(self.values)
             self._since = 0
 
+    def extend(self, values: list[float]) -> None:
+        """Several values at once: the median refreshed once, if it is due by the end."""
+        if not values:
+            return
+        self.values.extend(values[-self.values.maxlen :] if self.values.maxlen else values)
+        self._since += len(values)
+        if self._since >= self.every or len(self.values) <= self.every:
+            self.median = statistics.median(self.values)
+            self._since = 0
+
     def __len__(self) -> int:
         return len(self.values)
 
@@ -81,6 +91,11 @@ class Budget:
         """A step's duration (agent thread): a measured one, or another."""
         if duration is not None and duration > 0:
             (self.measured_times if measured else self.plain_times).add(duration)
+
+    def add_durations(self, measured: list[float], plain: list[float]) -> None:
+        """Steps' durations (agent thread): measured ones, and the others."""
+        self.measured_times.extend(measured)
+        self.plain_times.extend(plain)
 
     def gap(
         self,

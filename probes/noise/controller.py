@@ -20,7 +20,7 @@ Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step
 steps it measures (one record appended to a deque); the per-example source is not looked at
 on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
 the step before). Agent thread: ``agent_tick`` reads records, smooths, and writes
-``telemetry.noise``; ``on_duration`` feeds the budget the steps' durations.
+``telemetry.noise``; ``on_durations`` feeds the budget the steps' durations.
 
 Why one module: choosing a source, switching it as the job starts or stops accumulating, and
 refusing with a reason all act on the one source in use and the reading shown for it.
@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..record.format import StepDone
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.fault_guard import FaultGuard
@@ -329,15 +330,21 @@ class NoiseScale:
         elif isinstance(source, MicrobatchSource):
             source.set_counting(True)
 
-    def on_duration(self, step: int, duration: float | None) -> None:
-        """A step's duration (agent thread): what measured and other steps take, for the
+    def on_durations(self, done: list[StepDone]) -> None:
+        """Steps' durations (agent thread): what measured and other steps take, for the
         budget's price."""
-        measured = step in self._measured_steps
-        if measured:
-            self._measured_steps.discard(step)
-        elif len(self._measured_steps) > BACKLOG:
-            self._measured_steps.clear()  # steps whose durations never came (a reset)
-        self.budget.add_duration(measured, duration)
+        measured_steps = self._measured_steps
+        measured: list[float] = []
+        seen: set[int] = set()
+        if measured_steps and min(measured_steps) <= done[-1][0]:
+            seen = {s for s, *_ in done if s in measured_steps}
+            measured = [d for s, d, *_ in done if s in seen and d is not None and d > 0]
+            measured_steps -= seen
+        recent = done[-2 * Budget.SAMPLES :]  # the budget keeps the latest plain ones only
+        plain = [d for s, d, *_ in recent if d is not None and d > 0 and s not in seen]
+        if len(measured_steps) > BACKLOG:
+            measured_steps.clear()  # steps whose durations never came (a reset)
+        self.budget.add_durations(measured, plain)
 
     def _waiting_for_accumulation(self) -> bool:
         """auto fell back to micro-batch norms and the job does not accumulate: measuring a

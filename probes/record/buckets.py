@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from .format import DeviceSpan, HostSpan, Span, Stat
 
 STEP_GAMMA = 1.02  # step-time histogram bins are 2% wide: quantiles within ~1%
-_LOG_GAMMA = math.log(STEP_GAMMA)
+LOG_GAMMA = math.log(STEP_GAMMA)
 
 
 # -- stats ------------------------------------------------------------------------------------
@@ -55,6 +55,12 @@ class StatAcc:
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
+    def extend(self, values: list[float]) -> None:
+        self.n += len(values)
+        self.total += math.fsum(values)
+        self.min = min(self.min, *values)
+        self.max = max(self.max, *values)
+
     def stat(self) -> Stat | None:
         return Stat(self.n, self.min, self.total / self.n, self.max) if self.n else None
 
@@ -64,7 +70,7 @@ class StatAcc:
 
 def step_bin(seconds: float) -> int:
     """The log-spaced bin of a positive duration."""
-    return math.floor(math.log(seconds) / _LOG_GAMMA)
+    return math.floor(math.log(seconds) / LOG_GAMMA)
 
 
 def step_bin_value(index: int) -> float:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
+from itertools import groupby
+from math import floor, log
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.service import Extension, TickDone
 from ..wire.protocol import Capability, Event, SessionInfo
-from .buckets import StatAcc, single, step_bin
+from .buckets import LOG_GAMMA, StatAcc, single
 from .conversions import device_span
 from .format import (
     BUCKET_S,
@@ -75,6 +79,9 @@ class _Bucket:
         self.phases = PhaseTotals()
 
 
+_BATCH_SIZE = itemgetter(3)  # StepDone.batch_size
+
+
 class Recorder(Extension):
     """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk.
 
@@ -129,47 +136,62 @@ class Recorder(Extension):
 
     # -- the telemetry tap (agent thread) -----------------------------------------------------
 
-    def on_step(self, done: StepDone) -> None:
+    def on_steps(self, done: list[StepDone]) -> None:
+        """A poll's resolved steps, in order: a pass over them per total rather than Python
+        code per step (the agent thread's time per step is time the training thread waits
+        for the GIL)."""
         try:
-            step, duration, samples, batch_size, eval_s, phases = done
-            bucket = self._bucket
-            if bucket.batch_size != batch_size:
-                if bucket.steps:  # a span has one batch size: a change closes it
-                    self._close_bucket(self._clock())
-                    bucket = self._bucket
-                bucket.batch_size = batch_size
-            bucket.steps += 1
-            bucket.eval_s += eval_s
-            self.step = step
-            if samples is not None:
-                self.samples += samples
-            if duration is not None and 0 < duration < math.inf:
-                bucket.timed_steps += 1
-                bucket.timed_s += duration
-                if samples is None:
-                    bucket.uncounted_s += duration
-                else:
-                    bucket.timed_samples += samples
-                bucket.step_time.add(duration)
-                if phases is not None:
-                    bucket.phases.add(duration, phases)
-                index = step_bin(duration)
-                bucket.hist[index] = bucket.hist.get(index, 0) + 1
+            for batch_size, run in groupby(done, key=_BATCH_SIZE):
+                self._add_run(batch_size, list(run))
         except Exception as exc:  # never into the agent's tick
             self._internal_error(exc)
 
-    def on_scalar(self, name: str, value: float) -> None:
+    def _add_run(self, batch_size: int | None, run: list[StepDone]) -> None:
+        """Consecutive steps of one batch size."""
+        bucket = self._bucket
+        if bucket.batch_size != batch_size:
+            if bucket.steps:  # a span has one batch size: a change closes it
+                self._close_bucket(self._clock())
+                bucket = self._bucket
+            bucket.batch_size = batch_size
+        bucket.steps += len(run)
+        self.step = run[-1][0]
+        self.samples += sum([r[2] for r in run if r[2] is not None])
+        bucket.eval_s += math.fsum([r[4] for r in run if r[4]])
+        timed = [r for r in run if r[1] is not None and 0 < r[1] < math.inf]
+        if not timed:
+            return
+        durations = [r[1] for r in timed]
+        bucket.timed_steps += len(durations)
+        bucket.timed_s += math.fsum(durations)
+        bucket.step_time.extend(durations)  # type: ignore[arg-type]
+        bucket.timed_samples += sum([r[2] for r in timed if r[2] is not None])
+        bucket.uncounted_s += math.fsum([r[1] for r in timed if r[2] is None])
+        for r in timed:
+            if r[5] is not None:
+                bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
+        hist = bucket.hist
+        for index, count in Counter([floor(log(d) / LOG_GAMMA) for d in durations]).items():
+            hist[index] = hist.get(index, 0) + count
+
+    def on_step(self, done: StepDone) -> None:
+        self.on_steps([done])
+
+    def on_scalars(self, name: str, values: list[float]) -> None:
         try:
             bucket = self._bucket
             acc = bucket.scalars.get(name)
             if acc is None:
                 acc = bucket.scalars[name] = StatAcc()
-            acc.add(value)
+            acc.extend(values)
             if name not in self._last:
-                bucket.first[name] = value  # the first value of the run, not a span's mean
-            self._last[name] = value
+                bucket.first[name] = values[0]  # the first value of the run, not a span's mean
+            self._last[name] = values[-1]
         except Exception as exc:
             self._internal_error(exc)
+
+    def on_scalar(self, name: str, value: float) -> None:
+        self.on_scalars(name, [value])
 
     def _internal_error(self, exc: Exception) -> None:
         self.telemetry.tap = None

@@ -10,7 +10,9 @@ the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
   device on the agent thread).
 
 Everything else happens on the agent thread (durations, wall-clock times, the samples and
-batch size of each step, scalars, windows, the record) or on *scheduled* steps. A part that
+batch size of each step, scalars, windows, the record) or on *scheduled* steps. The agent
+thread reads the job's tensors without freeing them: it hands them back (``hand_back``) and
+the next step's end drops them here, since a tensor's deallocation lets go of the GIL. A part that
 needs a step boundary asks for it with ``wake(step)``: the post-hook of the first step at or
 after it runs ``on_boundary`` (the composition root's slow path: a pending batch-size change,
 the noise scale's next measured step, the anatomy's next sampled step, DDP timing), which
@@ -144,6 +146,7 @@ class HotPath:
         self._depth = 0
         self._nested = can_nest_steps(optimizer)
         self._pre_handle: Any = None
+        self._handed_back: list[list[Any]] = []  # the job's tensors, to let go of here
         self._post_handle = optimizer.register_step_post_hook(self._post_hook)
         if self._nested:
             self._pre_handle = optimizer.register_step_pre_hook(self._nested_pre_hook)
@@ -153,6 +156,13 @@ class HotPath:
     def wake(self, step: int = 0) -> None:
         """Run the slow path at the end of ``step`` (or the next step, if it is past)."""
         self.next_boundary = min(self.next_boundary, step)
+
+    def hand_back(self, objects: list[Any]) -> None:
+        """Agent thread: the job's tensors the agent has read, dropped at the next step's end
+        on the training thread (no call: a test and a swap), as a bare job drops them.
+        Freeing a tensor lets go of the GIL, and on the agent thread each one would be a
+        hand-over the training thread waits for."""
+        self._handed_back.append(objects)
 
     def need_pre_hook(self, needed: bool) -> None:
         """Training thread, at a boundary: register the pre-hook for the next step, or not."""
@@ -255,6 +265,8 @@ class HotPath:
             self.micro_batches = 0
             if self.batches_since_step:
                 self.batches_since_step = []
+            if self._handed_back:
+                self._handed_back = []
             if step >= self.next_boundary:
                 self._boundary(step, now)
         except Exception as exc:

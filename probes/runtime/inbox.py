@@ -3,8 +3,8 @@
 The training thread appends one small record per event to a bounded deque (O(1), no lock,
 nothing read off a device); the agent thread drains it every tick. On every step the records
 are plain tuples (``hot_path``: a step's end, ``mon.log``'s scalars, the loss ``bsmon run``
-saw), which cost no constructor call; ``Telemetry`` turns them into the typed records below.
-It takes the records it knows (those tuples, ``Event``, ``Flush``); any other record goes to
+saw), which cost no constructor call; ``Telemetry.drain`` takes them in a tick's worth at a
+time. It takes the records it knows (those tuples, ``Event``, ``Flush``); any other record goes to
 the extensions (``Extension.on_record``), for instance a ``BatchChange`` for batch control.
 """
 
@@ -15,22 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ..anatomy.marks import StepMarks
-
 CAPACITY = 1 << 16
-
-
-@dataclass(frozen=True, slots=True)
-class StepEnded:
-    """An optimizer step finished (at its post-hook), as the agent thread read it."""
-
-    step: int
-    wall: float  # time.time() then
-    end: float  # time.perf_counter() then: durations are the differences
-    samples: int | None  # None: not counted
-    batch_size: int | None
-    eval_s: float  # evaluation time inside the step, kept out of its duration
-    marks: StepMarks | None  # the step anatomy's phase marks (None: anatomy off)
 
 
 @dataclass(frozen=True, slots=True)

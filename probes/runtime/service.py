@@ -220,12 +220,7 @@ class AgentService(threading.Thread):
     def tick(self, final: bool = False) -> None:
         """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""
         telemetry = self.telemetry
-        inbox = self._inbox
-        while inbox:
-            record = inbox.popleft()
-            if not telemetry.ingest(record):
-                for extension in self.extensions:
-                    extension.on_record(record)
+        telemetry.drain(self._inbox, self._to_extensions)
         telemetry.poll()
         sample = self.sampler.latest
         for extension in self.extensions:
@@ -256,6 +251,10 @@ class AgentService(threading.Thread):
             extension.after_tick(done_tick)
         for done in flushes:
             done.set()
+
+    def _to_extensions(self, record: object) -> None:
+        for extension in self.extensions:
+            extension.on_record(record)
 
     def _greeting(self) -> list[bytes]:
         telemetry = self.telemetry

@@ -12,17 +12,26 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from ..anatomy.phases import phases_of, with_comm
+from ..anatomy.marks import StepMarks
+from ..anatomy.phases import Phases, phases_of, with_comm
 from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .hot_path import LOGGED, LOSS, LOSS_GIVEN, STEP
-from .inbox import Flush, StepEnded
+from .inbox import Flush
 from .samples import StepTally
-from .timing import Captured, CudaMark, ScalarError, capture_scalar, elapsed, read_scalar
+from .timing import (
+    Captured,
+    CudaMark,
+    ScalarError,
+    capture_run,
+    capture_scalar,
+    elapsed,
+    read_values,
+)
 
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
@@ -43,8 +52,8 @@ def _no_report(_where: str, _exc: BaseException) -> None:
 
 
 class StepTap(Protocol):
-    def on_step(self, done: StepDone) -> None: ...
-    def on_scalar(self, name: str, value: float) -> None: ...
+    def on_steps(self, done: list[StepDone]) -> None: ...
+    def on_scalars(self, name: str, values: list[float]) -> None: ...
 
 
 @dataclass
@@ -59,18 +68,20 @@ class _Window:
     scalar_sums: dict[str, float] = field(default_factory=dict)
     scalar_counts: dict[str, int] = field(default_factory=dict)
 
-    def add_step(self, duration: float | None, samples: int | None) -> None:
-        self.steps += 1
-        if duration is not None and duration > 0:
-            self.timed_steps += 1
-            self.duration_s += duration
-            if samples is not None:
-                self.counted_s += duration
-                self.timed_samples += samples
+    def add_steps(
+        self, steps: int, timed: int, duration_s: float, samples: int, counted_s: float
+    ) -> None:
+        """``steps`` steps, ``timed`` of them timed (``duration_s`` in all), ``samples`` of
+        theirs counted over ``counted_s`` of that time."""
+        self.steps += steps
+        self.timed_steps += timed
+        self.duration_s += duration_s
+        self.timed_samples += samples
+        self.counted_s += counted_s
 
-    def add_scalar(self, name: str, value: float) -> None:
-        self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + value
-        self.scalar_counts[name] = self.scalar_counts.get(name, 0) + 1
+    def add_scalars(self, name: str, total: float, count: int) -> None:
+        self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + total
+        self.scalar_counts[name] = self.scalar_counts.get(name, 0) + count
 
     @property
     def step_time_s(self) -> float | None:
@@ -98,12 +109,18 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self.tally = StepTally()
-        self._steps: deque[StepEnded] = deque()  # taken in, waiting for their phase marks
+        # taken in, waiting for their phase marks: (step, end, samples, batch size, eval_s,
+        # marks), ``end`` the post-hook's perf_counter (durations are the differences)
+        self._steps: deque[tuple] = deque()
         self._previous_end: float | None = None  # the previous step's end (perf_counter)
         self.anatomy = PhaseWindow()
         self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
-        self._pending_scalars: deque[tuple[str, Captured]] = deque()
+        self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
+        self._losses: list[object] = []  # this tick's tensors backward() was called on
+        # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
+        self.hand_back: Callable[[list[Any]], None] = lambda _values: None
+        self._pending_scalars: deque[tuple[str, Captured | list[float]]] = deque()
         self._window = _Window()
         self._second = _Window()
         self._second_started = time.time()
@@ -111,10 +128,10 @@ class Telemetry:
         self._nonfinite_reported: set[str] = set()
         self.new_events: list[Event] = []
         self.flushes: list[threading.Event] = []  # to set once this tick's output is sent
-        # Sees every resolved step and scalar (agent thread): on_step(StepDone) and
-        # on_scalar(name, value). The session recorder uses it.
+        # Sees every resolved step and scalar (agent thread), a poll's worth at a time:
+        # on_steps([StepDone...]) and on_scalars(name, values). The session recorder uses it.
         self.tap: StepTap | None = None
-        self.duration_listeners: list[Callable[[int, float | None], None]] = []
+        self.duration_listeners: list[Callable[[list[StepDone]], None]] = []
         self._loss_given = False  # a LOSS_GIVEN came: the LOSS after it is left out
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
@@ -122,56 +139,94 @@ class Telemetry:
 
     # -- ingest (agent thread) ----------------------------------------------------------------
 
-    def ingest(self, record: object) -> bool:
-        """Take one inbox record; False: not one of telemetry's (it goes to the extensions)."""
-        if type(record) is tuple:
+    def drain(self, inbox: deque[Any], other: Callable[[object], None]) -> None:
+        """Take every record in ``inbox`` in order; one that is not telemetry's goes to
+        ``other`` (the extensions) in its turn. A step costs one call here (its samples): on
+        the small steps of a host-bound job the agent thread's work per step is what the
+        training thread waits for, since the two share the GIL."""
+        self._take(inbox, other)
+        while self._logged or self._losses:
+            self._capture_scalars()
+            self._take(inbox, other)  # the events of bad values among them, at once
+
+    def _take(self, inbox: deque[Any], other: Callable[[object], None]) -> None:
+        popleft = inbox.popleft
+        steps_append = self._steps.append
+        resolve = self.tally.resolve
+        wall_offset = time.time() - time.perf_counter()
+        logged = self._logged
+        losses = self._losses
+        while inbox:
+            record = popleft()
+            if type(record) is not tuple:
+                if isinstance(record, Event):
+                    self.add_event(record)
+                elif isinstance(record, Flush):
+                    self.flushes.append(record.done)
+                else:
+                    other(record)
+                continue
             kind = record[0]
             if kind == STEP:
-                self._add_step(record)
+                _, step, end, taken, model_examples, declared, eval_s, marks = record
+                samples, size = resolve(taken, model_examples, declared)
+                self.step = step
+                if samples is not None:
+                    self.samples = (self.samples or 0) + samples
+                else:
+                    self._uncounted(step)
+                self.batch_size = size
+                self.last_step_time = end + wall_offset
+                steps_append((step, end, samples, size, eval_s, marks))
+                if eval_s:
+                    self.eval_s += eval_s
             elif kind == LOGGED:
-                self._capture(record[2])
+                for name, value in record[2].items():
+                    values = logged.get(name)
+                    if values is None:
+                        logged[name] = [value]
+                    else:
+                        values.append(value)
             elif kind == LOSS:
                 if self._loss_given:  # the backward() inside the framework's: not the loss
                     self._loss_given = False
                 else:
-                    self._capture_loss(record[2])
+                    losses.append(record[2])
             elif kind == LOSS_GIVEN:
-                self._capture_loss(record[2])
+                losses.append(record[2])
                 self._loss_given = True
             else:
-                return False
-        elif isinstance(record, Event):
-            self.add_event(record)
-        elif isinstance(record, Flush):
-            self.flushes.append(record.done)
-        else:
-            return False
-        return True
+                other(record)
 
-    def _add_step(self, record: tuple) -> None:
-        """A step the hot path recorded: ``(STEP, step, end, taken, model_examples, declared,
-        eval_s, marks)`` (see ``runtime.hot_path.HotPath._post_hook``)."""
-        _, step, end, taken, model_examples, declared, eval_s, marks = record
-        samples, size = self.tally.resolve(taken, model_examples, declared)
-        self.step = step
-        if samples is not None:
-            self.samples = (self.samples or 0) + samples
-        else:
-            if not self.samples:
-                self.samples = None  # nothing counted yet: unknown, not zero
-            if self.samples_note is None:
-                self.samples_note = self.samples_reason(step)
-        self.batch_size = size
-        self.last_step_time = wall = time.time() - (time.perf_counter() - end)
-        self._steps.append(StepEnded(step, wall, end, samples, size, eval_s, marks))
-        self.eval_s += eval_s
+    def _uncounted(self, step: int) -> None:
+        if not self.samples:
+            self.samples = None  # nothing counted yet: unknown, not zero
+        if self.samples_note is None:
+            self.samples_note = self.samples_reason(step)
 
-    def _capture(self, scalars: dict[str, object]) -> None:
-        for name, value in scalars.items():
-            try:
-                self._pending_scalars.append((name, capture_scalar(name, value)))
-            except (ScalarError, RuntimeError) as exc:
-                self.report(f"log({name}=...)", exc)
+    def _capture_scalars(self) -> None:
+        """The tick's values of each name, captured together (one device read per name)."""
+        pending = self._pending_scalars
+        logged, self._logged = self._logged, {}
+        for name, values in logged.items():
+            run = capture_run(values)
+            if run is not None:
+                pending.append((name, run))
+                continue
+            for value in values:
+                try:
+                    pending.append((name, capture_scalar(name, value)))
+                except (ScalarError, RuntimeError) as exc:
+                    self.report(f"log({name}=...)", exc)
+        losses, self._losses = self._losses, []
+        if losses:
+            run = capture_run(losses)
+            if run is not None:
+                pending.append(("loss", run))
+            else:
+                for loss in losses:
+                    self._capture_loss(loss)
+        self.hand_back([logged, losses])
 
     def _capture_loss(self, loss: object) -> None:
         """The tensor ``backward()`` was called on (bsmon run): the loss when it is a scalar."""
@@ -191,56 +246,83 @@ class Telemetry:
 
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
-        tap = self.tap
-        steps = self._steps
-        while steps:
-            ended = steps[0]
-            marks = ended.marks
-            end = marks.end if marks is not None else None
-            if isinstance(end, CudaMark) and not end.event.query():
-                break  # the sampled step's device work is still running; keep the order
-            steps.popleft()
-            previous, self._previous_end = self._previous_end, ended.end
-            duration = (
-                training_time(ended.end - previous, ended.eval_s) if previous is not None else None
-            )
-            self._window.add_step(duration, ended.samples)
-            self._second.add_step(duration, ended.samples)
+        done = self._resolve_steps()
+        if done:
             for listener in self.duration_listeners:
-                listener(ended.step, duration)
+                listener(done)
+            if self.tap is not None:
+                self.tap.on_steps(done)
+        self._read_scalars()
+
+    def _resolve_steps(self) -> list[StepDone]:
+        """The steps taken in whose durations are known now, in order, added to the windows.
+        They are plain tuples laid out as ``StepDone`` (a named tuple costs a Python call
+        each)."""
+        steps = self._steps
+        done: list[StepDone] = []
+        append = done.append
+        previous = self._previous_end
+        timed = counted = 0
+        duration_sum = counted_sum = 0.0
+        while steps:
+            step, end, samples, size, eval_s, marks = steps[0]
             phases = None
-            if marks is not None and marks.begin is not None:
-                span = training_time(elapsed(marks.begin, marks.end), ended.eval_s)
-                if span is not None:
-                    phases = phases_of(marks, marks.begin, marks.end, span)
-                if phases is not None:
-                    phases = with_comm(phases, self.comm_sample())
-                    self.anatomy.add(span, phases)  # type: ignore[arg-type]
-            if tap is not None:
-                tap.on_step(
-                    StepDone(
-                        ended.step,
-                        duration,
-                        ended.samples,
-                        ended.batch_size,
-                        ended.eval_s,
-                        phases,
-                    )
-                )
-        while self._pending_scalars:
-            name, captured = self._pending_scalars[0]
-            value = read_scalar(captured)
-            if value is None:
-                break
-            self._pending_scalars.popleft()
-            if not math.isfinite(value):
-                self._report_nonfinite(name, value)
+            if marks is not None:
+                mark = marks.end
+                if isinstance(mark, CudaMark) and not mark.event.query():
+                    break  # the sampled step's device work is still running; keep the order
+                phases = self._phases(marks, eval_s)
+            steps.popleft()
+            duration = None
+            if previous is not None:
+                duration = end - previous
+                if eval_s:
+                    duration = training_time(duration, eval_s)
+                if duration is not None and duration > 0:
+                    timed += 1
+                    duration_sum += duration
+                    if samples is not None:
+                        counted_sum += duration
+                        counted += samples
+            previous = end
+            append((step, duration, samples, size, eval_s, phases))  # type: ignore[arg-type]
+        self._previous_end = previous
+        if done:
+            for window in (self._window, self._second):
+                window.add_steps(len(done), timed, duration_sum, counted, counted_sum)
+        return done
+
+    def _phases(self, marks: StepMarks, eval_s: float) -> Phases | None:
+        if marks.begin is None:
+            return None
+        span = training_time(elapsed(marks.begin, marks.end), eval_s)
+        if span is None:
+            return None
+        phases = phases_of(marks, marks.begin, marks.end, span)
+        if phases is not None:
+            phases = with_comm(phases, self.comm_sample())
+            self.anatomy.add(span, phases)
+        return phases
+
+    def _read_scalars(self) -> None:
+        pending, tap = self._pending_scalars, self.tap
+        while pending:
+            name, captured = pending[0]
+            values = read_values(captured)
+            if values is None:
+                break  # still being copied off the device; keep the order
+            pending.popleft()
+            finite = [v for v in values if math.isfinite(v)]
+            if len(finite) < len(values):
+                self._report_nonfinite(name, next(v for v in values if not math.isfinite(v)))
+            if not finite:
                 continue
-            self.scalars[name] = value
-            self._window.add_scalar(name, value)
-            self._second.add_scalar(name, value)
+            self.scalars[name] = finite[-1]
+            total = math.fsum(finite)
+            self._window.add_scalars(name, total, len(finite))
+            self._second.add_scalars(name, total, len(finite))
             if tap is not None:
-                tap.on_scalar(name, value)
+                tap.on_scalars(name, finite)
 
     def _report_nonfinite(self, name: str, value: float) -> None:
         if name in self._nonfinite_reported:

@@ -10,7 +10,9 @@ durations (the GPU check's reference timing uses it).
 Logged scalars follow the same rule: the agent thread copies a CUDA tensor to pinned host
 memory with ``non_blocking=True`` on the device's current stream of the agent thread (the
 default stream, which the training loop uses unless it set one of its own) and reads it once
-its event has completed.
+its event has completed. A tick's values of one name are read together (``capture_run``):
+on a GPU one ``torch.stack`` and one copy for all of them, not a copy and an event per step —
+the agent thread's time per step is time the training thread waits for the GIL.
 """
 
 from __future__ import annotations
@@ -139,15 +141,43 @@ def capture_scalar(name: str, value: Any) -> Captured:
     return float(value)
 
 
-def read_scalar(captured: Captured) -> float | None:
-    """Agent thread: the float value, or ``None`` while a CUDA copy is still in flight."""
+def capture_run(values: list[Any]) -> list[float] | PendingScalar | None:
+    """Agent thread: a run of one name's values (one per step) kept so that one read gives
+    them all: floats as they are, CPU tensors read, CUDA tensors stacked and copied off the
+    device together; ``None`` when they cannot be (not all floats, or not all scalar tensors
+    of one device): the caller then captures each with ``capture_scalar``, which says what is
+    wrong."""
+    first = values[0]
+    if not isinstance(first, torch.Tensor):
+        return list(values) if all(type(v) is float for v in values) else None
+    try:
+        if first.device.type != "cuda":  # tolist() keeps the GIL; item() lets go of it
+            read = [v.tolist() for v in values]
+            return None if any(type(v) is list for v in read) else read
+        with torch.no_grad():
+            stacked = torch.stack(values)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if stacked.numel() != len(values):
+        return None
+    host = torch.empty(len(values), dtype=stacked.dtype, pin_memory=True)
+    host.copy_(stacked.reshape(-1), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(stacked.device))
+    return PendingScalar(host, event)
+
+
+def read_values(captured: Captured | list[float]) -> list[float] | None:
+    """Agent thread: the values a capture holds, or ``None`` while a CUDA copy is still in
+    flight."""
     if isinstance(captured, PendingScalar):
         if not captured.event.query():
             return None
-        return float(captured.host)
+        captured = captured.host
     if isinstance(captured, torch.Tensor):
-        return float(captured)
-    return captured
+        values = captured.tolist()
+        return values if isinstance(values, list) else [values]
+    return captured if isinstance(captured, list) else [captured]
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -127,6 +128,27 @@ def test_an_exception_in_bsmon_code_never_reaches_the_job(job, bsmon_dir, monkey
     finally:
         conn.close()
         mon.close()
+
+
+@pytest.mark.filterwarnings("error")  # reading a tensor that requires grad warns on item()
+def test_the_agent_reads_the_losses_and_the_training_thread_frees_them(job, bsmon_dir):
+    """Freeing a tensor lets go of the GIL, so the agent thread hands the job's tensors back:
+    they die at the training thread's next step, as in a bare loop, and their values are
+    read without a warning."""
+    freed_on: list[str] = []
+    with attach(job.model, job.optimizer, batch_size=8) as mon:
+        losses = [job.step(mon) for _ in range(5)]
+        values = [loss.item() for loss in losses]
+        for loss in losses:
+            weakref.finalize(loss, lambda: freed_on.append(threading.current_thread().name))
+        del losses, loss
+        assert mon.flush()  # the agent has read all five
+        assert mon.telemetry.scalars["loss"] == values[-1]
+        assert freed_on == []  # and kept them for the training thread
+        job.step(mon)
+        assert freed_on == ["MainThread"] * 5
+        assert mon.flush()
+        assert mon.stats()["errors"] == 0
 
 
 def test_log_accepts_floats_ints_and_tensors_and_reports_bad_values(job, bsmon_dir):

@@ -365,18 +365,48 @@ def test_what_a_change_bought_waits_for_a_resolved_difference_and_agrees_with_th
     assert event.data["after"] == pytest.approx(table[16], rel=0.25)
 
 
+def one_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.randn(8, 2)).sum().backward()
+    optimizer.step()
+
+
 def test_a_size_left_before_its_verdict_says_so(bsmon_dir):
     model, optimizer, mon = make_job(8)
     with mon:
         assert mon.request_batch_size(16, confirm=True).ok
-        model(torch.randn(8, 2)).sum().backward()
-        optimizer.step()
+        one_step(model, optimizer)
         assert mon.request_batch_size(8, confirm=True).ok
-        model(torch.randn(8, 2)).sum().backward()
-        optimizer.step()
+        one_step(model, optimizer)
         assert mon.flush()
         first, second = mon.batch_control.changes
         assert first.verdict == "left before a verdict" and second.verdict is None
+
+
+def test_a_change_the_job_ends_before_applying_is_said_in_the_record(bsmon_dir):
+    from bsmon.probes.record.reader import open_record
+    from bsmon.probes.wire.protocol import Event
+
+    model, optimizer, mon = make_job(8, record=bsmon_dir / "run.jsonl")
+    with mon:
+        one_step(model, optimizer)
+        assert mon.request_batch_size(16, confirm=True).ok  # for the next step, never taken
+    events = [e for e in mon.telemetry.events if e.kind == "batch_size_unapplied"]
+    assert [e.message for e in events] == [
+        "the change to batch 16 (requested by the job) was never applied: the job ended at step 1, "
+        "before the step boundary that would apply it; it trained at batch 8 to the end"
+    ]
+    with open_record(bsmon_dir / "run.jsonl") as reader:
+        recorded = [line for line in reader.lines() if isinstance(line, Event)]
+    assert any(e.kind == "batch_size_unapplied" for e in recorded)
+
+
+def test_a_change_that_was_applied_leaves_nothing_to_say_at_the_end(bsmon_dir):
+    model, optimizer, mon = make_job(8)
+    with mon:
+        assert mon.request_batch_size(16, confirm=True).ok
+        one_step(model, optimizer)
+    assert mon.batch_control.unapplied() is None
+    assert not [e for e in mon.telemetry.events if e.kind == "batch_size_unapplied"]
 
 
 # -- accumulation mode -----------------------------------------------------------------------

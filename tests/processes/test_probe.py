@@ -20,7 +20,7 @@ from bsmon.probes.wire import describe_prediction, describe_recommendation, prot
 from bsmon.probes.wire.client import JobConnection
 from bsmon.probes.wire.protocol import ProbePoint
 
-from ..helpers import ROOT
+from ..helpers import ROOT, wait_until
 
 MiB = 1 << 20
 
@@ -156,6 +156,9 @@ def test_the_recommendation_joins_memory_speed_and_noise():
     assert rec.batch_size == 512 and any("stops rising" in r for r in rec.reasons)
     rec = plan.recommend(points, memory_max=4000, noise_scale=300.0, current=64)
     assert rec.batch_size == 300 and any("B_simple ≈ 300" in r for r in rec.reasons)
+    rec = plan.recommend(points, memory_max=4000, noise_scale=1.2, current=64)  # early on
+    assert rec.batch_size == 64 and rec.stay  # never smaller for the noise scale: "stay"
+    assert any("B_simple ≈ 1, below the job's 64" in r for r in rec.reasons)
     rec = plan.recommend(points[:1], memory_max=None, noise_scale=None, current=64)
     assert rec.batch_size == 64 and rec.stay  # the job's own size: "stay at 64"
     assert describe_recommendation(rec) == "stay at 64"
@@ -244,6 +247,21 @@ def test_tile_grows_the_batch_along_dim_zero_only():
 
 
 # -- the sidecar, end to end on the CPU ------------------------------------------------------
+
+
+def test_a_probe_the_job_ends_during_is_said_in_the_record(bsmon_dir):
+    from bsmon.probes.record.reader import open_record
+
+    _, _, mon = train_a_little(probe_step=hang, record=bsmon_dir / "run.jsonl")
+    with mon:
+        assert mon.prober.start(2000 * MiB, 60)["started"]
+        wait_until(lambda: mon.prober.reading().message.startswith("starting"), message="start")
+    with open_record(bsmon_dir / "run.jsonl") as reader:
+        events = [e for e in reader.lines() if isinstance(e, protocol.Event)]
+    (stopped,) = [e for e in events if e.kind == "probe_result"]
+    assert stopped.level == "warning" and stopped.data["status"] == "killed"
+    assert stopped.message.startswith("probe killed: the job ended ")
+    assert not list(bsmon_dir.glob("*.recipe"))
 
 
 def train_a_little(budget_job_batch: int = 32, **options):

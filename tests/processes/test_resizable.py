@@ -103,6 +103,39 @@ def test_a_key_resizes_the_loader_at_a_step_boundary_and_no_sample_is_lost(
     assert "batch 8 → 16" in change.message and "lr 0.01 → 0.02 (linear rule" in change.message
 
 
+def test_every_optimizer_the_job_steps_follows_the_batch(
+    bsmon_dir, processes, tmp_path, monkeypatch
+):
+    """A GAN's two optimizers: the one bsmon watches (SGD, linear rule) and the other (Adam,
+    square-root rule) both move their learning rate at the change, and the event says so."""
+    monkeypatch.setenv("BSMON_ANATOMY_STRIDE", "1")  # others are seen on sampled steps: all
+    gate = tmp_path / "gate"
+    run = start(processes, "gan", "--two-optimizers", "--gate", str(gate))
+    with JobConnection(job_socket("gan", bsmon_dir)) as conn:
+        conn.hello()
+        seen: list[protocol.Message] = []
+        metrics_until(
+            conn,
+            lambda m: (
+                m.step >= 3 and any("another optimizer" in e.message for e in events_of(seen))
+            ),
+            keep=seen,
+        )
+        reply = conn.request(protocol.SetBatchSize(value=32, reason="+", confirm=True))
+        assert reply.ok, reply.error
+        gate.touch()
+        metrics_until(conn, lambda m: m.batch_size == 32, keep=seen)
+        events = events_of([*seen, *conn.messages(0.5)])
+    out = finish(run)
+    (noticed,) = [e for e in events if "another optimizer" in e.message]
+    assert "its learning rate follows the batch size too" in noticed.message
+    assert "whether it holds after a change is not judged" in noticed.message
+    (change,) = [e for e in events if e.kind == "batch_size"]
+    assert "lr 0.01 → 0.04 (linear rule for SGD)" in change.message
+    assert "the other optimizer (Adam): lr 0.001 → 0.002" in change.message
+    assert "lrs 0.040000 0.002000" in out  # what the job's own optimizers hold at the end
+
+
 @pytest.mark.parametrize(
     ("job_args", "reason"),
     [

@@ -130,6 +130,21 @@ def test_a_loss_that_rises_well_above_its_level_diverged():
     assert outcome.after == pytest.approx(2.3, abs=0.05)
 
 
+def test_a_loss_near_zero_that_wobbles_after_a_change_held_and_one_that_undoes_training_did_not():
+    """MNIST-like: from 2.3 down to 0.02; after a smaller batch the windows read 0.05 (more
+    than 10% and 5 noises above, yet a sliver of the 2.28 the run gained): held. Back at 1.0
+    it gave back half of what it learnt: diverged."""
+    rng = random.Random(7)
+    outcomes = {}
+    for after in (0.05, 1.0):
+        watch = LossWatch()
+        feed(watch, [2.3, 1.0, 0.5, 0.2, 0.1] + [0.02 + rng.gauss(0, 0.002) for _ in range(20)])
+        watch.start(change_step=250)
+        (outcome,) = feed(watch, [after + rng.gauss(0, 0.005) for _ in range(25)])
+        outcomes[after] = outcome.status
+    assert outcomes == {0.05: loss_watch.HELD, 1.0: loss_watch.DIVERGED}
+
+
 def test_one_spike_is_not_a_divergence_and_a_nan_is():
     watch = LossWatch()
     feed(watch, [1.0, 1.01, 0.99, 1.0, 1.02])
@@ -192,3 +207,36 @@ def test_a_scheduler_is_seen_by_the_rates_it_leaves():
     assert not owned_by_scheduler(optimizer)
     torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
     assert owned_by_scheduler(optimizer)
+
+
+def test_a_mixed_loss_is_not_judged_after_a_change_but_a_nan_still_is():
+    """bsmon run with a GAN's two optimizers: the loss alternates between theirs, so a rise
+    after a change says nothing; a NaN still does."""
+    from bsmon.probes.batch.watch import ChangeWatch
+    from bsmon.probes.wire.protocol import BatchChange, Metrics
+
+    def window(step: int, loss: float) -> Metrics:
+        return Metrics(
+            t=float(step), step=step, batch_size=16, step_time_s=0.1, samples_per_s=160.0,
+            b_simple=None, steps_in_window=10, scalars={"loss": loss},
+        )  # fmt: skip
+
+    statuses = {}
+    for mixed in (False, True):
+        watch = ChangeWatch(16, lambda: 0)
+        watch.loss_mixed = mixed
+        for k in range(20):
+            watch.observe(window(10 * k, 0.8))
+        change = BatchChange(step=200, t=200.0, old=16, new=32, reason="+", source="monitor")
+        watch.add_change(change)
+        events = [e for k in range(21, 50) for e in watch.observe(window(10 * k, 1.6))]
+        statuses[mixed] = (change.loss, [e.kind for e in events if e.kind == "loss_diverged"])
+    assert statuses == {
+        False: (loss_watch.DIVERGED, ["loss_diverged"]),
+        True: (loss_watch.UNWATCHED, []),
+    }
+    watch = ChangeWatch(16, lambda: 0)
+    watch.loss_mixed = True
+    watch.add_change(BatchChange(step=0, t=0.0, old=16, new=32, reason="+", source="monitor"))
+    events = watch.observe(window(10, 0.8), nonfinite_loss=True)
+    assert [e.kind for e in events] == ["loss_diverged"]
