@@ -21,6 +21,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from ..launch.environment import ENV_RESIZABLE, ENV_RUN
 from ..runtime.service import Extension, MetricsPart
 from ..wire.describe import extrapolation_note
 from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult
@@ -66,7 +67,7 @@ class ProbeRunner:
         self._reading = ProbeReading()
         self._decoder = msgspec.json.Decoder(_Line)
         self._process: subprocess.Popen | None = None
-        self._closing = False
+        self._closing: str | None = None  # why the job's end stopped a running probe
 
     def reading(self) -> ProbeReading:
         """The probe's state; when idle, with the reason a probe could not start now."""
@@ -125,10 +126,10 @@ class ProbeRunner:
         its thread to tidy up (the recipe file)."""
         if not self.running:
             return
-        self._closing = True  # the thread's own "killed" would be a second word
         age = time.time() - (self._reading.started or time.time())
         why = f"the job ended {age:.0f} s into it, before it finished (press p earlier, "
-        self._announce(ProbeResult(status="killed", error=why + "or probe a longer job)"))
+        self._closing = why + "or probe a longer job)"  # what the thread's result then says
+        self._announce(ProbeResult(status="killed", error=self._closing))
         process = self._process
         if process is not None and process.poll() is None:
             process.kill()
@@ -259,6 +260,8 @@ class ProbeRunner:
         return None
 
     def _finish(self, result: ProbeResult) -> None:
+        if self._closing is not None:  # killed by stop(): say why, keep what it measured
+            result = msgspec.structs.replace(result, status="killed", error=self._closing)
         self._reading = ProbeReading(
             status="done",
             message=summary(result),
@@ -269,7 +272,7 @@ class ProbeRunner:
         try:
             self._on_result(result)
         finally:
-            if not self._closing:
+            if self._closing is None:  # stop() has announced it
                 self._announce(result)
             self._done.set()
 
@@ -342,8 +345,11 @@ def summary(result: ProbeResult) -> str:
 
 
 def sidecar_environment() -> dict[str, str]:
-    """The job's environment, with its import path, so the sidecar imports what it imports."""
+    """The job's environment, with its import path, so the sidecar imports what it imports;
+    without ``bsmon run``'s variables, or bsmon would attach to the sidecar too."""
     env = dict(os.environ)
+    for name in (ENV_RUN, ENV_RESIZABLE):  # bsmon run's: the sidecar is not a job to watch
+        env.pop(name, None)
     paths = [p for p in sys.path if p]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

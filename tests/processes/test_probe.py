@@ -261,6 +261,7 @@ def test_a_probe_the_job_ends_during_is_said_in_the_record(bsmon_dir):
     (stopped,) = [e for e in events if e.kind == "probe_result"]
     assert stopped.level == "warning" and stopped.data["status"] == "killed"
     assert stopped.message.startswith("probe killed: the job ended ")
+    assert mon.prober.reading().result.error == stopped.data["error"]  # what the screen shows
     assert not list(bsmon_dir.glob("*.recipe"))
 
 

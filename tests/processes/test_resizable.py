@@ -234,6 +234,8 @@ def test_the_probe_replays_the_scripts_loss_module(bsmon_dir, processes, tmp_pat
     assert result.points[0].batch_size == 8 and result.points[0].fits  # the job's own size
     assert result.confirmed_max and result.confirmed_max > 8
     assert result.recommendation is not None
+    records = sorted(p.name for p in (bsmon_dir / "records").glob("*.jsonl"))
+    assert len(records) == 1 and "-probe-" in records[0]  # the job's; the sidecar is not a job
 
 
 def test_a_loss_bsmon_cannot_replay_blocks_the_probe_with_the_reason(bsmon_dir, processes):
