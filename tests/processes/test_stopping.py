@@ -13,8 +13,11 @@ from bsmon.probes.wire.discovery import JobEntry
 from bsmon.tui.cli.family import JobFinder, pick
 from bsmon.tui.cli.stopping import GroupStop, wait_for
 
+# The child takes Ctrl-C as one started from a terminal does, also when the tests themselves
+# run as a shell's background job (which starts with SIGINT ignored, and passes that on).
 IGNORING = """
 import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 for name in sys.argv[1:]:
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 print("ready", flush=True)
