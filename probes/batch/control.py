@@ -166,15 +166,21 @@ class BatchController:
                 result.applies_at = self.apply_at
             return result.as_result()
 
+    @property
+    def _upcoming(self) -> Pending | None:
+        """The change accepted and not yet applied: asked for, carried by the ranks'
+        exchange, or held for the integration's point."""
+        return self.pending or self._in_flight or self.held
+
     def _next_size(self) -> int:
         """The size the job will have once what is pending or held is applied."""
-        upcoming = self.pending or self._in_flight or self.held
+        upcoming = self._upcoming
         return upcoming.value if upcoming else self.size
 
     def unapplied(self) -> str | None:
         """At the job's end: a change that was accepted but never applied, because the job
         ended before the step boundary that would have applied it (None: there is none)."""
-        upcoming = self.pending or self._in_flight or self.held
+        upcoming = self._upcoming
         if upcoming is None:
             return None
         return (
@@ -373,11 +379,7 @@ class BatchController:
             max_size=self.policy.max_size,
             next_up=next_up,
             next_down=self.policy.next_size(self.size, "down"),
-            pending=(
-                upcoming.value
-                if (upcoming := self.pending or self._in_flight or self.held)
-                else None
-            ),
+            pending=upcoming.value if (upcoming := self._upcoming) else None,
             applies_at=self.apply_at,
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,

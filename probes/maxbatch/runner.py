@@ -166,7 +166,7 @@ class ProbeRunner:
                 start_new_session=True,
             )
             self._process = process
-            if self._closing:  # stop() came before there was a process to kill
+            if self._closing is not None:  # stop() came before there was a process to kill
                 process.kill()
             return self._follow(process, recipe, time.monotonic() + timeout, timeout)
         finally:

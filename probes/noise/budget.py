@@ -20,11 +20,7 @@ class RecentMedian:
         self._since = 0
 
     def add(self, value: float) -> None:
-        self.values.append(value)
-        self._since += 1
-        if self._since >= self.every or len(self.values) <= self.every:
-            self.median = statistics.median(self.values)
-            self._since = 0
+        self.extend([value])
 
     def extend(self, values: list[float]) -> None:
         """Several values at once: the median refreshed once, if it is due by the end."""

@@ -13,12 +13,13 @@ a block of the time grid (so later compactions nest) and never across a batch-si
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from .format import DeviceSpan, HostSpan, Span, Stat
 
 STEP_GAMMA = 1.02  # step-time histogram bins are 2% wide: quantiles within ~1%
-LOG_GAMMA = math.log(STEP_GAMMA)
+_LOG_GAMMA = math.log(STEP_GAMMA)
 
 
 # -- stats ------------------------------------------------------------------------------------
@@ -70,7 +71,13 @@ class StatAcc:
 
 def step_bin(seconds: float) -> int:
     """The log-spaced bin of a positive duration."""
-    return math.floor(math.log(seconds) / LOG_GAMMA)
+    return math.floor(math.log(seconds) / _LOG_GAMMA)
+
+
+def count_step_bins(durations: list[float], into: dict[int, int]) -> None:
+    """``step_bin`` of each duration counted into ``into``: one pass, no Python call per
+    duration (the recorder's, on the agent thread, for a tick's steps at a time)."""
+    add_counts(into, Counter([math.floor(math.log(d) / _LOG_GAMMA) for d in durations]))
 
 
 def step_bin_value(index: int) -> float:

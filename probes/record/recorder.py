@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from itertools import groupby
-from math import floor, log
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.service import Extension, TickDone
 from ..wire.protocol import Capability, Event, SessionInfo
-from .buckets import LOG_GAMMA, StatAcc, single
+from .buckets import StatAcc, count_step_bins, single
 from .conversions import device_span
 from .format import (
     BUCKET_S,
@@ -170,9 +168,7 @@ class Recorder(Extension):
         for r in timed:
             if r[5] is not None:
                 bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
-        hist = bucket.hist
-        for index, count in Counter([floor(log(d) / LOG_GAMMA) for d in durations]).items():
-            hist[index] = hist.get(index, 0) + count
+        count_step_bins(durations, bucket.hist)  # type: ignore[arg-type]
 
     def on_step(self, done: StepDone) -> None:
         self.on_steps([done])

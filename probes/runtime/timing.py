@@ -153,7 +153,9 @@ def capture_run(values: list[Any]) -> list[float] | PendingScalar | None:
     try:
         if first.device.type != "cuda":  # tolist() keeps the GIL; item() lets go of it
             read = [v.tolist() for v in values]
-            return None if any(type(v) is list for v in read) else read
+            if any(type(v) is list for v in read):
+                return None
+            return read if all(type(v) is float for v in read) else [float(v) for v in read]
         with torch.no_grad():
             stacked = torch.stack(values)
     except (TypeError, ValueError, RuntimeError):
@@ -174,9 +176,9 @@ def read_values(captured: Captured | list[float]) -> list[float] | None:
         if not captured.event.query():
             return None
         captured = captured.host
-    if isinstance(captured, torch.Tensor):
-        values = captured.tolist()
-        return values if isinstance(values, list) else [values]
+    if isinstance(captured, torch.Tensor):  # an integer or bool tensor's too, as floats
+        values = captured.reshape(-1).tolist()
+        return values if captured.is_floating_point() else [float(v) for v in values]
     return captured if isinstance(captured, list) else [captured]
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from bsmon.probes import attach
+from bsmon.probes.record.reader import open_record
 from bsmon.probes.runtime import hot_path
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
@@ -162,6 +163,20 @@ def test_log_accepts_floats_ints_and_tensors_and_reports_bad_values(job, bsmon_d
         events = [e.message for e in mon.telemetry.events]
     assert any("str is not a number" in m for m in events)
     assert any("shape (3,) is not a scalar" in m for m in events)
+
+
+def test_integer_and_bool_tensors_are_read_as_floats(job, bsmon_dir):
+    """Read a tick at a time, as floats: the metrics and the record take only floats."""
+    with attach(job.model, job.optimizer, batch_size=8, record=bsmon_dir / "r.jsonl") as mon:
+        for _ in range(3):
+            mon.log(count=torch.tensor(7), flag=torch.tensor(True))
+        assert mon.flush()
+        scalars = mon.stats()["scalars"]
+    assert scalars == {"count": 7.0, "flag": 1.0}
+    assert all(type(v) is float for v in scalars.values())
+    with open_record(bsmon_dir / "r.jsonl") as reader:
+        assert len(list(reader.lines())) >= 3  # every line decodes: the spans' scalars too
+        assert reader.damage_note() is None
 
 
 def test_nonfinite_loss_is_reported_once(job, bsmon_dir):

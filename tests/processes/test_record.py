@@ -272,10 +272,10 @@ def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
 def test_a_bug_in_the_recorder_ends_only_the_recording(bsmon_dir, monkeypatch):
     import bsmon.probes.record.recorder as record_module
 
-    def broken(_seconds):
+    def broken(_durations, _into):
         raise ZeroDivisionError("injected")
 
-    monkeypatch.setattr(record_module, "log", broken)  # the step-time histogram's bin
+    monkeypatch.setattr(record_module, "count_step_bins", broken)
     job = TinyJob()
     with attach(job.model, job.optimizer, batch_size=8, name="buggy") as mon:
         for _ in range(10):
