@@ -29,7 +29,8 @@ def start(bsmon_dir, command: str) -> Tmux:
 
 
 def live_step(text: str) -> int:
-    match = re.search(r"step ([\d,]+)", text)
+    """The step the header shows once live (other panels say "step 3.2 ms": not a step count)."""
+    match = re.search(r"· step ([\d,]+) ·", text)
     return int(match.group(1).replace(",", "")) if match and "LIVE" in text else 0
 
 
@@ -55,8 +56,8 @@ def live_run(bsmon_dir, name: str) -> Iterator[tuple[Tmux, int]]:
 
 def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
     with live_run(bsmon_dir, "tq") as (tmux, pid):
-        screen = tmux.screen()
-        assert "tq" in screen and "+/- p off — ? says why" in screen
+        screen = tmux.wait_for(lambda s: "+/- p off — ? says why" in s, what="keys off")
+        assert "tq" in screen
         tmux.send("?")  # the help opens with why the keys are off
         screen = tmux.wait_for(lambda s: "This job" in s, what="the help")
         assert "+/- is off: bsmon run leaves the script's DataLoader" in screen
