@@ -33,7 +33,7 @@ import torch
 
 from .anatomy.extension import AnatomyExtension
 from .anatomy.marks import PhaseMarks
-from .anatomy.sampling import AnatomySampler, stride_from_environment
+from .anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
 from .anatomy.verdict import LoaderFacts, loader_facts
 from .batch.control import BatchController, Pending
 from .batch.extension import BatchExtension
@@ -56,8 +56,8 @@ from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
-from .runtime.hot_path import LOGGED, LOSS_GIVEN, NEVER, HotPath, Progress, StepWork
-from .runtime.inbox import Flush, make_inbox
+from .runtime.hot_path import NEVER, HotPath, Progress, StepWork
+from .runtime.inbox import Flush, Inbox
 from .runtime.ranks import (
     DDP_SAMPLE_EVERY,
     DdpTiming,
@@ -141,7 +141,8 @@ class Monitor:
         # training-thread state
         self._progress = Progress()
         self._samples = StepSamples()
-        self._inbox = make_inbox()
+        self._inbox = Inbox()
+        self._append_logged = self._inbox.logged.append
         self._guard = FaultGuard(self._emit_event, self._progress)
         self._warned: set[str] = set()
         self._has_batchnorm = model is not None and any(
@@ -151,7 +152,9 @@ class Monitor:
         self._clock = StepClock.for_parameters(params)
         self._phases = PhaseMarks(self._clock) if step_anatomy else None
         stride, stride_error = stride_from_environment()
-        self._anatomy_sampler = AnatomySampler(stride)
+        self._anatomy_sampler = AnatomySampler(
+            stride, follows_rate=not os.environ.get(STRIDE_VARIABLE) or stride_error is not None
+        )
         self._loader_facts: tuple[int, LoaderFacts] | None = None  # (iterator id, facts)
         self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
         # called once per training DataLoader iterator (an epoch), on the training thread
@@ -359,6 +362,7 @@ class Monitor:
             loader=lambda: self._loader_facts[1] if self._loader_facts is not None else None,
             device_index=device.index if device is not None else None,
             step=self._progress,
+            sampler=self._anatomy_sampler,
         )
 
     def _warn(self, kind: str, message: str) -> None:
@@ -708,13 +712,13 @@ class Monitor:
         values soon after, and reports one it cannot show as a number. A tensor is read then,
         not now: log a fresh one (the loss, ``acc / n``), not one the loop changes in place
         afterwards (``acc.zero_()``: log ``acc.clone()``)."""
-        self._inbox.append((LOGGED, self._progress.step, scalars))
+        self._append_logged(scalars)
 
     def loss_given(self, loss: Any) -> None:
         """A framework's ``backward(loss)`` was called (``bsmon run``, accelerate): show
         ``loss`` as the loss, not the scalar that framework then calls ``backward()`` on (one
         append)."""
-        self._inbox.append((LOSS_GIVEN, self._progress.step, loss))
+        self._inbox.losses.append((loss,))  # a tuple: given, not seen at backward()
 
     def record_backward_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``Tensor.backward`` that also shows the tensor as the loss (``bsmon run``): one

@@ -6,7 +6,8 @@ Modules, one job each:
 
 - ``marks``: the training thread's O(1) signals (DataLoader batches, backward passes, the
   optimizer step) as timing marks: wall clock on a CPU, CUDA events on a GPU;
-- ``sampling``: which steps are timed (one in every 4 to 12, drawn at random);
+- ``sampling``: which steps are timed (one in every 4 to 12, drawn at random, fewer on
+  very fast steps);
 - ``phases``: one step's marks turned into seconds per phase (agent thread);
 - ``window``: the last steps' totals and each history interval's;
 - ``verdict``: input-, communication-, host- or compute-bound, with evidence and advice;

@@ -1,5 +1,5 @@
 """The step anatomy on the agent thread: the reading in each metrics message, its verdict,
-and an event when the verdict changes."""
+an event when the verdict changes, and the sampling stride following the step time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import msgspec
 from ..runtime.service import Extension, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Event, Metrics, StepAnatomy
+from .sampling import AnatomySampler
 from .verdict import Judgement, LoaderFacts, VerdictKeeper, anatomy_notes, judge
 
 
@@ -24,8 +25,10 @@ class AnatomyExtension(Extension):
         loader: Callable[[], LoaderFacts | None],
         device_index: int | None,
         step: Callable[[], int],
+        sampler: AnatomySampler | None = None,
     ) -> None:
         self._telemetry = telemetry
+        self._sampler = sampler
         self._world_size = world_size
         self._loader = loader
         self._device_index = device_index
@@ -34,6 +37,8 @@ class AnatomyExtension(Extension):
         self.latest: StepAnatomy | None = None  # the last reading sent
 
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        if self._sampler is not None:
+            self._sampler.follow_rate(metrics.step_time_s)
         reading = self._telemetry.anatomy.recent()
         if reading is None:
             return {}

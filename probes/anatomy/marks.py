@@ -1,10 +1,10 @@
 """The training thread's side: the boundaries of a sampled step's phases, O(1) per signal.
 
-The anatomy measures a sample of steps (``ANATOMY_STRIDE``: one step in every 4 to 12, drawn
-at random so that no periodic pattern of the job aliases with it); the shares of a window of
-sampled steps are the shares of the run. Off the sampled steps nothing here runs: the
-backward wrapper is installed when a sampled step is about to start (``arm``) and removed
-after it (``disarm``).
+The anatomy measures a sample of steps (``sampling``: one step in every 4 to 12, fewer on
+very fast steps, drawn at random so that no periodic pattern of the job aliases with it); the
+shares of a window of sampled steps are the shares of the run. Off the sampled steps nothing
+here runs: the backward wrapper is installed when a sampled step is about to start (``arm``)
+and removed after it (``disarm``).
 
 Four signals mark a sampled step: a training batch arriving from a DataLoader
 (``loader_watch``), a backward pass starting and ending (``torch.autograd.backward`` wrapped

@@ -116,6 +116,7 @@ class BatchController:
         self._lock = threading.Lock()
         self._switch_time = time.time()
         self._switch_step = 0
+        self._sample_seen: DeviceSample | None = None  # the sampler's latest, once observed
 
     # -- sizes ------------------------------------------------------------------------------
 
@@ -360,8 +361,11 @@ class BatchController:
         return self.watch.observe(metrics, nonfinite_loss)
 
     def observe_sample(self, sample: DeviceSample, step: int) -> None:
-        if sample.t <= self._switch_time:
+        """Each new sample once (every tick passes the sampler's latest: reading the host's
+        free memory at every tick was the agent's largest fixed cost)."""
+        if sample is self._sample_seen or sample.t <= self._switch_time:
             return
+        self._sample_seen = sample
         peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
         if peaks:
             self.memory.observe(self.loader_size, max(peaks), step - self._switch_step)

@@ -96,15 +96,15 @@ class NominalBatch:
 
     def __init__(self) -> None:
         self.size: int | None = None
-        self._candidate: int | None = None
+        self.candidate: int | None = None  # a new size seen once, not yet twice in a row
 
     def update(self, observed: int | None) -> int | None:
         if observed is None or observed == self.size:
-            self._candidate = None
-        elif self.size is None or observed == self._candidate:
-            self.size, self._candidate = observed, None
+            self.candidate = None
+        elif self.size is None or observed == self.candidate:
+            self.size, self.candidate = observed, None
         else:
-            self._candidate = observed
+            self.candidate = observed
         return self.size
 
 

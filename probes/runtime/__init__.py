@@ -13,6 +13,7 @@ Modules, one job each:
   passes, every DataLoader's batches, ``train()``/``eval()`` switches, and torch functions
   wrapped once per process with subscribers;
 - ``telemetry``: step records in, metrics windows and history points out (agent thread);
+- ``window``: the sums of a window of steps (count, time, samples, scalars);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
 - ``fault_guard``: an exception in bsmon's code on the training thread stops there;

@@ -3,11 +3,12 @@
 An ordinary step (the noise scale not measuring it, the step anatomy not sampling it) costs
 the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
 
-- the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()`` and one
-  ``deque.append`` of a plain tuple — 3 calls;
-- ``mon.log(loss=loss)`` (``Monitor.log``, which appends the same way): one ``deque.append``
-  of the step and the keyword dict — 2 calls (the values are read, checked and copied off a
-  device on the agent thread).
+- the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()``, and
+  the step's numbers stored into its slot of preallocated arrays (``inbox.StepRing``: no
+  call, no object made that the agent thread must then read) — 2 calls;
+- ``mon.log(loss=loss)`` (``Monitor.log``): one ``deque.append`` of the step and the keyword
+  dict — 2 calls (the values are read, checked and copied off a device on the agent
+  thread).
 
 Everything else happens on the agent thread (durations, wall-clock times, the samples and
 batch size of each step, scalars, windows, the record) or on *scheduled* steps. The agent
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections import deque
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -39,11 +39,10 @@ from typing import Any
 import torch
 
 from .fault_guard import FaultGuard
+from .inbox import Inbox
 from .samples import NOT_COUNTED
 
 NEVER = sys.maxsize  # no boundary scheduled
-STEP, LOGGED, LOSS = "step", "logged", "loss"  # the first field of the hot path's records
-LOSS_GIVEN = "loss_given"  # a framework's backward(loss) was given it: the next LOSS is its own
 
 
 def _step_wrapper_code() -> Any:
@@ -117,7 +116,7 @@ class HotPath:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        inbox: deque[Any],
+        inbox: Inbox,
         progress: Progress,
         guard: FaultGuard,
         work: StepWork,
@@ -128,7 +127,8 @@ class HotPath:
         reevaluates: bool = False,
     ) -> None:
         self._optimizer = optimizer
-        self._append = inbox.append
+        self._ring = inbox.ring
+        self._append_loss = inbox.losses.append
         self._progress = progress
         self._guard = guard
         self._work = work
@@ -189,14 +189,14 @@ class HotPath:
         self._pre_handle = self._post_handle = None
 
     def loss_at_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A ``Tensor.backward`` that appends ``(LOSS, step, tensor)`` and calls ``original``:
-        the tensor stays referenced until the agent thread drains it (its saved activations
-        are freed by the backward pass itself, unless ``retain_graph=True``)."""
-        append, progress = self._append, self._progress
+        """A ``Tensor.backward`` that appends the tensor to the inbox's losses and calls
+        ``original``: the tensor stays referenced until the agent thread drains it (its saved
+        activations are freed by the backward pass itself, unless ``retain_graph=True``)."""
+        append = self._append_loss
 
         @functools.wraps(original)
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            append((LOSS, progress.step, tensor))
+            append(tensor)
             return original(tensor, *args, **kwargs)
 
         return backward
@@ -237,31 +237,25 @@ class HotPath:
             step = progress.step + 1
             progress.step = step
             now = perf_counter()
+            ring = self._ring
+            slot = step & ring.mask
+            ring.ends[slot] = now
             samples = self._samples
             if samples.drawing:
-                taken = samples.take()
+                ring.drawn[slot], ring.first_batch[slot] = samples.take()
             else:
-                taken = None
+                ring.drawn[slot] = ring.first_batch[slot] = 0
                 samples.passes_known = False
             counter = self._examples
-            examples = counter.take(self._reevaluates) if counter.wanted else NOT_COUNTED
-            evals = self._evals
-            eval_s = evals.take(now) if evals.pending else 0.0
-            evals.step_end = now
-            marks = self._work.take_marks(now) if self.sampling else None
+            ring.examples[slot] = counter.take(self._reevaluates) if counter.wanted else NOT_COUNTED
             control = self.control
-            self._append(
-                (
-                    STEP,
-                    step,
-                    now,
-                    taken,
-                    examples,
-                    control.size if control is not None else None,
-                    eval_s,
-                    marks,
-                )
-            )
+            ring.declared[slot] = control.size if control is not None else 0
+            evals = self._evals
+            ring.eval_s[slot] = evals.take(now) if evals.pending else 0.0
+            evals.step_end = now
+            if self.sampling:
+                ring.marks.append((step, self._work.take_marks(now)))
+            ring.written = step
             self.micro_batches = 0
             if self.batches_since_step:
                 self.batches_since_step = []

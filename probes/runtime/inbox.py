@@ -1,19 +1,31 @@
-"""The training thread's inbox: the records it hands to the agent thread.
+"""The training thread's inbox: what it hands to the agent thread.
 
-The training thread appends one small record per event to a bounded deque (O(1), no lock,
-nothing read off a device); the agent thread drains it every tick. On every step the records
-are plain tuples (``hot_path``: a step's end, ``mon.log``'s scalars, the loss ``bsmon run``
-saw), which cost no constructor call; ``Telemetry.drain`` takes them in a tick's worth at a
-time. It takes the records it knows (those tuples, ``Event``, ``Flush``); any other record goes to
-the extensions (``Extension.on_record``), for instance a ``BatchChange`` for batch control.
+Nothing here takes a lock or reads a device; the agent thread drains it every tick. On a
+host-bound step the agent thread's work per step is what the training thread waits for (the
+two share the GIL), and the largest part of that work was not Python but memory: the first
+touch, on the agent's core, of every object the training thread made for a step (a step's
+tuple and floats read once cost 3× what they cost read again). So a step is written as
+numbers into preallocated arrays, and the records that do come every step are taken a tick's
+worth at a time and read as columns (C loops):
+
+- ``ring``: one slot per step (``StepRing``): its end, samples drawn, examples, batch size and
+  evaluation time, written by the optimizer's post-hook (``hot_path``); the step anatomy's
+  marks, on its sampled steps only, go to ``ring.marks``;
+- ``logged``: the ``{name: value}`` of each ``mon.log`` call;
+- ``losses``: the tensor ``backward()`` was called on (``bsmon run``), or ``(loss,)``: a
+  framework's ``backward(loss)`` was given ``loss``, and the next tensor is its own;
+- ``records``: everything else, in order (an ``Event``, a ``Flush``, an extension's record
+  such as a ``BatchChange``). ``Telemetry.drain`` takes it first, so a ``Flush`` is done only
+  after every step before it.
 """
 
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 CAPACITY = 1 << 16
 
@@ -25,5 +37,78 @@ class Flush:
     done: threading.Event
 
 
-def make_inbox() -> deque[Any]:
-    return deque(maxlen=CAPACITY)
+class StepColumns(NamedTuple):
+    """Steps ``first`` to ``first + len(ends) - 1`` read off the ring, a list per field."""
+
+    first: int
+    ends: list[float]  # the post-hook's perf_counter
+    drawn: list[int]  # samples from the job's batches (sources 1-2); 0: none
+    first_batch: list[int]  # the first of those batches' size; 0: unknown
+    examples: list[int]  # the model's examples (source 3), or NOT_COUNTED
+    declared: list[int]  # the batch size batch control runs at; 0: no batch control
+    eval_s: list[float]  # evaluation time inside the step
+
+
+class StepRing:
+    """Training thread: a step's numbers go to slot ``step % capacity`` of arrays made once,
+    then ``written`` says the step is complete. Agent thread: ``take`` reads the slots after
+    the last step it read, copying each array's run at once. A slot is overwritten
+    ``capacity`` steps later: an agent that falls that far behind loses the oldest steps, as
+    the bounded deque this replaces dropped them, and ``lost`` counts them."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        if capacity & (capacity - 1):
+            raise ValueError("the ring's capacity is a power of two")
+        self.mask = capacity - 1
+        self.ends = array("d", bytes(8 * capacity))
+        self.drawn = array("q", bytes(8 * capacity))
+        self.first_batch = array("q", bytes(8 * capacity))
+        self.examples = array("q", bytes(8 * capacity))
+        self.declared = array("q", bytes(8 * capacity))
+        self.eval_s = array("d", bytes(8 * capacity))
+        self.marks: deque[tuple[int, Any]] = deque(maxlen=capacity)  # (step, marks)
+        self.written = 0  # the last step whose slot is complete
+        self.read = 0  # the last step the agent took
+        self.lost = 0
+
+    def take(self) -> StepColumns | None:
+        """Agent thread: the steps written since the last take (None: none)."""
+        written, read = self.written, self.read
+        if written <= read:
+            return None
+        capacity = self.mask + 1
+        if written - read > capacity:
+            self.lost += written - read - capacity
+            read = written - capacity
+        self.read = written
+        start, stop = (read + 1) & self.mask, (written & self.mask) + 1
+        columns = [self._run(column, start, stop) for column in self._columns()]
+        return StepColumns(read + 1, *columns)
+
+    def _columns(self) -> tuple[array, ...]:
+        return (self.ends, self.drawn, self.first_batch, self.examples, self.declared, self.eval_s)
+
+    @staticmethod
+    def _run(column: array, start: int, stop: int) -> list[Any]:
+        if start < stop:
+            return column[start:stop].tolist()
+        return column[start:].tolist() + column[:stop].tolist()  # it wrapped around
+
+
+class Inbox:
+    """The ring, and one bounded deque per other kind of record; ``append`` is the general
+    one's."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.records: deque[Any] = deque(maxlen=capacity)
+        self.ring = StepRing(capacity)
+        self.logged: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self.losses: deque[Any] = deque(maxlen=capacity)
+        self.append = self.records.append
+
+
+def take_all(queue: deque[Any]) -> list[Any]:
+    """Agent thread: what ``queue`` holds now, in order (the training thread may append
+    meanwhile: those wait for the next take)."""
+    popleft = queue.popleft
+    return [popleft() for _ in range(len(queue))]

@@ -27,9 +27,12 @@ for good: every step is counted again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import groupby, repeat
+
 from ..batch.loader import NominalBatch
 
-Taken = tuple[int, int | None]  # a step's samples from sources 1–2 and its first batch's size
+Taken = tuple[int, int]  # a step's samples from sources 1–2 and its first batch's size (0: unknown)
 NOT_COUNTED = -1  # the model's examples were not counted on this step (a steady count holds)
 STEADY_AFTER = 32  # equal counts in a row before the model's examples are only checked
 CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in this many
@@ -76,7 +79,7 @@ class StepSamples:
     def take(self) -> Taken:
         """At the step's end (only when ``drawing``): its samples and first batch's size, then
         a fresh step."""
-        taken = (self._counted or self._drawn, self._counted_first or self._drawn_first)
+        taken = (self._counted or self._drawn, self._counted_first or self._drawn_first or 0)
         self.passes_known = self._one_pass_each
         self.discard()
         return taken
@@ -108,27 +111,69 @@ class StepTally:
         return self.steady is None or step % CHECK_EVERY == 0
 
     def resolve(
-        self, taken: Taken | None, model_examples: int, declared: int | None
+        self, drawn: int, first: int, model_examples: int, declared: int
     ) -> tuple[int | None, int | None]:
-        drawn, first = taken if taken is not None else (0, None)
+        """A step's samples and the job's batch size, from its samples ``drawn`` (sources 1-2)
+        and their ``first`` batch's size (0: unknown), the ``model_examples`` (source 3, or
+        ``NOT_COUNTED``) and the ``declared`` batch size (0: none)."""
         if drawn:
             self.batches_seen = True
         if model_examples == NOT_COUNTED:
             model_examples = self.steady or 0
-        elif not drawn and declared is None and model_examples:
+        elif not drawn and not declared and model_examples:
             self._follow(model_examples)
         if drawn or not self.batches_seen:
             samples = drawn or model_examples or declared or None
         else:  # a loader that fetches ahead drew this step's batch in the step before
             samples = 0
-        if declared is not None:
+        if declared:
             return samples, declared
         return samples, self.nominal.update(first or model_examples or None)
+
+    def resolve_all(
+        self,
+        drawn: Sequence[int],
+        first: Sequence[int],
+        examples: Sequence[int],
+        declared: Sequence[int],
+    ) -> tuple[list[int | None], list[int | None]]:
+        """``resolve`` for a tick's steps (columns): each run of equal inputs is resolved step
+        by step only until a step leaves the tally as it found it; the rest of the run then
+        resolves the same (``resolve`` depends on the inputs and the tally alone), so a
+        steady job costs a few calls per tick, not one per step."""
+        samples: list[int | None] = []
+        sizes: list[int | None] = []
+        for inputs, run in groupby(zip(drawn, first, examples, declared, strict=True)):
+            left = len(list(run))
+            while left:
+                before = self._state()
+                step_samples, size = self.resolve(*inputs)
+                samples.append(step_samples)
+                sizes.append(size)
+                left -= 1
+                if left and self._state() == before:
+                    samples.extend(repeat(step_samples, left))
+                    sizes.extend(repeat(size, left))
+                    break
+        return samples, sizes
+
+    def _state(self) -> tuple:
+        nominal = self.nominal
+        return (
+            self.batches_seen,
+            self.steady,
+            self.varies,
+            self._run,
+            self._last,
+            nominal.size,
+            nominal.candidate,
+        )
 
     def _follow(self, examples: int) -> None:
         if self.steady is not None and examples != self.steady:
             self.steady, self.varies = None, True
-        self._run = self._run + 1 if examples == self._last else 1
+        # capped: only reaching STEADY_AFTER matters, and a steady run then leaves it as it is
+        self._run = min(self._run + 1, STEADY_AFTER) if examples == self._last else 1
         self._last = examples
         if self._run >= STEADY_AFTER and not self.varies:
             self.steady = examples

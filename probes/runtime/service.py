@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
 from ..wire.server import AgentServer
 from .devices import DeviceSample, DeviceSampler
+from .inbox import Inbox
 from .telemetry import Telemetry
 
 TICK_S = 0.1
@@ -117,7 +117,7 @@ class AgentService(threading.Thread):
     def __init__(
         self,
         *,
-        inbox: deque,
+        inbox: Inbox,
         telemetry: Telemetry,
         router: CommandRouter,
         sampler: PeriodicSampler,

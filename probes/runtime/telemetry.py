@@ -11,8 +11,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from itertools import compress, count, repeat
+from operator import is_not, itemgetter, sub
+from typing import Any, NamedTuple, Protocol
 
 from ..anatomy.marks import StepMarks
 from ..anatomy.phases import Phases, phases_of, with_comm
@@ -20,8 +21,7 @@ from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
-from .hot_path import LOGGED, LOSS, LOSS_GIVEN, STEP
-from .inbox import Flush
+from .inbox import Flush, Inbox, StepColumns, take_all
 from .samples import StepTally
 from .timing import (
     Captured,
@@ -32,19 +32,40 @@ from .timing import (
     elapsed,
     read_values,
 )
+from .window import StepWindow, timed_sums, training_time
 
 HISTORY_INTERVAL_S = 1.0
 HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
 
 
-def training_time(duration: float | None, eval_s: float) -> float | None:
-    """A step's duration without the evaluation inside it (None: not timed; also when the
-    evaluation, timed on the host, takes all of a duration timed on a device)."""
-    if duration is None or not eval_s:
-        return duration
-    rest = duration - eval_s
-    return rest if rest > 0 else None
+def _ready(taken: _Steps) -> int:
+    """How many of ``taken`` lead up to the first sampled step whose device work is still
+    running."""
+    if taken.marks is None:
+        return len(taken.ends)
+    for index in compress(count(), map(is_not, taken.marks, repeat(None))):
+        mark = taken.marks[index].end
+        if isinstance(mark, CudaMark) and not mark.event.query():
+            return index
+    return len(taken.ends)
+
+
+class _Steps(NamedTuple):
+    """Steps taken in, as columns, waiting for their durations (and the sampled steps' phase
+    marks): ``marks`` is None when none of them was sampled."""
+
+    steps: range
+    ends: list[float]  # the post-hook's perf_counter: durations are the differences
+    samples: list[int | None]
+    sizes: list[int | None]
+    eval_s: list[float]
+    marks: list[Any] | None
+
+    def split(self, at: int) -> tuple[_Steps, _Steps]:
+        head = _Steps(*(column[:at] if column is not None else None for column in self))
+        tail = _Steps(*(column[at:] if column is not None else None for column in self))
+        return head, tail
 
 
 def _no_report(_where: str, _exc: BaseException) -> None:
@@ -54,45 +75,6 @@ def _no_report(_where: str, _exc: BaseException) -> None:
 class StepTap(Protocol):
     def on_steps(self, done: list[StepDone]) -> None: ...
     def on_scalars(self, name: str, values: list[float]) -> None: ...
-
-
-@dataclass
-class _Window:
-    """Steps whose durations have been resolved since the window was last taken."""
-
-    steps: int = 0
-    timed_steps: int = 0
-    duration_s: float = 0.0
-    timed_samples: int = 0
-    counted_s: float = 0.0  # the part of duration_s whose steps' samples were counted
-    scalar_sums: dict[str, float] = field(default_factory=dict)
-    scalar_counts: dict[str, int] = field(default_factory=dict)
-
-    def add_steps(
-        self, steps: int, timed: int, duration_s: float, samples: int, counted_s: float
-    ) -> None:
-        """``steps`` steps, ``timed`` of them timed (``duration_s`` in all), ``samples`` of
-        theirs counted over ``counted_s`` of that time."""
-        self.steps += steps
-        self.timed_steps += timed
-        self.duration_s += duration_s
-        self.timed_samples += samples
-        self.counted_s += counted_s
-
-    def add_scalars(self, name: str, total: float, count: int) -> None:
-        self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + total
-        self.scalar_counts[name] = self.scalar_counts.get(name, 0) + count
-
-    @property
-    def step_time_s(self) -> float | None:
-        return self.duration_s / self.timed_steps if self.timed_steps else None
-
-    @property
-    def samples_per_s(self) -> float | None:
-        return self.timed_samples / self.counted_s if self.counted_s > 0 else None
-
-    def scalars(self) -> dict[str, float]:
-        return {k: self.scalar_sums[k] / self.scalar_counts[k] for k in self.scalar_sums}
 
 
 class Telemetry:
@@ -109,9 +91,8 @@ class Telemetry:
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self.tally = StepTally()
-        # taken in, waiting for their phase marks: (step, end, samples, batch size, eval_s,
-        # marks), ``end`` the post-hook's perf_counter (durations are the differences)
-        self._steps: deque[tuple] = deque()
+        self._steps: deque[_Steps] = deque()  # taken in, their durations still to resolve
+        self._marks: list[tuple[int, Any]] = []  # the anatomy's sampled steps: (step, marks)
         self._previous_end: float | None = None  # the previous step's end (perf_counter)
         self.anatomy = PhaseWindow()
         self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
@@ -121,8 +102,8 @@ class Telemetry:
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any]], None] = lambda _values: None
         self._pending_scalars: deque[tuple[str, Captured | list[float]]] = deque()
-        self._window = _Window()
-        self._second = _Window()
+        self._window = StepWindow()
+        self._second = StepWindow()
         self._second_started = time.time()
         self._last_emit = 0.0
         self._nonfinite_reported: set[str] = set()
@@ -132,71 +113,102 @@ class Telemetry:
         # on_steps([StepDone...]) and on_scalars(name, values). The session recorder uses it.
         self.tap: StepTap | None = None
         self.duration_listeners: list[Callable[[list[StepDone]], None]] = []
-        self._loss_given = False  # a LOSS_GIVEN came: the LOSS after it is left out
+        self._loss_given = False  # a loss was given: the next tensor at backward() is left out
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
 
     # -- ingest (agent thread) ----------------------------------------------------------------
 
-    def drain(self, inbox: deque[Any], other: Callable[[object], None]) -> None:
-        """Take every record in ``inbox`` in order; one that is not telemetry's goes to
-        ``other`` (the extensions) in its turn. A step costs one call here (its samples): on
-        the small steps of a host-bound job the agent thread's work per step is what the
-        training thread waits for, since the two share the GIL."""
-        self._take(inbox, other)
-        while self._logged or self._losses:
+    def drain(self, inbox: Inbox, other: Callable[[object], None]) -> None:
+        """Take everything in ``inbox``: its general records in order (one that is not
+        telemetry's goes to ``other``, the extensions), then the tick's steps, logged values
+        and losses, each kind as columns: on the small steps of a host-bound job the agent
+        thread's Python per step is what the training thread waits for (they share the GIL)."""
+        self._take_records(inbox.records, other)
+        ring = inbox.ring
+        columns = ring.take()
+        if ring.marks:  # taken after the steps: a mark may be of a step written since
+            self._marks.extend(take_all(ring.marks))
+        if columns is not None:
+            self._take_steps(columns)
+        if inbox.logged:
+            self._take_logged(take_all(inbox.logged))
+        if inbox.losses:
+            self._take_losses(take_all(inbox.losses))
+        if self._logged or self._losses:
             self._capture_scalars()
-            self._take(inbox, other)  # the events of bad values among them, at once
+            self._take_records(inbox.records, other)  # the events of bad values, at once
 
-    def _take(self, inbox: deque[Any], other: Callable[[object], None]) -> None:
-        popleft = inbox.popleft
-        steps_append = self._steps.append
-        resolve = self.tally.resolve
-        wall_offset = time.time() - time.perf_counter()
-        logged = self._logged
-        losses = self._losses
-        while inbox:
-            record = popleft()
-            if type(record) is not tuple:
-                if isinstance(record, Event):
-                    self.add_event(record)
-                elif isinstance(record, Flush):
-                    self.flushes.append(record.done)
-                else:
-                    other(record)
-                continue
-            kind = record[0]
-            if kind == STEP:
-                _, step, end, taken, model_examples, declared, eval_s, marks = record
-                samples, size = resolve(taken, model_examples, declared)
-                self.step = step
-                if samples is not None:
-                    self.samples = (self.samples or 0) + samples
-                else:
-                    self._uncounted(step)
-                self.batch_size = size
-                self.last_step_time = end + wall_offset
-                steps_append((step, end, samples, size, eval_s, marks))
-                if eval_s:
-                    self.eval_s += eval_s
-            elif kind == LOGGED:
-                for name, value in record[2].items():
-                    values = logged.get(name)
-                    if values is None:
-                        logged[name] = [value]
-                    else:
-                        values.append(value)
-            elif kind == LOSS:
-                if self._loss_given:  # the backward() inside the framework's: not the loss
-                    self._loss_given = False
-                else:
-                    losses.append(record[2])
-            elif kind == LOSS_GIVEN:
-                losses.append(record[2])
-                self._loss_given = True
+    def _take_records(self, records: deque[Any], other: Callable[[object], None]) -> None:
+        for record in take_all(records):
+            if isinstance(record, Event):
+                self.add_event(record)
+            elif isinstance(record, Flush):
+                self.flushes.append(record.done)
             else:
                 other(record)
+
+    def _take_steps(self, columns: StepColumns) -> None:
+        ends, eval_s = columns.ends, columns.eval_s
+        steps = range(columns.first, columns.first + len(ends))
+        samples, sizes = self.tally.resolve_all(
+            columns.drawn, columns.first_batch, columns.examples, columns.declared
+        )
+        if None not in samples:
+            self.samples = (self.samples or 0) + sum(samples)  # type: ignore[arg-type]
+        else:
+            for step, step_samples in zip(steps, samples, strict=True):
+                if step_samples is None:
+                    self._uncounted(step)
+                else:
+                    self.samples = (self.samples or 0) + step_samples
+        self.step = steps[-1]
+        self.batch_size = sizes[-1]
+        self.last_step_time = ends[-1] + time.time() - time.perf_counter()
+        if any(eval_s):
+            self.eval_s += sum(eval_s)
+        step_marks = None
+        if self._marks:
+            step_marks, self._marks = self._marks_of(steps, self._marks)
+        self._steps.append(_Steps(steps, ends, samples, sizes, eval_s, step_marks))
+
+    @staticmethod
+    def _marks_of(steps: range, marks: list[tuple[int, Any]]) -> tuple[list[Any], list[tuple]]:
+        """The sampled steps' marks laid out by ``steps``, and those of steps still to come
+        (the marks of steps the ring lost are dropped with them)."""
+        laid_out: list[Any] = [None] * len(steps)
+        later = []
+        for step, mark in marks:
+            if step > steps[-1]:
+                later.append((step, mark))
+            elif step >= steps.start:
+                laid_out[step - steps.start] = mark
+        return laid_out, later
+
+    def _take_logged(self, dicts: list[dict[str, Any]]) -> None:
+        logged = self._logged
+        names = set(map(tuple, dicts))
+        if len(names) == 1:  # every call logged the same names (the usual case): columns
+            for name in names.pop():
+                logged.setdefault(name, []).extend(map(itemgetter(name), dicts))
+            return
+        for scalars in dicts:
+            for name, value in scalars.items():
+                logged.setdefault(name, []).append(value)
+
+    def _take_losses(self, records: list[Any]) -> None:
+        if not self._loss_given and tuple not in set(map(type, records)):
+            self._losses.extend(records)
+            return
+        for record in records:
+            if type(record) is tuple:  # given to a framework's backward(loss)
+                self._losses.append(record[0])
+                self._loss_given = True
+            elif self._loss_given:  # the backward() inside the framework's: not the loss
+                self._loss_given = False
+            else:
+                self._losses.append(record)
 
     def _uncounted(self, step: int) -> None:
         if not self.samples:
@@ -255,42 +267,43 @@ class Telemetry:
         self._read_scalars()
 
     def _resolve_steps(self) -> list[StepDone]:
-        """The steps taken in whose durations are known now, in order, added to the windows.
-        They are plain tuples laid out as ``StepDone`` (a named tuple costs a Python call
-        each)."""
-        steps = self._steps
+        """The steps taken in whose durations are known now, in order, added to the windows:
+        plain tuples laid out as ``StepDone`` (a named tuple costs a Python call each), made
+        from columns. A sampled step whose device work is still running keeps the order:
+        the steps after it wait too."""
         done: list[StepDone] = []
-        append = done.append
-        previous = self._previous_end
-        timed = counted = 0
-        duration_sum = counted_sum = 0.0
-        while steps:
-            step, end, samples, size, eval_s, marks = steps[0]
-            phases = None
-            if marks is not None:
-                mark = marks.end
-                if isinstance(mark, CudaMark) and not mark.event.query():
-                    break  # the sampled step's device work is still running; keep the order
-                phases = self._phases(marks, eval_s)
-            steps.popleft()
-            duration = None
-            if previous is not None:
-                duration = end - previous
-                if eval_s:
-                    duration = training_time(duration, eval_s)
-                if duration is not None and duration > 0:
-                    timed += 1
-                    duration_sum += duration
-                    if samples is not None:
-                        counted_sum += duration
-                        counted += samples
-            previous = end
-            append((step, duration, samples, size, eval_s, phases))  # type: ignore[arg-type]
-        self._previous_end = previous
-        if done:
-            for window in (self._window, self._second):
-                window.add_steps(len(done), timed, duration_sum, counted, counted_sum)
+        pending = self._steps
+        while pending:
+            ready = _ready(pending[0])
+            if ready == len(pending[0].ends):
+                done += self._resolve(pending.popleft())
+                continue
+            if ready:
+                head, pending[0] = pending[0].split(ready)
+                done += self._resolve(head)
+            break
         return done
+
+    def _resolve(self, taken: _Steps) -> list[StepDone]:
+        ends, eval_s = taken.ends, taken.eval_s
+        previous = self._previous_end
+        self._previous_end = ends[-1]
+        durations: list[float | None] = list(map(sub, ends[1:], ends[:-1]))
+        durations.insert(0, ends[0] - previous if previous is not None else None)
+        if any(eval_s):
+            durations = list(map(training_time, durations, eval_s))
+        phases: Any = repeat(None)
+        if taken.marks is not None:
+            phases = [
+                None if mark is None else self._phases(mark, spent)
+                for mark, spent in zip(taken.marks, eval_s, strict=True)
+            ]
+        timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
+        for window in (self._window, self._second):
+            window.add_steps(len(ends), timed, duration_sum, counted, counted_sum)
+        return list(
+            zip(taken.steps, durations, taken.samples, taken.sizes, eval_s, phases, strict=False)
+        )
 
     def _phases(self, marks: StepMarks, eval_s: float) -> Phases | None:
         if marks.begin is None:
@@ -312,13 +325,17 @@ class Telemetry:
             if values is None:
                 break  # still being copied off the device; keep the order
             pending.popleft()
-            finite = [v for v in values if math.isfinite(v)]
-            if len(finite) < len(values):
-                self._report_nonfinite(name, next(v for v in values if not math.isfinite(v)))
-            if not finite:
-                continue
+            total = math.fsum(values)  # not finite: a NaN or an infinity among them
+            finite = values
+            if not math.isfinite(total):
+                finite = [v for v in values if math.isfinite(v)]
+                if len(finite) < len(values):
+                    bad = next(v for v in values if not math.isfinite(v))
+                    self._report_nonfinite(name, bad)
+                if not finite:
+                    continue
+                total = math.fsum(finite)
             self.scalars[name] = finite[-1]
-            total = math.fsum(finite)
             self._window.add_scalars(name, total, len(finite))
             self._second.add_scalars(name, total, len(finite))
             if tap is not None:
@@ -350,7 +367,7 @@ class Telemetry:
         if window.step_time_s is not None:
             self.step_time_s = window.step_time_s
             self.samples_per_s = window.samples_per_s
-        self._window = _Window()
+        self._window = StepWindow()
         self._last_emit = now
         self._maybe_add_history_point(now)
         return Metrics(
@@ -388,5 +405,5 @@ class Telemetry:
                 anatomy=anatomy_of(interval, self.anatomy.clock) if interval else None,
             )
         )
-        self._second = _Window()
+        self._second = StepWindow()
         self._second_started = now

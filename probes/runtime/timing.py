@@ -21,6 +21,7 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import torch
@@ -141,6 +142,9 @@ def capture_scalar(name: str, value: Any) -> Captured:
     return float(value)
 
 
+_IS_CUDA = attrgetter("is_cuda")
+
+
 def capture_run(values: list[Any]) -> list[float] | PendingScalar | None:
     """Agent thread: a run of one name's values (one per step) kept so that one read gives
     them all: floats as they are, CPU tensors read, CUDA tensors stacked and copied off the
@@ -149,16 +153,19 @@ def capture_run(values: list[Any]) -> list[float] | PendingScalar | None:
     wrong."""
     first = values[0]
     if not isinstance(first, torch.Tensor):
-        return list(values) if all(type(v) is float for v in values) else None
+        return list(values) if set(map(type, values)) == {float} else None
     try:
-        if first.device.type != "cuda":  # tolist() keeps the GIL; item() lets go of it
-            read = [v.tolist() for v in values]
-            if any(type(v) is list for v in read):
+        if not first.is_cuda:  # tolist() keeps the GIL; item() lets go of it
+            if any(map(_IS_CUDA, values)):
                 return None
-            return read if all(type(v) is float for v in read) else [float(v) for v in read]
+            read = list(map(torch.Tensor.tolist, values))
+            kinds = set(map(type, read))
+            if list in kinds:
+                return None
+            return read if kinds == {float} else list(map(float, read))
         with torch.no_grad():
             stacked = torch.stack(values)
-    except (TypeError, ValueError, RuntimeError):
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # not all tensors, or alike
         return None
     if stacked.numel() != len(values):
         return None

@@ -17,6 +17,7 @@ from bsmon.probes.anatomy.phases import phases_of
 from bsmon.probes.anatomy.sampling import (
     DEFAULT_STRIDE,
     STRIDE_VARIABLE,
+    TIMED_PER_SECOND,
     AnatomySampler,
     stride_from_environment,
 )
@@ -262,6 +263,29 @@ def test_the_sampler_times_one_step_in_its_stride_and_never_two_in_a_row():
     assert 7.0 < sum(gaps) / len(gaps) < 9.0  # uniform on 4..12: a mean of 8
 
 
+def mean_gap(sampler: AnatomySampler, steps: int = 200_000) -> float:
+    timed = [step for step in range(1, steps) if sampler.due(step)]
+    return (timed[-1] - timed[0]) / (len(timed) - 1)
+
+
+def test_on_fast_steps_the_sampler_times_about_so_many_a_second_and_on_slow_ones_its_stride():
+    sampler = AnatomySampler()
+    sampler.follow_rate(300e-6)  # a small model on a CPU: 3,333 steps a second
+    expected = 1 / (300e-6 * TIMED_PER_SECOND)  # ~133 steps between timed ones
+    assert expected * 0.9 < mean_gap(sampler) < expected * 1.1
+    assert sampler.stride[0] < expected < sampler.stride[1]  # still drawn at random
+    sampler.follow_rate(0.5)  # a slow step: the base stride again
+    assert sampler.stride == DEFAULT_STRIDE
+    sampler.follow_rate(None)  # no step time yet: as it was
+    assert sampler.stride == DEFAULT_STRIDE
+
+
+def test_a_stride_set_by_hand_holds_whatever_the_step_time():
+    sampler = AnatomySampler((1, 1), follows_rate=False)
+    sampler.follow_rate(300e-6)
+    assert sampler.stride == (1, 1) and mean_gap(sampler, 1000) == 1
+
+
 def test_a_compute_heavy_job_is_compute_bound(every_step):
     torch.manual_seed(0)
     # whole batches made ahead (collating 256 samples one by one would itself take a share)
@@ -278,7 +302,8 @@ def test_a_compute_heavy_job_is_compute_bound(every_step):
     assert reading["data_s"] / reading["step_s"] < 0.2
 
 
-def test_the_backward_wrapper_is_there_only_on_sampled_steps_and_closing_removes_it():
+def test_the_backward_wrapper_is_there_only_on_sampled_steps_and_closing_removes_it(monkeypatch):
+    monkeypatch.setenv(STRIDE_VARIABLE, "4-12")  # held, whatever these small steps' time
     model = mlp(8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     original = torch.autograd.backward

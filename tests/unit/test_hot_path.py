@@ -91,21 +91,21 @@ def test_sampled_and_measured_steps_stay_a_minority_of_the_cost(hostcost):
 def test_a_steady_count_is_then_only_checked_and_a_change_counts_every_step_again():
     tally = StepTally()
     for _ in range(STEADY_AFTER):
-        assert tally.resolve(None, 12, None) == (12, 12)
+        assert tally.resolve(0, 0, 12, 0) == (12, 12)
     assert tally.steady == 12
     assert [s for s in range(1, 49) if tally.counts_model_examples(s)] == [16, 32, 48]
-    assert tally.resolve(None, NOT_COUNTED, None)[0] == 12  # a step between checks
-    assert tally.resolve(None, 7, None)[0] == 7  # a check that differs
+    assert tally.resolve(0, 0, NOT_COUNTED, 0)[0] == 12  # a step between checks
+    assert tally.resolve(0, 0, 7, 0)[0] == 7  # a check that differs
     assert tally.steady is None and tally.varies
     assert all(tally.counts_model_examples(s) for s in range(1, 40))
     for _ in range(STEADY_AFTER + 5):
-        tally.resolve(None, 7, None)
+        tally.resolve(0, 0, 7, 0)
     assert tally.steady is None  # once varied, counted for good
 
 
 def test_the_job_s_own_batches_stop_the_count():
     tally = StepTally()
-    tally.resolve((8, 8), 0, None)
+    tally.resolve(8, 8, 0, 0)
     assert not any(tally.counts_model_examples(s) for s in range(1, 40))
 
 

@@ -3,6 +3,8 @@ each step's samples come from the best source there is (probes/runtime/samples.p
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from bsmon.probes.runtime.evaluation import EvalClock
@@ -56,8 +58,8 @@ class Steps:
         self.samples, self.tally = StepSamples(), StepTally()
 
     def end_step(self, model_examples, declared):
-        taken = self.samples.take() if self.samples.drawing else None
-        return self.tally.resolve(taken, model_examples, declared)
+        drawn, first = self.samples.take() if self.samples.drawing else (0, 0)
+        return self.tally.resolve(drawn, first, model_examples, declared or 0)
 
 
 def test_the_jobs_own_count_wins_over_loaders_and_the_model():
@@ -103,3 +105,24 @@ def test_the_loaders_own_batch_size_is_the_jobs():
     samples = steps.samples
     samples.draw(4, 32)  # the epoch's short last batch of a loader built with batch_size=32
     assert steps.end_step(model_examples=0, declared=None) == (4, 32)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_ticks_steps_resolved_together_are_resolved_as_one_by_one(seed):
+    """``resolve_all`` skips the steps of a run of equal inputs once the tally stops changing:
+    the same samples and sizes as resolving each step, on runs long and short (a model
+    counted then steady, loader batches with a short last one, a declared size that
+    changes, loaders that fetch ahead)."""
+    rng = random.Random(seed)
+    inputs = []
+    for _ in range(40):
+        drawn = rng.choice([0, 0, 8, 32, 4])
+        first = rng.choice([0, drawn, 32]) if drawn else 0
+        examples = rng.choice([NOT_COUNTED, 0, 12, 12, 7])
+        declared = rng.choice([0, 0, 0, 16, 64])
+        inputs += [(drawn, first, examples, declared)] * rng.choice([1, 2, 3, 40, 90])
+    one_by_one, together = StepTally(), StepTally()
+    expected = [one_by_one.resolve(*step) for step in inputs]
+    samples, sizes = together.resolve_all(*zip(*inputs, strict=True))
+    assert list(zip(samples, sizes, strict=True)) == expected
+    assert together._state() == one_by_one._state()
