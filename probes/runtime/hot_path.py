@@ -4,7 +4,7 @@ An ordinary step (the noise scale not measuring it, the step anatomy not samplin
 the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
 
 - the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()``, and
-  the step's numbers stored into its slot of preallocated arrays (``inbox.StepRing``: no
+  the step's numbers stored into its slot of preallocated lists (``inbox.StepRing``: no
   call, no object made that the agent thread must then read) — 2 calls;
 - ``mon.log(loss=loss)`` (``Monitor.log``): one ``deque.append`` of the step and the keyword
   dict — 2 calls (the values are read, checked and copied off a device on the agent
@@ -13,11 +13,12 @@ the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
 Everything else happens on the agent thread (durations, wall-clock times, the samples and
 batch size of each step, scalars, windows, the record) or on *scheduled* steps. The agent
 thread reads the job's tensors without freeing them: it hands them back (``hand_back``) and
-the next step's end drops them here, since a tensor's deallocation lets go of the GIL. A part that
-needs a step boundary asks for it with ``wake(step)``: the post-hook of the first step at or
-after it runs ``on_boundary`` (the composition root's slow path: a pending batch-size change,
-the noise scale's next measured step, the anatomy's next sampled step, DDP timing), which
-returns the next step it needs. The test on an ordinary step is one integer comparison.
+the next steps' ends drop them here, a few each, since a tensor's deallocation lets go of the
+GIL. A part that needs a step boundary asks for it with ``wake(step)``: the post-hook of the
+first step at or after it runs ``on_boundary`` (the composition root's slow path: a pending
+batch-size change, the noise scale's next measured step, the anatomy's next sampled step,
+DDP timing), which returns the next step it needs. The test on an ordinary step is one
+integer comparison.
 
 The optimizer's pre-step hook is registered only while a step needs it (a step the noise scale
 measures or the anatomy samples), or for good when the optimizer's class can nest ``step()``
@@ -146,7 +147,8 @@ class HotPath:
         self._depth = 0
         self._nested = can_nest_steps(optimizer)
         self._pre_handle: Any = None
-        self._handed_back: list[list[Any]] = []  # the job's tensors, to let go of here
+        self._handed_back: list[Any] = []  # the job's tensors, let go of a few a step
+        self._release_per_step = 1
         self._post_handle = optimizer.register_step_post_hook(self._post_hook)
         if self._nested:
             self._pre_handle = optimizer.register_step_pre_hook(self._nested_pre_hook)
@@ -157,12 +159,17 @@ class HotPath:
         """Run the slow path at the end of ``step`` (or the next step, if it is past)."""
         self.next_boundary = min(self.next_boundary, step)
 
-    def hand_back(self, objects: list[Any]) -> None:
-        """Agent thread: the job's tensors the agent has read, dropped at the next step's end
-        on the training thread (no call: a test and a swap), as a bare job drops them.
-        Freeing a tensor lets go of the GIL, and on the agent thread each one would be a
-        hand-over the training thread waits for."""
-        self._handed_back.append(objects)
+    def hand_back(self, objects: list[Any], over_steps: int) -> None:
+        """Agent thread: the job's tensors the agent has read (a tick's, ``over_steps`` steps'
+        worth), dropped by the training thread a few at each step's end (no call: a test and
+        a slice deleted), about as a bare job drops one loss a step. Freeing a tensor lets go
+        of the GIL, so on the agent thread each one would be a hand-over the training thread
+        waits for; and a tick's tensors freed at once overflow the allocator's per-thread
+        cache, so the next step's allocations take its slow path (callgrind, tiny model:
+        6,000 instructions a step, half of all that bsmon added)."""
+        backlog = self._handed_back
+        backlog += objects
+        self._release_per_step = 1 + len(backlog) // max(over_steps, 1)
 
     def need_pre_hook(self, needed: bool) -> None:
         """Training thread, at a boundary: register the pre-hook for the next step, or not."""
@@ -187,6 +194,7 @@ class HotPath:
             if handle is not None:
                 handle.remove()
         self._pre_handle = self._post_handle = None
+        self._handed_back.clear()
 
     def loss_at_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """A ``Tensor.backward`` that appends the tensor to the inbox's losses and calls
@@ -259,8 +267,9 @@ class HotPath:
             self.micro_batches = 0
             if self.batches_since_step:
                 self.batches_since_step = []
-            if self._handed_back:
-                self._handed_back = []
+            handed = self._handed_back
+            if handed:
+                del handed[-self._release_per_step :]
             if step >= self.next_boundary:
                 self._boundary(step, now)
         except Exception as exc:

@@ -100,7 +100,8 @@ class Telemetry:
         self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
         self._losses: list[object] = []  # this tick's tensors backward() was called on
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
-        self.hand_back: Callable[[list[Any]], None] = lambda _values: None
+        self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
+        self._steps_since_hand_back = 0
         self._pending_scalars: deque[tuple[str, Captured | list[float]]] = deque()
         self._window = StepWindow()
         self._second = StepWindow()
@@ -151,6 +152,7 @@ class Telemetry:
 
     def _take_steps(self, columns: StepColumns) -> None:
         ends, eval_s = columns.ends, columns.eval_s
+        self._steps_since_hand_back += len(ends)
         steps = range(columns.first, columns.first + len(ends))
         samples, sizes = self.tally.resolve_all(
             columns.drawn, columns.first_batch, columns.examples, columns.declared
@@ -238,7 +240,10 @@ class Telemetry:
             else:
                 for loss in losses:
                     self._capture_loss(loss)
-        self.hand_back([logged, losses])
+        for values in logged.values():
+            losses += values
+        self.hand_back(losses, self._steps_since_hand_back)
+        self._steps_since_hand_back = 0
 
     def _capture_loss(self, loss: object) -> None:
         """The tensor ``backward()`` was called on (bsmon run): the loss when it is a scalar."""

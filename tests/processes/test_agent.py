@@ -147,6 +147,9 @@ def test_the_agent_reads_the_losses_and_the_training_thread_frees_them(job, bsmo
         assert mon.telemetry.scalars["loss"] == values[-1]
         assert freed_on == []  # and kept them for the training thread
         job.step(mon)
+        assert 1 <= len(freed_on) < 5  # a few a step, as a bare loop frees one a step
+        for _ in range(4):
+            job.step(mon)
         assert freed_on == ["MainThread"] * 5
         assert mon.flush()
         assert mon.stats()["errors"] == 0

@@ -5,6 +5,8 @@ do not depend on the machine's load."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -201,3 +203,23 @@ def test_a_tokenizer_s_batch_encoding_is_counted_from_the_dataloader():
             optimizer.step()
         assert mon.flush()
         assert mon.telemetry.samples == 40 and mon.telemetry.batch_size == 8
+
+
+def test_the_job_s_tensors_handed_back_are_let_go_of_a_few_each_step():
+    """The agent's tick hands back a tick's tensors at once; the training thread drops them
+    over the next steps, as fast as they came and never all in one step (a bulk free defeats
+    the allocator's per-thread cache, and each freed graph is cold), and none is left over."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, optimizer, batch_size=2, serve=False, record=False) as mon:
+        hot = mon._hot  # nothing is logged: the agent hands back nothing of its own
+        alive = [object() for _ in range(120)]
+        hot.hand_back(list(alive), over_steps=40)  # a tick: 120 objects over its 40 steps
+        del alive
+        left = []
+        for _ in range(40):
+            optimizer.step()
+            left.append(len(hot._handed_back))
+    assert left[0] == 120 - 4  # 1 + 120 // 40 a step: the backlog goes before the next tick
+    assert all(a > b for a, b in itertools.pairwise(left) if a), left
+    assert left[-1] == 0
