@@ -909,6 +909,7 @@ class Monitor:
         if self.batch_control is not None and (never := self.batch_control.unapplied()):
             self._warning("batch_size_unapplied", never)
         self._service.stop(reason)
+        self._hot.let_go()  # the last tick's tensors: no step is left to drop them
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
         if self.recorder is not None and self.recorder.close(reason, self._progress.step):

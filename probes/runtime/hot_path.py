@@ -194,6 +194,10 @@ class HotPath:
             if handle is not None:
                 handle.remove()
         self._pre_handle = self._post_handle = None
+        self.let_go()
+
+    def let_go(self) -> None:
+        """Drop every tensor handed back and not yet dropped (the job is done stepping)."""
         self._handed_back.clear()
 
     def loss_at_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:

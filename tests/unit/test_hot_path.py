@@ -6,6 +6,7 @@ do not depend on the machine's load."""
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import pytest
 import torch
@@ -223,3 +224,19 @@ def test_the_job_s_tensors_handed_back_are_let_go_of_a_few_each_step():
     assert left[0] == 120 - 4  # 1 + 120 // 40 a step: the backlog goes before the next tick
     assert all(a > b for a, b in itertools.pairwise(left) if a), left
     assert left[-1] == 0
+
+
+def test_tensors_read_on_the_last_tick_are_let_go_of_at_close():
+    """No step comes after the last tick to drop what it handed back: close() does."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = attach(model, optimizer, batch_size=2, serve=False, record=False)
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    optimizer.step()
+    mon.log(loss=loss)
+    freed = []
+    weakref.finalize(loss, lambda: freed.append(True))
+    del loss
+    mon.close()  # its last tick reads the loss and hands it back
+    assert freed == [True]
