@@ -142,7 +142,7 @@ class Monitor:
         self._progress = Progress()
         self._samples = StepSamples()
         self._inbox = Inbox()
-        self._append_logged = self._inbox.logged.append
+        self._log_into = self._inbox.logged.append  # or latest.update: runtime.logged
         self._guard = FaultGuard(self._emit_event, self._progress)
         self._warned: set[str] = set()
         self._has_batchnorm = model is not None and any(
@@ -222,6 +222,7 @@ class Monitor:
         )
         self._hot.control = self.batch_control
         self.telemetry.hand_back = self._hot.hand_back
+        self.telemetry.logged_intake.keep_latest = self._keep_latest_logged
         self._hot.need_pre_hook(self._noise.due(1))
         self._hot.noise_due = self._noise.due(1)
         if self._reevaluates:
@@ -708,11 +709,17 @@ class Monitor:
     def log(self, **scalars: Any) -> None:
         """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU.
 
-        Part of the hot path (``runtime.hot_path``): one append; the agent thread reads the
-        values soon after, and reports one it cannot show as a number. A tensor is read then,
+        Part of the hot path (``runtime.hot_path``): one append (on a loop logging over ~640
+        times a second, one ``dict.update`` keeping each name's latest value:
+        ``runtime.logged``); the agent thread reads the values soon after, and reports one it
+        cannot show as a number. A tensor is read then,
         not now: log a fresh one (the loss, ``acc / n``), not one the loop changes in place
         afterwards (``acc.zero_()``: log ``acc.clone()``)."""
-        self._append_logged(scalars)
+        self._log_into(scalars)
+
+    def _keep_latest_logged(self, latest_only: bool) -> None:
+        inbox = self._inbox
+        self._log_into = inbox.latest.update if latest_only else inbox.logged.append
 
     def loss_given(self, loss: Any) -> None:
         """A framework's ``backward(loss)`` was called (``bsmon run``, accelerate): show

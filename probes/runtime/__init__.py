@@ -5,6 +5,7 @@ Modules, one job each:
 - ``hot_path``: all bsmon does on the training thread per step (the optimizer's hooks, which
   count each ``optimizer.step()`` once, record it, and run the scheduled slow path);
 - ``inbox``: the records the training thread hands to the agent thread;
+- ``logged``: ``mon.log``'s values taken as columns, every call's or each name's latest;
 - ``session``: who this process is (the session the protocol and the record describe);
 - ``timing``: timing marks (wall clock, or CUDA events on a GPU) for the sampled steps;
 - ``samples``: the samples of each step, and the batch size a person would say;

@@ -11,7 +11,8 @@ worth at a time and read as columns (C loops):
 - ``ring``: one slot per step (``StepRing``): its end, samples drawn, examples, batch size and
   evaluation time, written by the optimizer's post-hook (``hot_path``); the step anatomy's
   marks, on its sampled steps only, go to ``ring.marks``;
-- ``logged``: the ``{name: value}`` of each ``mon.log`` call;
+- ``logged``: the ``{name: value}`` of each ``mon.log`` call, or, on a loop that logs
+  faster than the agent needs, ``latest``: each name's latest value (``logged.LoggedIntake``);
 - ``losses``: the tensor ``backward()`` was called on (``bsmon run``), or ``(loss,)``: a
   framework's ``backward(loss)`` was given ``loss``, and the next tensor is its own;
 - ``records``: everything else, in order (an ``Event``, a ``Flush``, an extension's record
@@ -104,6 +105,7 @@ class Inbox:
         self.records: deque[Any] = deque(maxlen=capacity)
         self.ring = StepRing(capacity)
         self.logged: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self.latest: dict[str, Any] = {}  # mon.log's, while it keeps only the latest
         self.losses: deque[Any] = deque(maxlen=capacity)
         self.append = self.records.append
 

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from itertools import compress, count, repeat
-from operator import is_not, itemgetter, sub
+from operator import is_not, sub
 from typing import Any, NamedTuple, Protocol
 
 from ..anatomy.marks import StepMarks
@@ -22,6 +22,7 @@ from ..record.format import StepDone
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
+from .logged import LoggedIntake
 from .samples import StepTally
 from .timing import (
     Captured,
@@ -98,6 +99,7 @@ class Telemetry:
         self.comm_sample: Callable[[], float | None] = lambda: None  # DDP's latest wait
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
         self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
+        self.logged_intake = LoggedIntake()
         self._losses: list[object] = []  # this tick's tensors backward() was called on
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
@@ -131,10 +133,12 @@ class Telemetry:
         columns = ring.take()
         if ring.marks:  # taken after the steps: a mark may be of a step written since
             self._marks.extend(take_all(ring.marks))
+        steps = 0
         if columns is not None:
+            steps = len(columns.ends)
             self._take_steps(columns)
-        if inbox.logged:
-            self._take_logged(take_all(inbox.logged))
+        if (note := self.logged_intake.take(inbox, steps, self._logged, self.step)) is not None:
+            self.add_event(note)
         if inbox.losses:
             self._take_losses(take_all(inbox.losses))
         if self._logged or self._losses:
@@ -187,17 +191,6 @@ class Telemetry:
             elif step >= steps.start:
                 laid_out[step - steps.start] = mark
         return laid_out, later
-
-    def _take_logged(self, dicts: list[dict[str, Any]]) -> None:
-        logged = self._logged
-        names = set(map(tuple, dicts))
-        if len(names) == 1:  # every call logged the same names (the usual case): columns
-            for name in names.pop():
-                logged.setdefault(name, []).extend(map(itemgetter(name), dicts))
-            return
-        for scalars in dicts:
-            for name, value in scalars.items():
-                logged.setdefault(name, []).append(value)
 
     def _take_losses(self, records: list[Any]) -> None:
         if not self._loss_given and tuple not in set(map(type, records)):

@@ -1,0 +1,85 @@
+"""``mon.log``'s values on their way to the agent thread: every call's, or, on a loop that
+logs faster than a dashboard can show, the latest value of each name.
+
+Every value logged stays alive until the agent thread has read it, and a loss tensor keeps
+its step's autograd graph with it. On a step of a few hundred microseconds that costs the
+training thread more than everything else bsmon does: a loop that keeps its loss for another
+thread to read adds 5–9 µs a step (docs/benchmarks.md, round three), bsmon's hooks 2–3. So
+while a tick brings more than ``SAMPLE_ABOVE`` calls (about 640 a second), ``log`` keeps
+only the latest value of each name (``dict.update``, as cheap as the append it replaces, and
+the value it replaces is freed by the job's own thread, as a bare loop frees it): the agent
+reads each name's latest value once a tick, so a rare name (a validation loss) is never lost,
+and a frequent one is sampled about ten times a second. Once the steps slow to under
+``ALL_BELOW`` a tick, every call is kept again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from operator import itemgetter
+from typing import Any
+
+from ..wire.protocol import Event
+from .inbox import Inbox, take_all
+
+SAMPLE_ABOVE = 64  # calls a tick above which only each name's latest value is kept
+ALL_BELOW = 32  # steps a tick under which every call is kept again
+
+
+class LoggedIntake:
+    """Agent thread: a tick's logged values as columns by name, and the mode ``log`` runs in
+    (``keep_latest``: the monitor's switch, called when the mode changes)."""
+
+    def __init__(self) -> None:
+        self.latest_only = False
+        self.keep_latest: Callable[[bool], None] = lambda _on: None
+        self._seen: dict[str, Any] = {}  # each name's latest value read (held: see take)
+        self._said = False
+
+    def take(self, inbox: Inbox, steps: int, into: dict[str, list[Any]], step: int) -> Event | None:
+        """Add what was logged since the last take to ``into``; ``steps``: the steps this
+        tick took. Returns an event the first time ``log`` keeps only the latest values."""
+        calls = 0
+        if inbox.logged:
+            dicts = take_all(inbox.logged)
+            calls = len(dicts)
+            _as_columns(dicts, into)
+        if inbox.latest:
+            seen = self._seen
+            for name, value in list(inbox.latest.items()):  # a copy: log may add a name
+                if value is not seen.get(name):
+                    # held until replaced, so that no new value can take its identity
+                    seen[name] = value
+                    into.setdefault(name, []).append(value)
+        if self.latest_only and steps < ALL_BELOW:
+            self._switch(False)
+        elif not self.latest_only and calls > SAMPLE_ABOVE:
+            self._switch(True)
+            if not self._said:
+                self._said = True
+                return Event(
+                    t=time.time(),
+                    step=step,
+                    kind="logging_sampled",
+                    message=(
+                        f"mon.log is called {calls} times a tick: the values shown and "
+                        "recorded are now each name's latest, about ten a second"
+                    ),
+                )
+        return None
+
+    def _switch(self, latest_only: bool) -> None:
+        self.latest_only = latest_only
+        self.keep_latest(latest_only)
+
+
+def _as_columns(dicts: list[dict[str, Any]], into: dict[str, list[Any]]) -> None:
+    names = set(map(tuple, dicts))
+    if len(names) == 1:  # every call logged the same names (the usual case): columns
+        for name in names.pop():
+            into.setdefault(name, []).extend(map(itemgetter(name), dicts))
+        return
+    for scalars in dicts:
+        for name, value in scalars.items():
+            into.setdefault(name, []).append(value)
