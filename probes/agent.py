@@ -712,9 +712,9 @@ class Monitor:
         Part of the hot path (``runtime.hot_path``): one append (on a loop logging over ~640
         times a second, one ``dict.update`` keeping each name's latest value:
         ``runtime.logged``); the agent thread reads the values soon after, and reports one it
-        cannot show as a number. A tensor is read then,
-        not now: log a fresh one (the loss, ``acc / n``), not one the loop changes in place
-        afterwards (``acc.zero_()``: log ``acc.clone()``)."""
+        cannot show as a number. A tensor is read then, not now: log a fresh one (the loss,
+        ``acc / n``), not one the loop changes in place afterwards (``acc.zero_()``: log
+        ``acc.clone()``)."""
         self._log_into(scalars)
 
     def _keep_latest_logged(self, latest_only: bool) -> None:

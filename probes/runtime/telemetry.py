@@ -103,7 +103,7 @@ class Telemetry:
         self._losses: list[object] = []  # this tick's tensors backward() was called on
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
-        self._steps_since_hand_back = 0
+        self._handed_back_at = 0  # the step when the last values read were handed back
         self._pending_scalars: deque[tuple[str, Captured | list[float]]] = deque()
         self._window = StepWindow()
         self._second = StepWindow()
@@ -156,7 +156,6 @@ class Telemetry:
 
     def _take_steps(self, columns: StepColumns) -> None:
         ends, eval_s = columns.ends, columns.eval_s
-        self._steps_since_hand_back += len(ends)
         steps = range(columns.first, columns.first + len(ends))
         samples, sizes = self.tally.resolve_all(
             columns.drawn, columns.first_batch, columns.examples, columns.declared
@@ -235,8 +234,8 @@ class Telemetry:
                     self._capture_loss(loss)
         for values in logged.values():
             losses += values
-        self.hand_back(losses, self._steps_since_hand_back)
-        self._steps_since_hand_back = 0
+        self.hand_back(losses, self.step - self._handed_back_at)
+        self._handed_back_at = self.step
 
     def _capture_loss(self, loss: object) -> None:
         """The tensor ``backward()`` was called on (bsmon run): the loss when it is a scalar."""
