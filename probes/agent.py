@@ -68,7 +68,7 @@ from .runtime.ranks import (
 )
 from .runtime.samples import CHECK_EVERY, StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
-from .runtime.session import default_name, private_temp_dir, session_info
+from .runtime.session import default_name, session_info
 from .runtime.telemetry import Telemetry
 from .runtime.timing import StepClock
 from .summary import build as summary_build
@@ -244,6 +244,8 @@ class Monitor:
             model, optimizer, loss_fn, probe_step, self.batch_control, watch=self._watch
         )
         self.prober = self._make_prober(rank)
+        if self.batch_control is not None:
+            self.batch_control.watch.device_shared_since = self.prober.ran_since
         extensions: list[Extension] = [
             NoiseExtension(self._noise, self.telemetry),
             ProbeExtension(self.prober),
@@ -385,7 +387,7 @@ class Monitor:
         runner = ProbeRunner(
             check=source.check,
             prepare=source.recipe,
-            directory=self.socket_path.parent if self.socket_path else private_temp_dir(),
+            directory=self.socket_path.parent if self.socket_path else None,
             emit=self._emit_event,
             on_result=lambda result: self._probe_concluded(source, result),
             step=self._progress,

@@ -28,6 +28,10 @@ class ChangeWatch:
         # the loss is not one objective (bsmon run with a GAN's two optimizers: the values
         # backward() was called on alternate between them): only a NaN or inf is judged
         self.loss_mixed = False
+        # whether a probe's sidecar shared the job's device after a time: a window it overlaps
+        # measures the job with a neighbour, not a batch size (the agent connects the probe)
+        self.device_shared_since: Callable[[float], bool] = lambda _t: False
+        self._last_window_end: float | None = None
 
     @property
     def latest(self) -> BatchChange | None:
@@ -68,8 +72,11 @@ class ChangeWatch:
 
     def _add_throughput(self, metrics: Metrics, latest: BatchChange | None) -> None:
         size, rate, step_time = metrics.batch_size, metrics.samples_per_s, metrics.step_time_s
+        started, self._last_window_end = self._last_window_end, metrics.t
         if size is None or not rate or not step_time:
             return
+        if started is None or self.device_shared_since(started):
+            return  # the window's start is unknown, or a probe slowed the job in it
         first = metrics.step - metrics.steps_in_window
         if latest is not None and first < latest.step < metrics.step:
             return  # a window with steps at both sizes belongs to neither

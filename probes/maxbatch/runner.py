@@ -13,6 +13,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ class ProbeRunner:
         *,
         check: Callable[[], None],
         prepare: Callable[[int | None], recipes.Recipe],
-        directory: Path,
+        directory: Path | None,
         emit: Callable[[Event], None],
         on_result: Callable[[ProbeResult], None],
         step: Callable[[], int],
@@ -68,6 +69,7 @@ class ProbeRunner:
         self._decoder = msgspec.json.Decoder(_Line)
         self._process: subprocess.Popen | None = None
         self._closing: str | None = None  # why the job's end stopped a running probe
+        self._ended_at = float("-inf")
 
     def reading(self) -> ProbeReading:
         """The probe's state; when idle, with the reason a probe could not start now."""
@@ -83,6 +85,11 @@ class ProbeRunner:
     @property
     def running(self) -> bool:
         return not self._done.is_set()
+
+    def ran_since(self, t: float) -> bool:
+        """A sidecar shared the job's device at some time after ``t`` (wall clock): the job's
+        throughput since then is not its own."""
+        return self.running or self._ended_at > t
 
     def start(self, memory_budget: int | None, timeout_s: float | None) -> dict[str, object]:
         """Begin a probe in the background; raises CommandRefused when it cannot run."""
@@ -153,7 +160,16 @@ class ProbeRunner:
         self._finish(result)
 
     def _run_sidecar(self, recipe: recipes.Recipe, timeout: float) -> ProbeResult:
-        path = recipes.write(recipe, self._directory)
+        if self._directory is not None:
+            return self._run_sidecar_in(self._directory, recipe, timeout)
+        # no socket directory: a private one for this probe's recipe, gone with it
+        with tempfile.TemporaryDirectory(prefix="bsmon-probe-") as directory:
+            return self._run_sidecar_in(Path(directory), recipe, timeout)
+
+    def _run_sidecar_in(
+        self, directory: Path, recipe: recipes.Recipe, timeout: float
+    ) -> ProbeResult:
+        path = recipes.write(recipe, directory)
         process = None
         try:
             process = subprocess.Popen(
@@ -274,6 +290,7 @@ class ProbeRunner:
         finally:
             if self._closing is None:  # stop() has announced it
                 self._announce(result)
+            self._ended_at = time.time()
             self._done.set()
 
     def _announce(self, result: ProbeResult) -> None:

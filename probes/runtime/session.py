@@ -20,13 +20,6 @@ def bsmon_version() -> str:
     return __version__
 
 
-def private_temp_dir() -> Path:
-    """A 0700 directory for the probe's recipe when the job serves no socket directory."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix="bsmon-"))
-
-
 def session_info(name: str) -> SessionInfo:
     """This process's session as the protocol and the record describe it, starting now."""
     rank, world_size = distributed.world()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import time
 
 import psutil
@@ -263,6 +264,16 @@ def test_a_probe_the_job_ends_during_is_said_in_the_record(bsmon_dir):
     assert stopped.message.startswith("probe killed: the job ended ")
     assert mon.prober.reading().result.error == stopped.data["error"]  # what the screen shows
     assert not list(bsmon_dir.glob("*.recipe"))
+
+
+def test_a_job_without_a_socket_leaves_no_directory_behind(bsmon_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _, _, mon = train_a_little(probe_step=hang, serve=False)
+    with mon:
+        assert not list(tmp_path.glob("bsmon-*"))  # nothing made before a probe needs it
+        assert mon.prober.start(2000 * MiB, 60)["started"]
+        wait_until(lambda: list(tmp_path.glob("bsmon-probe-*/*.recipe")), message="the recipe")
+    wait_until(lambda: not list(tmp_path.glob("bsmon-*")), message="the probe's directory gone")
 
 
 def train_a_little(budget_job_batch: int = 32, **options):

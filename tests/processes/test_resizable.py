@@ -206,6 +206,39 @@ def test_under_torchrun_every_rank_changes_at_the_same_step(bsmon_dir, processes
         assert sorted(drawn) == list(range(96)) and set(drawn.values()) == {1}, drawn
 
 
+def test_under_torchrun_a_change_the_job_ends_before_is_said_in_rank_0s_record(
+    bsmon_dir, processes, tmp_path
+):
+    from bsmon.probes.record.reader import open_record
+
+    gate = tmp_path / "gate"
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    # 4 steps a rank: the exchange that would carry the change comes after the job's end
+    args = ("--ddp", "--epochs", "1", "--samples", "64", "--gate", str(gate))
+    run = start(processes, "ends", *args, launcher=torchrun)
+    with JobConnection(job_socket("ends", bsmon_dir, timeout=120)) as conn:
+        metrics_until(conn, lambda m: m.step >= 3, timeout=120)
+        reply = conn.request(protocol.SetBatchSize(value=16, reason="+", confirm=True))
+        assert reply.ok, reply.error
+        assert reply.result["applies_after_step"] > 4
+        gate.touch()
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err
+    assert {int(m[4]) for m in RANK_STEP.finditer(out)} == {8}  # never applied, on either rank
+    said = {}
+    for path in (bsmon_dir / "records").glob("*.jsonl"):
+        with open_record(path) as reader:
+            said[path.name] = [
+                e.message
+                for e in reader.lines()
+                if isinstance(e, protocol.Event) and e.kind == "batch_size_unapplied"
+            ]
+    (rank0,) = [messages for name, messages in said.items() if "rank" not in name]
+    assert len(said) == 2 and len(rank0) == 1, said
+    never = "the change to batch 16 (+) was never applied: the job ended at step 4"
+    assert rank0[0].startswith(never)
+
+
 def test_a_framework_s_own_loop_is_left_to_its_callback(bsmon_dir, processes):
     run = start(processes, "lit", script=str(ROOT / "tests" / "corpus" / "lightning_job.py"))
     out, err = run.communicate(timeout=180)

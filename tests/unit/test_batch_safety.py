@@ -240,3 +240,40 @@ def test_a_mixed_loss_is_not_judged_after_a_change_but_a_nan_still_is():
     watch.add_change(BatchChange(step=0, t=0.0, old=16, new=32, reason="+", source="monitor"))
     events = watch.observe(window(10, 0.8), nonfinite_loss=True)
     assert [e.kind for e in events] == ["loss_diverged"]
+
+
+def test_windows_a_probe_slowed_are_not_counted_for_either_size():
+    """The sidecar shares the job's device while it probes: what the job did then says nothing
+    about its batch size (seen on minGPT: 'batch 16 → 32 bought -90% throughput' with a probe
+    started four steps after the change)."""
+    import random
+
+    from bsmon.probes.batch.watch import ChangeWatch
+    from bsmon.probes.wire.protocol import BatchChange, Metrics
+
+    rng = random.Random(0)
+    probe_started, probe_ended = 21.5, 40.5
+    now = 0.0
+
+    def window(t: int, size: int) -> Metrics:
+        slowed = probe_started < t and t - 1 < probe_ended
+        rate = (20.0 if slowed else size * 10.0) * rng.uniform(0.98, 1.02)
+        return Metrics(
+            t=float(t), step=10 * t, batch_size=size, step_time_s=size / rate,
+            samples_per_s=rate, b_simple=None, steps_in_window=10,
+        )  # fmt: skip
+
+    watch = ChangeWatch(16, lambda: 0)
+    watch.device_shared_since = lambda t: probe_started <= now and probe_ended > t
+    for now in range(20):
+        watch.observe(window(now, 16))
+    change = BatchChange(step=200, t=20.0, old=16, new=32, reason="+", source="monitor")
+    watch.add_change(change)
+    events = []
+    for now in range(21, 80):
+        events += watch.observe(window(now, 32))
+    (verdict_event,) = [e for e in events if e.kind == "batch_size_result"]
+    assert change.verdict == "faster"
+    assert 310 < change.samples_per_s_after < 330  # the probe's 20 samples/s left out
+    assert 155 < change.samples_per_s_before < 165
+    assert verdict_event.data["after"] == change.samples_per_s_after
