@@ -507,6 +507,9 @@ class Monitor:
         if not self._watch.armed:
             self._watch.arm()
         following = min(following, self._prepare_example_count(step, control))
+        intake = self.telemetry.logged_intake
+        if intake.timing_start and (logging_next := intake.early(step, now)) is not None:
+            following = min(following, logging_next)
         noise_due = self._prepare_noise(step)
         sampling = self._prepare_anatomy(step, now)
         hot = self._hot
@@ -722,6 +725,7 @@ class Monitor:
     def _keep_latest_logged(self, latest_only: bool) -> None:
         inbox = self._inbox
         self._log_into = inbox.latest.update if latest_only else inbox.logged.append
+        self._hot.keep_latest_loss(latest_only)
 
     def loss_given(self, loss: Any) -> None:
         """A framework's ``backward(loss)`` was called (``bsmon run``, accelerate): show

@@ -14,7 +14,8 @@ worth at a time and read as columns (C loops):
 - ``logged``: the ``{name: value}`` of each ``mon.log`` call, or, on a loop that logs
   faster than the agent needs, ``latest``: each name's latest value (``logged.LoggedIntake``);
 - ``losses``: the tensor ``backward()`` was called on (``bsmon run``), or ``(loss,)``: a
-  framework's ``backward(loss)`` was given ``loss``, and the next tensor is its own;
+  framework's ``backward(loss)`` was given ``loss``, and the next tensor is its own; while
+  ``log`` keeps only the latest values, ``latest_loss`` holds the latest tensor instead;
 - ``records``: everything else, in order (an ``Event``, a ``Flush``, an extension's record
   such as a ``BatchChange``). ``Telemetry.drain`` takes it first, so a ``Flush`` is done only
   after every step before it.
@@ -107,6 +108,7 @@ class Inbox:
         self.logged: deque[dict[str, Any]] = deque(maxlen=capacity)
         self.latest: dict[str, Any] = {}  # mon.log's, while it keeps only the latest
         self.losses: deque[Any] = deque(maxlen=capacity)
+        self.latest_loss: deque[Any] = deque(maxlen=1)  # the one before is freed by the job
         self.append = self.records.append
 
 

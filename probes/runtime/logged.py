@@ -11,6 +11,12 @@ the value it replaces is freed by the job's own thread, as a bare loop frees it)
 reads each name's latest value once a tick, so a rare name (a validation loss) is never lost,
 and a frequent one is sampled about ten times a second. Once the steps slow to under
 ``ALL_BELOW`` a tick, every call is kept again.
+
+The first tick is not waited for: the steps' ends are timed once at the start
+(``early``, on the training thread, at two scheduled step boundaries), and a loop already
+faster than ``SAMPLE_ABOVE`` a tick keeps only the latest values from its ``SAMPLE_ABOVE``-th
+step. Waiting held a whole tick's losses (~660 on a 150 µs step) with their graphs, and the
+heap they left cost the steps that followed (1–2 µs a step, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,14 +42,37 @@ class LoggedIntake:
         self.keep_latest: Callable[[bool], None] = lambda _on: None
         self._seen: dict[str, Any] = {}  # each name's latest value read (held: see take)
         self._said = False
+        self.timing_start = True  # early() still wants step boundaries
+        self._first_end: float | None = None  # when the first step ended (perf_counter)
+        self._timed_to = 0  # the step whose end closes the timing
+        self._early_calls = 0  # the steps a tick the start was timed at, once it switched
+
+    def early(self, step: int, now: float) -> int | None:
+        """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep
+        only the latest values at once if they came faster than ``SAMPLE_ABOVE`` a tick.
+        Returns the step whose end it needs next (None: it is done)."""
+        if self._first_end is None:
+            self._first_end, self._timed_to = now, step + SAMPLE_ABOVE
+            return self._timed_to
+        if step < self._timed_to:  # a boundary something else asked for
+            return self._timed_to
+        from .service import TICK_S  # (service imports this module through telemetry)
+
+        self.timing_start = False
+        steps = step - self._timed_to + SAMPLE_ABOVE
+        per_tick = int(steps * TICK_S / max(now - self._first_end, 1e-9))
+        if per_tick > SAMPLE_ABOVE and not self.latest_only:
+            self._early_calls = per_tick
+            self._switch(True)
+        return None
 
     def take(self, inbox: Inbox, steps: int, into: dict[str, list[Any]], step: int) -> Event | None:
         """Add what was logged since the last take to ``into``; ``steps``: the steps this
         tick took. Returns an event the first time ``log`` keeps only the latest values."""
-        calls = 0
+        calls, self._early_calls = self._early_calls, 0
         if inbox.logged:
             dicts = take_all(inbox.logged)
-            calls = len(dicts)
+            calls = max(calls, len(dicts))
             _as_columns(dicts, into)
         if inbox.latest:
             seen = self._seen
@@ -56,18 +85,18 @@ class LoggedIntake:
             self._switch(False)
         elif not self.latest_only and calls > SAMPLE_ABOVE:
             self._switch(True)
-            if not self._said:
-                self._said = True
-                return Event(
-                    t=time.time(),
-                    step=step,
-                    kind="logging_sampled",
-                    message=(
-                        f"mon.log is called {calls} times a tick: the values shown and "
-                        "recorded are now each name's latest, about ten a second"
-                    ),
-                )
-        return None
+        if not self.latest_only or self._said:
+            return None
+        self._said = True
+        return Event(
+            t=time.time(),
+            step=step,
+            kind="logging_sampled",
+            message=(
+                f"mon.log is called {calls} times a tick: the values shown and recorded are "
+                "now each name's latest, about ten a second"
+            ),
+        )
 
     def _switch(self, latest_only: bool) -> None:
         self.latest_only = latest_only

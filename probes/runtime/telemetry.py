@@ -117,6 +117,8 @@ class Telemetry:
         self.tap: StepTap | None = None
         self.duration_listeners: list[Callable[[list[StepDone]], None]] = []
         self._loss_given = False  # a loss was given: the next tensor at backward() is left out
+        self._given_seen = False  # a framework gives the loss (the tensors are not it)
+        self._latest_loss_read: Any = None  # held until replaced: no new one takes its id
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
@@ -141,6 +143,8 @@ class Telemetry:
             self.add_event(note)
         if inbox.losses:
             self._take_losses(take_all(inbox.losses))
+        if inbox.latest_loss:
+            self._take_latest_loss(inbox.latest_loss[0])
         if self._logged or self._losses:
             self._capture_scalars()
             self._take_records(inbox.records, other)  # the events of bad values, at once
@@ -198,11 +202,21 @@ class Telemetry:
         for record in records:
             if type(record) is tuple:  # given to a framework's backward(loss)
                 self._losses.append(record[0])
-                self._loss_given = True
+                self._loss_given = self._given_seen = True
             elif self._loss_given:  # the backward() inside the framework's: not the loss
                 self._loss_given = False
             else:
                 self._losses.append(record)
+
+    def _take_latest_loss(self, loss: Any) -> None:
+        """The latest tensor backward() was called on, while only the latest is kept."""
+        if loss is self._latest_loss_read:
+            return  # no backward() since the last tick
+        self._latest_loss_read = loss
+        if self._given_seen:  # the framework's own backward(): the loss given is the loss
+            self._loss_given = False
+            return
+        self._losses.append(loss)
 
     def _uncounted(self, step: int) -> None:
         if not self.samples:

@@ -65,6 +65,50 @@ def test_slow_steps_keep_every_call_again():
     assert switched == [False] and not intake.latest_only
 
 
+def test_a_loop_fast_from_its_start_keeps_the_latest_values_at_once():
+    """The first SAMPLE_ABOVE steps are timed at two step boundaries: a loop faster than
+    SAMPLE_ABOVE a tick switches then, not a tick later (a tick's losses held with their
+    graphs cost the steps after them), and the next take says so with the rate."""
+    inbox = Inbox()
+    intake, switched = intake_on(inbox)
+    assert intake.early(1, now=10.0) == 1 + SAMPLE_ABOVE and intake.timing_start
+    assert intake.early(2, now=10.0002) == 1 + SAMPLE_ABOVE  # a boundary another part asked
+    assert switched == []
+    assert intake.early(1 + SAMPLE_ABOVE, now=10.01) is None  # 64 steps in 10 ms
+    assert switched == [True] and not intake.timing_start
+    note = intake.take(inbox, 300, {}, step=200)
+    assert note is not None and note.kind == "logging_sampled"
+    assert "called 640 times a tick" in note.message
+
+
+def test_a_loop_slow_from_its_start_keeps_every_call():
+    inbox = Inbox()
+    intake, switched = intake_on(inbox)
+    intake.early(1, now=10.0)
+    assert intake.early(1 + SAMPLE_ABOVE, now=10.5) is None  # 64 steps in half a second
+    assert switched == [] and not intake.timing_start
+    for i in range(10):
+        inbox.logged.append({"loss": float(i)})
+    columns: dict[str, list] = {}
+    assert intake.take(inbox, 10, columns, step=75) is None
+    assert columns == {"loss": [float(i) for i in range(10)]}
+
+
+def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir):
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
+        modes = []
+        for _ in range(SAMPLE_ABOVE + 2):
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            modes.append(mon.telemetry.logged_intake.latest_only)
+    # a tiny step: 64 of them in far less than a tick; no tick had to see them first
+    assert modes[SAMPLE_ABOVE] and not modes[SAMPLE_ABOVE - 1], modes
+
+
 def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
@@ -92,3 +136,51 @@ def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
         assert scalars["loss"] == last and scalars["val_loss"] == 0.25
         kinds = [event.kind for event in mon.telemetry.events]
         assert kinds.count("logging_sampled") == 1
+
+
+def run_with_lean_backward(mon, model, optimizer, steps: int, give=None) -> list[float]:
+    """Steps whose losses bsmon takes at backward(), as under ``bsmon run``; ``give``: a
+    framework's backward(loss) that calls backward() on a scaled copy (accelerate's way)."""
+    original = torch.Tensor.backward
+    torch.Tensor.backward = mon.record_backward_loss(original)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    values = []
+    try:
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(model(x), y)
+            if give is None:
+                loss.backward()
+            else:
+                mon.loss_given(loss)
+                (loss * give).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            values.append(loss.item())
+    finally:
+        torch.Tensor.backward = original
+    return values
+
+
+def test_a_fast_loop_keeps_only_its_latest_loss_at_backward(bsmon_dir):
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
+        run_with_lean_backward(mon, model, optimizer, SAMPLE_ABOVE + 1)
+        assert mon.telemetry.logged_intake.latest_only
+        mon.flush()
+        values = run_with_lean_backward(mon, model, optimizer, 50)
+        assert not mon._inbox.losses  # a tick's tensors are not held: one, the latest
+        assert len(mon._inbox.latest_loss) == 1
+        assert mon.flush()
+        assert mon.stats()["scalars"]["loss"] == values[-1]
+
+
+def test_with_a_framework_s_loss_the_latest_tensor_at_backward_is_not_shown(bsmon_dir):
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
+        run_with_lean_backward(mon, model, optimizer, SAMPLE_ABOVE + 1, give=0.001)
+        assert mon.telemetry.logged_intake.latest_only
+        values = run_with_lean_backward(mon, model, optimizer, 50, give=0.001)
+        assert mon.flush()
+        assert mon.stats()["scalars"]["loss"] == values[-1]  # not a thousandth of it
