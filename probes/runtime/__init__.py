@@ -6,6 +6,7 @@ Modules, one job each:
   count each ``optimizer.step()`` once, record it, and run the scheduled slow path);
 - ``inbox``: the records the training thread hands to the agent thread;
 - ``logged``: ``mon.log``'s values taken as columns, every call's or each name's latest;
+- ``losses``: which tensors ``backward()`` saw are the loss (``bsmon run``, a framework's);
 - ``session``: who this process is (the session the protocol and the record describe);
 - ``timing``: timing marks (wall clock, or CUDA events on a GPU) for the sampled steps;
 - ``samples``: the samples of each step, and the batch size a person would say;

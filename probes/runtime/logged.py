@@ -66,10 +66,14 @@ class LoggedIntake:
             self._switch(True)
         return None
 
-    def take(self, inbox: Inbox, steps: int, into: dict[str, list[Any]], step: int) -> Event | None:
+    def take(
+        self, inbox: Inbox, steps: int, into: dict[str, list[Any]], step: int, backwards: int = 0
+    ) -> Event | None:
         """Add what was logged since the last take to ``into``; ``steps``: the steps this
-        tick took. Returns an event the first time ``log`` keeps only the latest values."""
-        calls, self._early_calls = self._early_calls, 0
+        tick took; ``backwards``: the tensors backward() was called on it brought (``bsmon
+        run``'s loss, kept the same way). Returns an event the first time only the latest
+        values are kept."""
+        calls, self._early_calls = max(self._early_calls, backwards), 0
         if inbox.logged:
             dicts = take_all(inbox.logged)
             calls = max(calls, len(dicts))
@@ -93,8 +97,8 @@ class LoggedIntake:
             step=step,
             kind="logging_sampled",
             message=(
-                f"mon.log is called {calls} times a tick: the values shown and recorded are "
-                "now each name's latest, about ten a second"
+                f"the loop logs {calls} values a tick: the loss and the values shown and "
+                "recorded are now each one's latest, about ten a second, while it stays fast"
             ),
         )
 

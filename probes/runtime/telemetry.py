@@ -23,6 +23,7 @@ from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
+from .losses import BackwardLosses
 from .samples import StepTally
 from .timing import (
     Captured,
@@ -100,7 +101,7 @@ class Telemetry:
         self.eval_s = 0.0  # evaluation time inside the loop so far, kept out of step times
         self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
         self.logged_intake = LoggedIntake()
-        self._losses: list[object] = []  # this tick's tensors backward() was called on
+        self._losses = BackwardLosses()  # this tick's tensors backward() was called on
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
         self._handed_back_at = 0  # the step when the last values read were handed back
@@ -116,9 +117,6 @@ class Telemetry:
         # on_steps([StepDone...]) and on_scalars(name, values). The session recorder uses it.
         self.tap: StepTap | None = None
         self.duration_listeners: list[Callable[[list[StepDone]], None]] = []
-        self._loss_given = False  # a loss was given: the next tensor at backward() is left out
-        self._given_seen = False  # a framework gives the loss (the tensors are not it)
-        self._latest_loss_read: Any = None  # held until replaced: no new one takes its id
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
@@ -128,8 +126,8 @@ class Telemetry:
     def drain(self, inbox: Inbox, other: Callable[[object], None]) -> None:
         """Take everything in ``inbox``: its general records in order (one that is not
         telemetry's goes to ``other``, the extensions), then the tick's steps, logged values
-        and losses, each kind as columns: on the small steps of a host-bound job the agent
-        thread's Python per step is what the training thread waits for (they share the GIL)."""
+        and losses, each kind as columns: on a host-bound job's small steps the training
+        thread waits for the agent thread's Python per step (they share the GIL)."""
         self._take_records(inbox.records, other)
         ring = inbox.ring
         columns = ring.take()
@@ -139,13 +137,14 @@ class Telemetry:
         if columns is not None:
             steps = len(columns.ends)
             self._take_steps(columns)
-        if (note := self.logged_intake.take(inbox, steps, self._logged, self.step)) is not None:
+        losses = take_all(inbox.losses) if inbox.losses else []
+        note = self.logged_intake.take(inbox, steps, self._logged, self.step, len(losses))
+        if note is not None:
             self.add_event(note)
-        if inbox.losses:
-            self._take_losses(take_all(inbox.losses))
+        self._losses.take(losses)
         if inbox.latest_loss:
-            self._take_latest_loss(inbox.latest_loss[0])
-        if self._logged or self._losses:
+            self._losses.take_latest(inbox.latest_loss[0])
+        if self._logged or self._losses.tick:
             self._capture_scalars()
             self._take_records(inbox.records, other)  # the events of bad values, at once
 
@@ -195,29 +194,6 @@ class Telemetry:
                 laid_out[step - steps.start] = mark
         return laid_out, later
 
-    def _take_losses(self, records: list[Any]) -> None:
-        if not self._loss_given and tuple not in set(map(type, records)):
-            self._losses.extend(records)
-            return
-        for record in records:
-            if type(record) is tuple:  # given to a framework's backward(loss)
-                self._losses.append(record[0])
-                self._loss_given = self._given_seen = True
-            elif self._loss_given:  # the backward() inside the framework's: not the loss
-                self._loss_given = False
-            else:
-                self._losses.append(record)
-
-    def _take_latest_loss(self, loss: Any) -> None:
-        """The latest tensor backward() was called on, while only the latest is kept."""
-        if loss is self._latest_loss_read:
-            return  # no backward() since the last tick
-        self._latest_loss_read = loss
-        if self._given_seen:  # the framework's own backward(): the loss given is the loss
-            self._loss_given = False
-            return
-        self._losses.append(loss)
-
     def _uncounted(self, step: int) -> None:
         if not self.samples:
             self.samples = None  # nothing counted yet: unknown, not zero
@@ -238,7 +214,7 @@ class Telemetry:
                     pending.append((name, capture_scalar(name, value)))
                 except (ScalarError, RuntimeError) as exc:
                     self.report(f"log({name}=...)", exc)
-        losses, self._losses = self._losses, []
+        losses = self._losses.pop()
         if losses:
             run = capture_run(losses)
             if run is not None:

@@ -78,7 +78,7 @@ def test_a_loop_fast_from_its_start_keeps_the_latest_values_at_once():
     assert switched == [True] and not intake.timing_start
     note = intake.take(inbox, 300, {}, step=200)
     assert note is not None and note.kind == "logging_sampled"
-    assert "called 640 times a tick" in note.message
+    assert "logs 640 values a tick" in note.message
 
 
 def test_a_loop_slow_from_its_start_keeps_every_call():
@@ -184,3 +184,13 @@ def test_with_a_framework_s_loss_the_latest_tensor_at_backward_is_not_shown(bsmo
         values = run_with_lean_backward(mon, model, optimizer, 50, give=0.001)
         assert mon.flush()
         assert mon.stats()["scalars"]["loss"] == values[-1]  # not a thousandth of it
+
+
+def test_losses_at_backward_count_like_log_calls():
+    """bsmon run logs nothing itself: the tensors backward() was called on are its calls (a
+    loop slowed at its start, by the noise scale's warm-up, switches on the tick instead)."""
+    inbox = Inbox()
+    intake, switched = intake_on(inbox)
+    assert intake.take(inbox, SAMPLE_ABOVE, {}, step=100, backwards=SAMPLE_ABOVE) is None
+    note = intake.take(inbox, SAMPLE_ABOVE + 1, {}, step=200, backwards=SAMPLE_ABOVE + 1)
+    assert switched == [True] and note is not None and note.kind == "logging_sampled"
