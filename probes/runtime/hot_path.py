@@ -41,7 +41,6 @@ import torch
 
 from .fault_guard import FaultGuard
 from .inbox import Inbox
-from .samples import NOT_COUNTED
 
 NEVER = sys.maxsize  # no boundary scheduled
 
@@ -260,18 +259,19 @@ class HotPath:
             ring = self._ring
             slot = step & ring.mask
             ring.ends[slot] = now
-            samples = self._samples
+            samples = self._samples  # a field left alone holds its default (StepRing)
             if samples.drawing:
                 ring.drawn[slot], ring.first_batch[slot] = samples.take()
             else:
-                ring.drawn[slot] = ring.first_batch[slot] = 0
                 samples.passes_known = False
             counter = self._examples
-            ring.examples[slot] = counter.take(self._reevaluates) if counter.wanted else NOT_COUNTED
+            if counter.wanted:
+                ring.examples[slot] = counter.take(self._reevaluates)
             control = self.control
             ring.declared[slot] = control.size if control is not None else 0
             evals = self._evals
-            ring.eval_s[slot] = evals.take(now) if evals.pending else 0.0
+            if evals.pending:
+                ring.eval_s[slot] = evals.take(now)
             evals.step_end = now
             if self.sampling:
                 ring.marks.append((step, self._work.take_marks(now)))

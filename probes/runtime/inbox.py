@@ -28,6 +28,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .samples import NOT_COUNTED
+
 CAPACITY = 1 << 16
 
 
@@ -55,7 +57,12 @@ class StepRing:
     then ``written`` says the step is complete. Agent thread: ``take`` reads the slots after
     the last step it read, copying each list's run at once. A slot is overwritten
     ``capacity`` steps later: an agent that falls that far behind loses the oldest steps, as
-    the bounded deque this replaces dropped them, and ``lost`` counts them."""
+    the bounded deque this replaces dropped them, and ``lost`` counts them.
+
+    The fields a step may not have (samples drawn, the model's examples, evaluation time)
+    are written only when it has them: ``take`` puts their defaults back into the slots it
+    read, one slice assignment a tick, instead of the training thread storing them every
+    step."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         if capacity & (capacity - 1):
@@ -66,7 +73,7 @@ class StepRing:
         self.ends: list[float] = [0.0] * capacity
         self.drawn: list[int] = [0] * capacity
         self.first_batch: list[int] = [0] * capacity
-        self.examples: list[int] = [0] * capacity
+        self.examples: list[int] = [NOT_COUNTED] * capacity
         self.declared: list[int] = [0] * capacity
         self.eval_s: list[float] = [0.0] * capacity
         self.marks: deque[tuple[int, Any]] = deque(maxlen=capacity)  # (step, marks)
@@ -86,10 +93,29 @@ class StepRing:
         self.read = written
         start, stop = (read + 1) & self.mask, (written & self.mask) + 1
         columns = [self._run(column, start, stop) for column in self._columns()]
+        for column, default in self._optional():
+            self._reset(column, start, stop, default)
         return StepColumns(read + 1, *columns)
 
     def _columns(self) -> tuple[list[Any], ...]:
         return (self.ends, self.drawn, self.first_batch, self.examples, self.declared, self.eval_s)
+
+    def _optional(self) -> tuple[tuple[list[Any], Any], ...]:
+        """The columns a step writes only when it has a value, with their defaults."""
+        return (
+            (self.drawn, 0),
+            (self.first_batch, 0),
+            (self.examples, NOT_COUNTED),
+            (self.eval_s, 0.0),
+        )
+
+    @staticmethod
+    def _reset(column: list[Any], start: int, stop: int, default: Any) -> None:
+        if start < stop:
+            column[start:stop] = [default] * (stop - start)
+        else:  # it wrapped around
+            column[start:] = [default] * (len(column) - start)
+            column[:stop] = [default] * stop
 
     @staticmethod
     def _run(column: list[Any], start: int, stop: int) -> list[Any]:

@@ -54,3 +54,25 @@ def test_an_agent_a_whole_ring_behind_loses_the_oldest_steps_and_counts_them(beh
 def test_a_ring_is_a_power_of_two():
     with pytest.raises(ValueError, match="power of two"):
         StepRing(12)
+
+
+def test_a_field_a_step_leaves_alone_reads_as_its_default_on_every_lap():
+    """The post-hook writes samples, examples and evaluation time only when a step has them;
+    ``take`` puts the defaults back into the slots it read, so a slot reused a lap later
+    never shows an older step's values."""
+    from bsmon.probes.runtime.samples import NOT_COUNTED
+
+    ring = StepRing(8)
+    for step in range(1, 7):  # with every field
+        write(ring, step)
+    ring.take()
+    for step in range(7, 20):  # the ends and declared size only, across two laps
+        slot = step & ring.mask
+        ring.ends[slot], ring.declared[slot] = step / 10, 4
+        ring.written = step
+        if step in (12, 19):  # one take wrapped around the end, one not
+            columns = ring.take()
+            n = len(columns.ends)
+            assert columns.drawn == [0] * n and columns.first_batch == [0] * n
+            assert columns.examples == [NOT_COUNTED] * n and columns.eval_s == [0.0] * n
+            assert columns.declared == [4] * n
