@@ -1,0 +1,127 @@
+"""What bsmon adds to the training thread per step, in machine instructions: a figure that
+does not move with the machine's load, beside ``hostcost.py``'s microseconds, which do.
+
+Each configuration of ``hostcost.py`` runs in its own process under valgrind's callgrind,
+one file per thread; only the timed steps are counted (collection is switched on inside
+``functools.reduce``, which runs them, and instrumentation once the imports are done), and
+only the training thread's file is read. The agent thread's tick is stretched to 3 s, since
+callgrind runs the job ~50× slower and a 0.1 s tick would then come every few steps instead
+of every ~660; the step anatomy samples one step in 130, what it settles at on this step.
+The figures are instructions, not time: a cache miss or a wait for the GIL costs no
+instruction, so hostcost's wall time stays the measure the goals are stated in. Run with
+the address space unrandomised (``setarch -R``), bare and the floor repeat to the
+instruction, telemetry and the step anatomy to within ~200 a step (where the agent's ticks
+fall among the timed steps); the record's writes on the agent thread interleave less
+evenly (+6,500 and +13,000 in two runs). Configurations with the noise scale on are left
+out: its budget is kept in time, which callgrind stretches unevenly (the same ``bsmon run``
+block measured +43,000 and +498,000).
+
+    python benchmarks/instructions.py                   # bare, floor, telemetry, + anatomy
+    python benchmarks/instructions.py --only floor telemetry --steps 1000
+
+Needs valgrind (Debian: ``apt install valgrind``); says so and exits 2 without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT = ("bare", "floor", "telemetry", "+ step anatomy")
+TIMED_BUDGET = ("defaults", "noise scale", "bsmon run")  # the noise scale on: not repeatable
+TICK_S = 3.0
+ANATOMY_STRIDE = "130"
+# the same addresses every run: the allocator's paths depend on them
+NO_ASLR = ["setarch", os.uname().machine, "-R"] if shutil.which("setarch") else []
+SUMMARY = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+
+
+def child(config: str, steps: int, warmup: int) -> None:
+    """In the process under callgrind: set the configuration up, then run the timed steps
+    inside ``functools.reduce`` (the function collection is switched on for)."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    import hostcost
+
+    from bsmon.probes.runtime import service
+
+    service.TICK_S = TICK_S
+    torch.set_num_threads(1)
+    name = next(n for n in hostcost.CONFIGS if n.startswith(config))
+    loop = hostcost.make_loop("tiny")
+    instrument = ["callgrind_control", "-i", "on", str(os.getpid())]
+    subprocess.run(instrument, check=False, capture_output=True)
+    with hostcost.CONFIGS[name](loop):
+        for _ in range(warmup):
+            loop.step()
+        functools.reduce(lambda _, __: loop.step(), range(steps), None)
+
+
+def measure(config: str, steps: int, warmup: int, where: Path) -> int:
+    """Instructions the training thread ran over ``steps`` timed steps of ``config``."""
+    out = where / f"{abs(hash(config))}.out"
+    command = [
+        *NO_ASLR,
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
+        "--toggle-collect=functools_reduce", "--separate-threads=yes",
+        f"--callgrind-out-file={out}",
+        sys.executable, __file__, "--child", config, "--steps", str(steps),
+        "--warmup", str(warmup),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONHASHSEED": "0", "BSMON_ANATOMY_STRIDE": ANATOMY_STRIDE}
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=env)
+    main_thread = Path(f"{out}-01")
+    if done.returncode != 0 or not main_thread.exists():
+        raise RuntimeError(f"{config}: callgrind failed: {done.stderr[-2000:]}")
+    found = SUMMARY.search(main_thread.read_text())
+    if found is None:
+        raise RuntimeError(f"{config}: no summary line in {main_thread}")
+    return int(found[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="CONFIG", default=list(DEFAULT))
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=800)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps, args.warmup)
+        return 0
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("instructions.py needs valgrind (apt install valgrind); nothing measured")
+        return 2
+    configs = ["bare", *[c for c in args.only if c != "bare"]]
+    for config in [c for c in configs if c.startswith(TIMED_BUDGET)]:
+        print(f"{config}: left out, the noise scale's budget is kept in time (see the docstring)")
+        configs.remove(config)
+    with (
+        tempfile.TemporaryDirectory(prefix="bsm-instr-") as where,
+        ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool,
+    ):
+        counted = pool.map(lambda c: measure(c, args.steps, args.warmup, Path(where)), configs)
+        counts = dict(zip(configs, counted, strict=True))
+    bare = counts["bare"] / args.steps
+    floor = counts.get("floor")
+    print(f"\ninstructions per step on the training thread, {args.steps} timed steps, tiny model")
+    print(f"{'bare':40} {bare:>10,.0f}")
+    for config in configs[1:]:
+        added = counts[config] / args.steps - bare
+        ratio = f"   {added / (floor / args.steps - bare):.2f}× the floor" if floor else ""
+        print(f"{config:40} {added:>+10,.0f}{ratio if config != 'floor' else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
