@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from itertools import groupby
-from operator import itemgetter
+from itertools import compress, groupby, repeat
+from operator import is_not, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,7 @@ class _Bucket:
         self.phases = PhaseTotals()
 
 
-_BATCH_SIZE = itemgetter(3)  # StepDone.batch_size
+_DURATION, _SAMPLES, _BATCH_SIZE, _EVAL_S, _PHASES = map(itemgetter, range(1, 6))  # StepDone
 
 
 class Recorder(Extension):
@@ -154,20 +154,25 @@ class Recorder(Extension):
             bucket.batch_size = batch_size
         bucket.steps += len(run)
         self.step = run[-1][0]
-        self.samples += sum([r[2] for r in run if r[2] is not None])
-        bucket.eval_s += math.fsum([r[4] for r in run if r[4]])
-        timed = [r for r in run if r[1] is not None and 0 < r[1] < math.inf]
-        if not timed:
-            return
-        durations = [r[1] for r in timed]
+        self.samples += sum(filter(None, map(_SAMPLES, run)))  # None (unknown) counts 0
+        bucket.eval_s += math.fsum(filter(None, map(_EVAL_S, run)))
+        durations = list(map(_DURATION, run))
+        total = math.fsum(durations) if None not in durations and min(durations) > 0 else None
+        if total is None or not math.isfinite(total):  # not every step timed: keep those that are
+            run = [r for r in run if r[1] is not None and 0 < r[1] < math.inf]
+            if not run:
+                return
+            durations = list(map(_DURATION, run))
+            total = math.fsum(durations)
         bucket.timed_steps += len(durations)
-        bucket.timed_s += math.fsum(durations)
+        bucket.timed_s += total
         bucket.step_time.extend(durations)  # type: ignore[arg-type]
-        bucket.timed_samples += sum([r[2] for r in timed if r[2] is not None])
-        bucket.uncounted_s += math.fsum([r[1] for r in timed if r[2] is None])
-        for r in timed:
-            if r[5] is not None:
-                bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
+        samples = list(map(_SAMPLES, run))
+        bucket.timed_samples += sum(filter(None, samples))
+        if None in samples:
+            bucket.uncounted_s += math.fsum([r[1] for r in run if r[2] is None])
+        for r in compress(run, map(is_not, map(_PHASES, run), repeat(None))):
+            bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
         count_step_bins(durations, bucket.hist)  # type: ignore[arg-type]
 
     def on_step(self, done: StepDone) -> None:

@@ -280,11 +280,10 @@ class Telemetry:
         if any(eval_s):
             durations = list(map(training_time, durations, eval_s))
         phases: Any = repeat(None)
-        if taken.marks is not None:
-            phases = [
-                None if mark is None else self._phases(mark, spent)
-                for mark, spent in zip(taken.marks, eval_s, strict=True)
-            ]
+        if (marks := taken.marks) is not None:  # the sampled steps only: a few a tick
+            phases = [None] * len(ends)
+            for index in compress(count(), map(is_not, marks, repeat(None))):
+                phases[index] = self._phases(marks[index], eval_s[index])
         timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
         for window in (self._window, self._second):
             window.add_steps(len(ends), timed, duration_sum, counted, counted_sum)
