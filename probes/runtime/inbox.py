@@ -111,17 +111,23 @@ class StepRing:
 
     @staticmethod
     def _reset(column: list[Any], start: int, stop: int, default: Any) -> None:
-        if start < stop:
-            column[start:stop] = [default] * (stop - start)
-        else:  # it wrapped around
-            column[start:] = [default] * (len(column) - start)
-            column[:stop] = [default] * stop
+        for first, end in _spans(start, stop, len(column)):
+            column[first:end] = [default] * (end - first)
 
     @staticmethod
     def _run(column: list[Any], start: int, stop: int) -> list[Any]:
-        if start < stop:
-            return column[start:stop]
-        return column[start:] + column[:stop]  # it wrapped around
+        head, *wrapped = _spans(start, stop, len(column))
+        run = column[slice(*head)]  # one copy when the run does not wrap around
+        for span in wrapped:
+            run += column[slice(*span)]
+        return run
+
+
+def _spans(start: int, stop: int, capacity: int) -> tuple[tuple[int, int], ...]:
+    """The slices of slots ``start`` up to ``stop``, in order, across the lists' end."""
+    if start < stop:
+        return ((start, stop),)
+    return ((start, capacity), (0, stop))  # it wrapped around
 
 
 class Inbox:

@@ -10,7 +10,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import compress, count, repeat
 from operator import is_not, sub
 from typing import Any, NamedTuple, Protocol
@@ -41,12 +41,17 @@ HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
 
 
+def _sampled(marks: list[Any]) -> Iterator[int]:
+    """The indices of the sampled steps (those with marks), found in one C loop."""
+    return compress(count(), map(is_not, marks, repeat(None)))
+
+
 def _ready(taken: _Steps) -> int:
     """How many of ``taken`` lead up to the first sampled step whose device work is still
     running."""
     if taken.marks is None:
         return len(taken.ends)
-    for index in compress(count(), map(is_not, taken.marks, repeat(None))):
+    for index in _sampled(taken.marks):
         mark = taken.marks[index].end
         if isinstance(mark, CudaMark) and not mark.event.query():
             return index
@@ -282,7 +287,7 @@ class Telemetry:
         phases: Any = repeat(None)
         if (marks := taken.marks) is not None:  # the sampled steps only: a few a tick
             phases = [None] * len(ends)
-            for index in compress(count(), map(is_not, marks, repeat(None))):
+            for index in _sampled(marks):
                 phases[index] = self._phases(marks[index], eval_s[index])
         timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
         for window in (self._window, self._second):
