@@ -189,7 +189,8 @@ class Monitor:
         self.telemetry.noise = self._noise.reading
         self.telemetry.report = self._guard.report
         self.telemetry.samples_reason = self._samples_reason
-        self.telemetry.duration_listeners.append(self._noise.on_durations)
+        if self._noise.source is not None:  # the steps' durations price its budget
+            self.telemetry.duration_listeners.append(self._noise.on_durations)
         self.recorder = self._make_recorder(record, socket_dir)
         self.router = CommandRouter()
         self.batch_control = self._make_batch_control(
@@ -714,17 +715,21 @@ class Monitor:
     def log(self, **scalars: Any) -> None:
         """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU.
 
-        Part of the hot path (``runtime.hot_path``): one append (on a loop logging over ~640
-        times a second, one ``dict.update`` keeping each name's latest value:
-        ``runtime.logged``); the agent thread reads the values soon after, and reports one it
-        cannot show as a number. A tensor is read then, not now: log a fresh one (the loss,
-        ``acc / n``), not one the loop changes in place afterwards (``acc.zero_()``: log
-        ``acc.clone()``)."""
+        Part of the hot path (``runtime.hot_path``): one append; on a loop logging over ~640
+        times a second, ``mon.log`` *is* a ``dict.update`` keeping each name's latest value
+        (``runtime.logged``: the call goes straight to C, no frame of bsmon's). The agent
+        thread reads the values soon after, and reports one it cannot show as a number. A
+        tensor is read then, not now: log a fresh one (the loss, ``acc / n``), not one the
+        loop changes in place afterwards (``acc.zero_()``: log ``acc.clone()``)."""
         self._log_into(scalars)
 
     def _keep_latest_logged(self, latest_only: bool) -> None:
         inbox = self._inbox
         self._log_into = inbox.latest.update if latest_only else inbox.logged.append
+        if latest_only:  # the instance's attribute shadows the method: see log()
+            vars(self)["log"] = inbox.latest.update
+        else:
+            vars(self).pop("log", None)
         self._hot.keep_latest_loss(latest_only)
 
     def loss_given(self, loss: Any) -> None:

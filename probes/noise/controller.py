@@ -332,8 +332,10 @@ class NoiseScale:
 
     def on_durations(self, done: list[StepDone]) -> None:
         """Steps' durations (agent thread): what measured and other steps take, for the
-        budget's price."""
+        budget's price; none while the estimate is off (nothing to price)."""
         measured_steps = self._measured_steps
+        if self.source is None and not measured_steps:
+            return
         measured: list[float] = []
         seen: set[int] = set()
         if measured_steps and min(measured_steps) <= done[-1][0]:

@@ -92,22 +92,12 @@ class StepRing:
             read = written - capacity
         self.read = written
         start, stop = (read + 1) & self.mask, (written & self.mask) + 1
-        columns = [self._run(column, start, stop) for column in self._columns()]
-        for column, default in self._optional():
-            self._reset(column, start, stop, default)
-        return StepColumns(read + 1, *columns)
-
-    def _columns(self) -> tuple[list[Any], ...]:
-        return (self.ends, self.drawn, self.first_batch, self.examples, self.declared, self.eval_s)
-
-    def _optional(self) -> tuple[tuple[list[Any], Any], ...]:
-        """The columns a step writes only when it has a value, with their defaults."""
-        return (
-            (self.drawn, 0),
-            (self.first_batch, 0),
-            (self.examples, NOT_COUNTED),
-            (self.eval_s, 0.0),
-        )
+        runs = {name: self._run(getattr(self, name), start, stop) for name in _COLUMNS}
+        for name, default in _OPTIONAL.items():
+            run = runs[name]
+            if run.count(default) != len(run):  # a step wrote it: its defaults back
+                self._reset(getattr(self, name), start, stop, default)
+        return StepColumns(read + 1, **runs)
 
     @staticmethod
     def _reset(column: list[Any], start: int, stop: int, default: Any) -> None:
@@ -121,6 +111,11 @@ class StepRing:
         for span in wrapped:
             run += column[slice(*span)]
         return run
+
+
+_COLUMNS = StepColumns._fields[1:]
+# the columns a step writes only when it has a value, with their defaults
+_OPTIONAL = {"drawn": 0, "first_batch": 0, "examples": NOT_COUNTED, "eval_s": 0.0}
 
 
 def _spans(start: int, stop: int, capacity: int) -> tuple[tuple[int, int], ...]:

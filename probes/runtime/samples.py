@@ -27,7 +27,7 @@ for good: every step is counted again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import groupby, repeat
 
 from ..batch.loader import NominalBatch
@@ -92,6 +92,17 @@ class StepSamples:
         self.drawing = False
 
 
+def _runs(*columns: Sequence[int]) -> Iterator[tuple[tuple[int, ...], int]]:
+    """The runs of equal rows of ``columns`` (equal lengths), as (row, length): one run
+    without making a row per step when every column holds one value (the usual tick)."""
+    steps = len(columns[0])
+    if steps and all(column.count(column[0]) == steps for column in columns):
+        yield tuple(column[0] for column in columns), steps
+        return
+    for row, run in groupby(zip(*columns, strict=True)):
+        yield row, sum(1 for _ in run)
+
+
 class StepTally:
     """Agent thread: each step's samples and the job's batch size, from what the training
     thread handed over."""
@@ -143,8 +154,8 @@ class StepTally:
         steady job costs a few calls per tick, not one per step."""
         samples: list[int | None] = []
         sizes: list[int | None] = []
-        for inputs, run in groupby(zip(drawn, first, examples, declared, strict=True)):
-            left = len(list(run))
+        for inputs, length in _runs(drawn, first, examples, declared):
+            left = length
             while left:
                 before = self._state()
                 step_samples, size = self.resolve(*inputs)

@@ -168,9 +168,9 @@ class Telemetry:
         samples, sizes = self.tally.resolve_all(
             columns.drawn, columns.first_batch, columns.examples, columns.declared
         )
-        if None not in samples:
+        try:
             self.samples = (self.samples or 0) + sum(samples)  # type: ignore[arg-type]
-        else:
+        except TypeError:  # a step whose samples are unknown (None)
             for step, step_samples in zip(steps, samples, strict=True):
                 if step_samples is None:
                     self._uncounted(step)
@@ -292,6 +292,8 @@ class Telemetry:
         timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
         for window in (self._window, self._second):
             window.add_steps(len(ends), timed, duration_sum, counted, counted_sum)
+        if not self.duration_listeners and self.tap is None:
+            return []  # no one reads the steps one by one
         return list(
             zip(taken.steps, durations, taken.samples, taken.sizes, eval_s, phases, strict=False)
         )

@@ -21,10 +21,14 @@ def timed_sums(
     """Of a run of steps: how many were timed (a positive duration), their time, and the
     samples of those counted, over the time of those. The usual run (every step timed and
     counted) is summed in C; a first step, an evaluation inside a step or samples not counted
-    take the loop."""
-    if None not in durations and None not in samples and min(durations) > 0:  # type: ignore[type-var]
-        total = sum(durations)  # type: ignore[arg-type]
-        return len(durations), total, sum(samples), total  # type: ignore[arg-type]
+    take the loop (a ``None`` among them makes ``sum`` raise: cheaper than looking for it)."""
+    try:
+        total, counted = sum(durations), sum(samples)  # type: ignore[arg-type]
+    except TypeError:
+        pass
+    else:
+        if min(durations) > 0:  # type: ignore[type-var]
+            return len(durations), total, counted, total
     timed = counted = 0
     duration_sum = counted_sum = 0.0
     for duration, step_samples in zip(durations, samples, strict=True):

@@ -30,21 +30,21 @@ def hostcost():
 
 
 @pytest.mark.parametrize(
-    ("config", "most"),
+    ("config", "most", "own"),
     [
-        # post-hook + perf_counter + append; log + append
-        ("telemetry (noise, anatomy, record off)", 5),
-        ("defaults (noise scale on its budget)", 5),
-        ("defaults, no batch size declared", 5),
-        # the post-hook's 3 and backward()'s wrapper + append (no log call)
-        ("bsmon run (zero-code)", 5),
+        # post-hook + perf_counter; log, which is a dict.update on a fast loop
+        ("telemetry (noise, anatomy, record off)", 3, 1),
+        ("defaults (noise scale on its budget)", 3, 1),
+        ("defaults, no batch size declared", 3, 1),
+        # post-hook + perf_counter; backward()'s wrapper + append (no log call)
+        ("bsmon run (zero-code)", 4, 2),
     ],
 )
-def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most):
+def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most, own):
     count = hostcost.count_calls(hostcost.CONFIGS[config], "tiny", steps=200, warmup=120)
     added = count.ordinary - (LOG_CALL if "zero-code" not in config else 0)
     assert added <= most, count
-    assert count.bsmon <= 2, count  # the post-hook, and log() or the backward wrapper
+    assert count.bsmon <= own, count  # the post-hook, and the backward wrapper
 
 
 def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):

@@ -138,6 +138,39 @@ def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
         assert kinds.count("logging_sampled") == 1
 
 
+def keeps_latest(mon) -> bool:
+    return mon.telemetry.logged_intake.latest_only
+
+
+def test_on_a_fast_loop_log_is_the_dict_update_itself_and_a_method_again_once_slow(bsmon_dir):
+    """While only the latest values are kept, ``mon.log`` adds no frame of bsmon's to the
+    training thread: the instance's attribute is the inbox's ``dict.update``."""
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
+
+        def step(pause: float = 0.0) -> None:
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            mon.log(loss=loss)
+            time.sleep(pause)
+
+        deadline = time.monotonic() + 20
+        while not keeps_latest(mon) and time.monotonic() < deadline:
+            step()
+        assert keeps_latest(mon)
+        assert mon.log == mon._inbox.latest.update
+        while keeps_latest(mon) and time.monotonic() < deadline:
+            step(pause=0.01)  # ~10 steps a tick: under ALL_BELOW, every call is kept again
+        assert not keeps_latest(mon)
+        assert mon.log.__func__ is type(mon).log
+        assert mon.flush()
+        assert mon.stats()["scalars"]["loss"] > 0
+
+
 def run_with_lean_backward(mon, model, optimizer, steps: int, give=None) -> list[float]:
     """Steps whose losses bsmon takes at backward(), as under ``bsmon run``; ``give``: a
     framework's backward(loss) that calls backward() on a scaled copy (accelerate's way)."""
