@@ -131,7 +131,7 @@ def floor(loop: Loop) -> Iterator[None]:
 
 def bsmon(**options: object) -> Setup:
     @contextlib.contextmanager
-    def setup(loop: Loop) -> Iterator[None]:
+    def setup(loop: Loop) -> Iterator[object]:  # the monitor
         from bsmon.probes import attach
 
         with tempfile.TemporaryDirectory() as where:
@@ -139,7 +139,7 @@ def bsmon(**options: object) -> Setup:
             settings = {"serve": False, **options, "record": record}
             with attach(loop.model, loop.optimizer, **settings) as mon:  # type: ignore[arg-type]
                 loop.log = lambda loss: mon.log(loss=loss)
-                yield
+                yield mon
                 loop.log = None
 
     return setup

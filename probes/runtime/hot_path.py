@@ -6,9 +6,10 @@ the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
 - the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()``, and
   the step's numbers stored into its slot of preallocated lists (``inbox.StepRing``: no
   call, no object made that the agent thread must then read) — 2 calls;
-- ``mon.log(loss=loss)`` (``Monitor.log``): one ``deque.append`` of the step and the keyword
-  dict — 2 calls (the values are read, checked and copied off a device on the agent
-  thread).
+- ``mon.log(loss=loss)`` (``Monitor.log``): one ``deque.append`` of the keyword dict — 2
+  calls; on a loop logging faster than a dashboard shows, ``mon.log`` is the inbox's
+  ``dict.update`` itself — 1 call (the values are read, checked and copied off a device on
+  the agent thread).
 
 Everything else happens on the agent thread (durations, wall-clock times, the samples and
 batch size of each step, scalars, windows, the record) or on *scheduled* steps. The agent
