@@ -56,9 +56,10 @@ class StatAcc:
         self.min = min(self.min, value)
         self.max = max(self.max, value)
 
-    def extend(self, values: list[float]) -> None:
+    def extend(self, values: list[float], total: float | None = None) -> None:
+        """Add ``values`` (``total``: their ``math.fsum``, when the caller has it)."""
         self.n += len(values)
-        self.total += math.fsum(values)
+        self.total += math.fsum(values) if total is None else total
         self.min = min(self.min, *values)
         self.max = max(self.max, *values)
 

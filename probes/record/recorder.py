@@ -157,7 +157,10 @@ class Recorder(Extension):
         self.samples += sum(filter(None, map(_SAMPLES, run)))  # None (unknown) counts 0
         bucket.eval_s += math.fsum(filter(None, map(_EVAL_S, run)))
         durations = list(map(_DURATION, run))
-        total = math.fsum(durations) if None not in durations and min(durations) > 0 else None
+        try:  # a None among them makes min raise: cheaper than looking for it
+            total = math.fsum(durations) if min(durations) > 0 else None  # type: ignore[type-var]
+        except TypeError:
+            total = None
         if total is None or not math.isfinite(total):  # not every step timed: keep those that are
             run = [r for r in run if r[1] is not None and 0 < r[1] < math.inf]
             if not run:
@@ -166,10 +169,12 @@ class Recorder(Extension):
             total = math.fsum(durations)
         bucket.timed_steps += len(durations)
         bucket.timed_s += total
-        bucket.step_time.extend(durations)  # type: ignore[arg-type]
+        bucket.step_time.extend(durations, total)  # type: ignore[arg-type]
         samples = list(map(_SAMPLES, run))
-        bucket.timed_samples += sum(filter(None, samples))
-        if None in samples:
+        try:
+            bucket.timed_samples += sum(samples)  # type: ignore[arg-type]
+        except TypeError:  # a None: steps whose samples are unknown
+            bucket.timed_samples += sum(filter(None, samples))
             bucket.uncounted_s += math.fsum([r[1] for r in run if r[2] is None])
         for r in compress(run, map(is_not, map(_PHASES, run), repeat(None))):
             bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
