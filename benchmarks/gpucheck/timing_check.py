@@ -28,7 +28,7 @@ from .procs import Deadline
 from .report import Criterion, Finding, Table
 
 if TYPE_CHECKING:
-    from bsmon.probes.record.format import StepDone
+    from bsmon.probes.record.format import StepRun
 
 MIN_STEP_S = 0.004
 MAX_BATCH = 8192
@@ -45,8 +45,8 @@ class Durations:
     def __init__(self) -> None:
         self.values: list[float] = []
 
-    def on_steps(self, done: list[StepDone]) -> None:
-        self.values.extend(d.duration for d in done if d.duration is not None)
+    def on_steps(self, run: StepRun) -> None:
+        self.values.extend(d for d in run.durations if d is not None)
 
     def on_scalars(self, name: str, values: list[float]) -> None:
         pass

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..record.format import StepDone
+from ..record.format import StepRun
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.fault_guard import FaultGuard
@@ -330,20 +330,25 @@ class NoiseScale:
         elif isinstance(source, MicrobatchSource):
             source.set_counting(True)
 
-    def on_durations(self, done: list[StepDone]) -> None:
+    def on_durations(self, run: StepRun) -> None:
         """Steps' durations (agent thread): what measured and other steps take, for the
         budget's price; none while the estimate is off (nothing to price)."""
         measured_steps = self._measured_steps
         if self.source is None and not measured_steps:
             return
+        steps, durations = run.steps, run.durations
         measured: list[float] = []
         seen: set[int] = set()
-        if measured_steps and min(measured_steps) <= done[-1][0]:
-            seen = {s for s, *_ in done if s in measured_steps}
-            measured = [d for s, d, *_ in done if s in seen and d is not None and d > 0]
+        if measured_steps and min(measured_steps) <= steps[-1]:
+            seen = {s for s in measured_steps if s in steps}
+            measured = [d for s in sorted(seen) if (d := durations[s - steps.start]) and d > 0]
             measured_steps -= seen
-        recent = done[-2 * Budget.SAMPLES :]  # the budget keeps the latest plain ones only
-        plain = [d for s, d, *_ in recent if d is not None and d > 0 and s not in seen]
+        recent = -2 * Budget.SAMPLES  # the budget keeps the latest plain ones only
+        plain = [
+            d
+            for s, d in zip(steps[recent:], durations[recent:], strict=True)
+            if d is not None and d > 0 and s not in seen
+        ]
         if len(measured_steps) > BACKLOG:
             measured_steps.clear()  # steps whose durations never came (a reset)
         self.budget.add_durations(measured, plain)

@@ -12,8 +12,9 @@ a block of the time grid (so later compactions nest) and never across a batch-si
 
 from __future__ import annotations
 
+import functools
 import math
-from collections import Counter
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 
 from .format import DeviceSpan, HostSpan, Span, Stat
@@ -76,9 +77,28 @@ def step_bin(seconds: float) -> int:
 
 
 def count_step_bins(durations: list[float], into: dict[int, int]) -> None:
-    """``step_bin`` of each duration counted into ``into``: one pass, no Python call per
-    duration (the recorder's, on the agent thread, for a tick's steps at a time)."""
-    add_counts(into, Counter([math.floor(math.log(d) / _LOG_GAMMA) for d in durations]))
+    """``step_bin`` of each duration counted into ``into``: the durations sorted (in C), then
+    one ``bisect`` per bin they fill, not a logarithm per duration — a tick's steps fill a few
+    bins (the recorder's, on the agent thread: 600 steps of ±10% in 22 µs against 84)."""
+    ordered = sorted(durations)
+    start, count = 0, len(ordered)
+    while start < count:
+        index = step_bin(ordered[start])
+        end = max(bisect_left(ordered, _next_bin_start(index), start), start + 1)
+        into[index] = into.get(index, 0) + end - start
+        start = end
+
+
+@functools.lru_cache(maxsize=4096)
+def _next_bin_start(index: int) -> float:
+    """The least duration whose ``step_bin`` is ``index + 1``: ``STEP_GAMMA ** (index + 1)``
+    moved to where ``step_bin``'s own rounding puts the edge."""
+    edge = STEP_GAMMA ** (index + 1)
+    while step_bin(edge) <= index:
+        edge = math.nextafter(edge, math.inf)
+    while step_bin(below := math.nextafter(edge, 0.0)) > index:
+        edge = below
+    return edge
 
 
 def step_bin_value(index: int) -> float:

@@ -89,7 +89,8 @@ class Phases(NamedTuple):
 
 
 class StepDone(NamedTuple):
-    """One resolved training step, as the telemetry hands it to its tap (the recorder)."""
+    """One resolved training step (``Recorder.on_step``; the telemetry hands its steps over
+    as ``StepRun`` columns)."""
 
     step: int
     duration: float | None  # training seconds (evaluation taken out); None: not timed
@@ -97,6 +98,34 @@ class StepDone(NamedTuple):
     batch_size: int | None
     eval_s: float = 0.0
     phases: Phases | None = None
+
+
+class StepRun(NamedTuple):
+    """Consecutive resolved training steps as columns, each with one item a step, as the
+    telemetry hands a poll's steps to its tap (the recorder) and duration listeners (the
+    noise budget): a list per field, not a tuple per step, which the agent thread would
+    make and take apart again while the training thread waits for the GIL."""
+
+    steps: range
+    durations: list[float | None]  # as ``StepDone.duration``
+    samples: list[int | None]
+    sizes: list[int | None]
+    eval_s: list[float]
+    phases: list[Phases | None] | None = None  # None: no step of them was sampled
+
+    @classmethod
+    def of(cls, done: StepDone) -> StepRun:
+        return cls(
+            range(done.step, done.step + 1),
+            [done.duration],
+            [done.samples],
+            [done.batch_size],
+            [done.eval_s],
+            None if done.phases is None else [done.phases],
+        )
+
+    def part(self, start: int, stop: int) -> StepRun:
+        return StepRun(*(None if c is None else c[start:stop] for c in self))  # type: ignore[arg-type]
 
 
 class PhaseTotals(msgspec.Struct, omit_defaults=True):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from itertools import compress, groupby, repeat
-from operator import is_not, itemgetter
+from itertools import compress, count, groupby, repeat
+from operator import is_, is_not
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from .format import (
     Span,
     Status,
     StepDone,
+    StepRun,
     encode_line,
     header_for,
     throughput,
@@ -75,9 +76,6 @@ class _Bucket:
         self.scalars: dict[str, StatAcc] = {}
         self.first: dict[str, float] = {}  # scalars logged for the first time in this span
         self.phases = PhaseTotals()
-
-
-_DURATION, _SAMPLES, _BATCH_SIZE, _EVAL_S, _PHASES = map(itemgetter, range(1, 6))  # StepDone
 
 
 class Recorder(Extension):
@@ -134,17 +132,24 @@ class Recorder(Extension):
 
     # -- the telemetry tap (agent thread) -----------------------------------------------------
 
-    def on_steps(self, done: list[StepDone]) -> None:
-        """A poll's resolved steps, in order: a pass over them per total rather than Python
-        code per step (the agent thread's time per step is time the training thread waits
-        for the GIL)."""
+    def on_steps(self, run: StepRun) -> None:
+        """A poll's resolved steps, in order, as columns: a pass over a column per total
+        rather than Python code per step (the agent thread's time per step is time the
+        training thread waits for the GIL)."""
         try:
-            for batch_size, run in groupby(done, key=_BATCH_SIZE):
-                self._add_run(batch_size, list(run))
+            sizes = run.sizes
+            if sizes.count(sizes[0]) == len(sizes):  # the usual poll: one batch size
+                self._add_run(sizes[0], run)
+                return
+            start = 0
+            for size, same in groupby(sizes):
+                stop = start + sum(1 for _ in same)
+                self._add_run(size, run.part(start, stop))
+                start = stop
         except Exception as exc:  # never into the agent's tick
             self._internal_error(exc)
 
-    def _add_run(self, batch_size: int | None, run: list[StepDone]) -> None:
+    def _add_run(self, batch_size: int | None, run: StepRun) -> None:
         """Consecutive steps of one batch size."""
         bucket = self._bucket
         if bucket.batch_size != batch_size:
@@ -152,36 +157,44 @@ class Recorder(Extension):
                 self._close_bucket(self._clock())
                 bucket = self._bucket
             bucket.batch_size = batch_size
-        bucket.steps += len(run)
-        self.step = run[-1][0]
-        self.samples += sum(filter(None, map(_SAMPLES, run)))  # None (unknown) counts 0
-        bucket.eval_s += math.fsum(filter(None, map(_EVAL_S, run)))
-        durations = list(map(_DURATION, run))
+        bucket.steps += len(run.steps)
+        self.step = run.steps[-1]
+        durations, samples, phases = run.durations, run.samples, run.phases
+        try:  # a None (unknown) among them makes sum raise: counted as 0
+            self.samples += sum(samples)  # type: ignore[arg-type]
+        except TypeError:
+            self.samples += sum(filter(None, samples))
+        if any(run.eval_s):
+            bucket.eval_s += math.fsum(run.eval_s)
         try:  # a None among them makes min raise: cheaper than looking for it
             total = math.fsum(durations) if min(durations) > 0 else None  # type: ignore[type-var]
         except TypeError:
             total = None
         if total is None or not math.isfinite(total):  # not every step timed: keep those that are
-            run = [r for r in run if r[1] is not None and 0 < r[1] < math.inf]
-            if not run:
+            timed = [i for i, d in enumerate(durations) if d is not None and 0 < d < math.inf]
+            if not timed:
                 return
-            durations = list(map(_DURATION, run))
-            total = math.fsum(durations)
+            durations = [durations[i] for i in timed]
+            samples = [samples[i] for i in timed]
+            phases = None if phases is None else [phases[i] for i in timed]
+            total = math.fsum(durations)  # type: ignore[arg-type]
         bucket.timed_steps += len(durations)
         bucket.timed_s += total
         bucket.step_time.extend(durations, total)  # type: ignore[arg-type]
-        samples = list(map(_SAMPLES, run))
         try:
             bucket.timed_samples += sum(samples)  # type: ignore[arg-type]
         except TypeError:  # a None: steps whose samples are unknown
             bucket.timed_samples += sum(filter(None, samples))
-            bucket.uncounted_s += math.fsum([r[1] for r in run if r[2] is None])
-        for r in compress(run, map(is_not, map(_PHASES, run), repeat(None))):
-            bucket.phases.add(r[1], r[5])  # type: ignore[arg-type]
+            bucket.uncounted_s += math.fsum(
+                compress(durations, map(is_, samples, repeat(None)))  # type: ignore[arg-type]
+            )
+        if phases is not None:
+            for index in compress(count(), map(is_not, phases, repeat(None))):
+                bucket.phases.add(durations[index], phases[index])  # type: ignore[arg-type]
         count_step_bins(durations, bucket.hist)  # type: ignore[arg-type]
 
     def on_step(self, done: StepDone) -> None:
-        self.on_steps([done])
+        self.on_steps(StepRun.of(done))
 
     def on_scalars(self, name: str, values: list[float]) -> None:
         try:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol
 from ..anatomy.marks import StepMarks
 from ..anatomy.phases import Phases, phases_of, with_comm
 from ..anatomy.window import PhaseWindow, anatomy_of
-from ..record.format import StepDone
+from ..record.format import StepRun
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
@@ -80,7 +80,7 @@ def _no_report(_where: str, _exc: BaseException) -> None:
 
 
 class StepTap(Protocol):
-    def on_steps(self, done: list[StepDone]) -> None: ...
+    def on_steps(self, run: StepRun) -> None: ...
     def on_scalars(self, name: str, values: list[float]) -> None: ...
 
 
@@ -119,9 +119,9 @@ class Telemetry:
         self.new_events: list[Event] = []
         self.flushes: list[threading.Event] = []  # to set once this tick's output is sent
         # Sees every resolved step and scalar (agent thread), a poll's worth at a time:
-        # on_steps([StepDone...]) and on_scalars(name, values). The session recorder uses it.
+        # on_steps(StepRun) and on_scalars(name, values). The session recorder uses it.
         self.tap: StepTap | None = None
-        self.duration_listeners: list[Callable[[list[StepDone]], None]] = []
+        self.duration_listeners: list[Callable[[StepRun], None]] = []
         self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
@@ -250,20 +250,19 @@ class Telemetry:
 
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
-        done = self._resolve_steps()
-        if done:
+        for run in self._resolve_steps():
             for listener in self.duration_listeners:
-                listener(done)
+                listener(run)
             if self.tap is not None:
-                self.tap.on_steps(done)
+                self.tap.on_steps(run)
         self._read_scalars()
 
-    def _resolve_steps(self) -> list[StepDone]:
-        """The steps taken in whose durations are known now, in order, added to the windows:
-        plain tuples laid out as ``StepDone`` (a named tuple costs a Python call each), made
-        from columns. A sampled step whose device work is still running keeps the order:
-        the steps after it wait too."""
-        done: list[StepDone] = []
+    def _resolve_steps(self) -> list[StepRun]:
+        """The steps taken in whose durations are known now, in order, added to the windows,
+        as runs of columns for those who read steps one by one (none when no one does). A
+        sampled step whose device work is still running keeps the order: the steps after it
+        wait too."""
+        done: list[StepRun] = []
         pending = self._steps
         while pending:
             ready = _ready(pending[0])
@@ -276,7 +275,7 @@ class Telemetry:
             break
         return done
 
-    def _resolve(self, taken: _Steps) -> list[StepDone]:
+    def _resolve(self, taken: _Steps) -> list[StepRun]:
         ends, eval_s = taken.ends, taken.eval_s
         previous = self._previous_end
         self._previous_end = ends[-1]
@@ -284,7 +283,7 @@ class Telemetry:
         durations.insert(0, ends[0] - previous if previous is not None else None)
         if any(eval_s):
             durations = list(map(training_time, durations, eval_s))
-        phases: Any = repeat(None)
+        phases: list[Phases | None] | None = None
         if (marks := taken.marks) is not None:  # the sampled steps only: a few a tick
             phases = [None] * len(ends)
             for index in _sampled(marks):
@@ -294,9 +293,7 @@ class Telemetry:
             window.add_steps(len(ends), timed, duration_sum, counted, counted_sum)
         if not self.duration_listeners and self.tap is None:
             return []  # no one reads the steps one by one
-        return list(
-            zip(taken.steps, durations, taken.samples, taken.sizes, eval_s, phases, strict=False)
-        )
+        return [StepRun(taken.steps, durations, taken.samples, taken.sizes, eval_s, phases)]
 
     def _phases(self, marks: StepMarks, eval_s: float) -> Phases | None:
         if marks.begin is None:

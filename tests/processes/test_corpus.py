@@ -170,7 +170,9 @@ def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir, monkeypatch
     """The validation loop's time is its own, and each epoch's short last batch (4 of 32)
     is not a change of batch size. The anatomy samples one step in 1–2 here: its means are
     then over ~40 of the 60 steps, not ~6, of which one step preempted under the suite's load
-    once took the optimizer's mean past the bound."""
+    once took the optimizer's mean past the bound. Evaluation counted in the steps would slow
+    one step an epoch, 15 of the 59 timed: the 95th percentile shows it, where the 99th is
+    the slowest step alone (one preempted under the suite's load read 25 ms against 1 ms)."""
     monkeypatch.setenv(STRIDE_VARIABLE, "1-2")
     outcome = run("lightning_job.py", (), RUN, bsmon_dir)
     summary = summary_of(outcome.records[0])
@@ -178,7 +180,7 @@ def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir, monkeypatch
     assert [segment.batch_size for segment in summary.batch_size_history] == [32]
     assert summary.time.evaluation_s > 0
     assert summary.time.steps_s + summary.time.evaluation_s <= summary.duration_s
-    assert summary.step_time_s.p99 < 20 * summary.step_time_s.p50
+    assert summary.step_time_s.p95 < 20 * summary.step_time_s.p50
     anatomy = summary.anatomy  # Lightning's closure steps: forward and backward are not optimizer
     assert anatomy is not None and anatomy.data_s is not None and anatomy.optimizer_s is not None
     assert anatomy.optimizer_s < anatomy.forward_s + anatomy.backward_s

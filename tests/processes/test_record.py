@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from bsmon.probes import attach
-from bsmon.probes.record.format import ProbeLine, Span, StepDone
+from bsmon.probes.record.format import End, Phases, ProbeLine, Span, StepDone, StepRun
 from bsmon.probes.record.reader import open_record
 from bsmon.probes.record.recorder import Recorder
 from bsmon.probes.runtime.devices import DeviceSample
@@ -233,6 +233,43 @@ def test_the_writer_compacts_a_long_record_and_keeps_it_exact(tmp_path):
     assert summary.devices[0].util_max_percent == 100.0
     assert summary.devices[0].memory_peak_bytes == 100 << 20
     assert not path.with_name(path.name + ".tmp").exists()
+
+
+def test_a_polls_columns_are_recorded_as_the_same_steps_one_by_one(tmp_path):
+    """The telemetry hands the recorder a poll's steps as columns; batch-size changes inside
+    a poll, steps not timed, samples not counted, evaluation time and sampled phases come
+    out in the same spans as when each step is handed over alone."""
+    sizes = [4] * 5 + [8] * 4 + [4] * 3
+    durations = [0.1, 0.2, None, 0.15, 0.1, math.inf, 0.3, 0.25, 0.2, 0.1, 0.0, 0.12]
+    samples = [4, 4, 4, None, 4, 8, 8, 8, None, 4, 4, 4]
+    eval_s = [0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02]
+    phases = [None] * 12
+    phases[3] = Phases(0.01, 0.05, 0.07, 0.01, 0.01)
+    phases[7] = Phases(None, 0.1, 0.1, 0.03, 0.02)
+    run = StepRun(range(1, 13), durations, samples, sizes, eval_s, phases)
+    records = []
+    for name, feed in (
+        ("columns", lambda recorder: recorder.on_steps(run)),
+        (
+            "one by one",
+            lambda recorder: [recorder.on_step(StepDone(*row)) for row in zip(*run, strict=True)],
+        ),
+    ):
+        path = tmp_path / f"{name}.jsonl"
+        events: list[Event] = []
+        recorder = Recorder(
+            path, session(start=START), Telemetry(), events.append, clock=lambda: START
+        )
+        recorder.start()
+        feed(recorder)
+        recorder.tick(START + 1.0, [], sample(50.0), Capability(False, "off"))  # the last span
+        assert recorder.close("closed", 12, timeout=30) and not events
+        records.append([i for i in record_items(path)[1] if isinstance(i, (Span, End))])
+    columns, one_by_one = records
+    assert [(s.batch_size, s.steps) for s in columns[:-1]] == [(4, 5), (8, 4), (4, 3)]
+    assert [s.timed_steps for s in columns[:-1]] == [4, 3, 2]  # None, inf and 0.0 not timed
+    assert columns[-1].samples == 52  # the samples not counted count 0
+    assert columns == one_by_one
 
 
 def test_two_monitors_of_one_name_in_one_process_get_two_records(bsmon_dir):

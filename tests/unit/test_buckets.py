@@ -11,6 +11,7 @@ import pytest
 from bsmon.probes.record.buckets import (
     StatAcc,
     compact,
+    count_step_bins,
     merge_spans,
     merge_stat,
     quantiles,
@@ -58,6 +59,28 @@ def test_step_time_quantiles_are_within_a_bin_width():
     span_of_bins = math.log(max(durations) / min(durations)) / math.log(1.02)
     assert len(counts) <= span_of_bins + 2  # bounded by the range, not by the number of steps
     assert quantiles({}, (0.5,), step_bin_value) == [None]
+
+
+def test_a_ticks_durations_are_binned_as_step_bin_bins_each():
+    """The recorder bins a tick's durations by sorting them; every duration lands where
+    ``step_bin`` puts it, those on a bin's edge (the float either side of it) included."""
+    rng = random.Random(3)
+    edges = [1.02**k for k in range(-400, -100, 7)]
+    cases = [
+        [rng.gauss(160e-6, 16e-6) for _ in range(600)],
+        [rng.lognormvariate(math.log(0.05), 2.0) for _ in range(2000)],
+        [x for e in edges for x in (e / 1.01, math.nextafter(e, 0.0), e, math.nextafter(e, 1.0))],
+        [0.25] * 50,
+        [1e-12, 3600.0, 1e-3],
+        [],
+    ]
+    for durations in cases:
+        expected: dict[int, int] = {7: 1}  # counts already there are added to
+        for d in durations:
+            expected[step_bin(d)] = expected.get(step_bin(d), 0) + 1
+        counts = {7: 1}
+        count_step_bins(durations, counts)
+        assert counts == expected
 
 
 def spans_over(seconds: int, bucket_s: float = 1.0) -> list:
