@@ -150,7 +150,7 @@ def zero_code(resizable: bool = False) -> Setup:
     the same agent, without the process boot)."""
 
     @contextlib.contextmanager
-    def setup(loop: Loop) -> Iterator[None]:
+    def setup(loop: Loop) -> Iterator[object]:  # the agent: its monitor from the first step
         from bsmon.probes.launch.autoattach import AutoAttach
         from bsmon.probes.launch.environment import ENV_RESIZABLE
 
@@ -159,7 +159,7 @@ def zero_code(resizable: bool = False) -> Setup:
         del os.environ[ENV_RESIZABLE]
         agent.install()
         try:
-            yield
+            yield agent
         finally:
             agent.uninstall()
 
@@ -265,6 +265,16 @@ class CallCount:
     by_category: dict[str, int]  # the ordinary step's, added per category
 
 
+def settle(started: object) -> None:
+    """Let bsmon's agent (if ``started`` is one, or its monitor) take the steps so far: what
+    it learns from them (the logging mode, a steady count of examples) is what a step after
+    the warm-up costs, whatever the tick's period and however slow the warm-up ran."""
+    monitor = getattr(started, "monitor", started)
+    flush = getattr(monitor, "flush", None)
+    if flush is not None:
+        flush()
+
+
 def count_calls(
     setup: Setup, model_name: str = "tiny", steps: int = 300, warmup: int = 50
 ) -> CallCount:
@@ -278,9 +288,10 @@ def count_calls(
         given = os.environ.get(STRIDE_VARIABLE)
         os.environ[STRIDE_VARIABLE] = "4-12"
         try:
-            with config(loop):
+            with config(loop) as started:
                 for _ in range(warmup):
                     loop.step()
+                settle(started)
                 return [calls_of_one_step(loop.step) for _ in range(steps)]
         finally:
             if given is None:

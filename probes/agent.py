@@ -864,7 +864,7 @@ class Monitor:
         return True
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot of what the monitor shows (aggregates lag the training thread by ≤0.1 s)."""
+        """A snapshot of what the monitor shows (aggregates lag the training thread by ≤ a tick)."""
         t = self.telemetry
         return {
             "name": self.name,
@@ -889,6 +889,7 @@ class Monitor:
             return False
         done = threading.Event()
         self._inbox.append(Flush(done))
+        self._service.wake()
         return done.wait(timeout)
 
     def record_probe_result(self, result: dict[str, Any]) -> None:

@@ -128,7 +128,7 @@ class SessionModel:
         self.detail = f"attached to {hello.session.name} (pid {hello.session.pid})"
 
     def _on_metrics(self, metrics: Metrics) -> None:
-        """Live metrics come at up to 10 Hz; they are pooled into points of about a second,
+        """Live metrics come at up to 4 Hz; they are pooled into points of about a second,
         the resolution of the backlog, so the chart looks the same before and after attach."""
         self.latest = metrics
         self._last_seen = metrics.t

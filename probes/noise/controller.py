@@ -60,7 +60,7 @@ from .warmup import LIMIT, WARMUP_RSE, WARMUP_SHARE, WarmUp
 MODES = ("auto", "per_example", "microbatch", "sequential")
 SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
 WAITING_CHECK_EVERY = 64  # auto waits for accumulation: the passes of one step in this many
-BACKLOG = 4096  # records waiting for the agent thread (it drains them every 0.1 s)
+BACKLOG = 8192  # records waiting for the agent thread (it drains them every 0.25 s)
 DEFAULT_BUDGET = 0.01  # share of the step time priced for the hooks; measured total ≈ twice that
 NO_ESTIMATE = "noise scale: no estimate — "  # an event's prefix: why there is none (yet)
 WARMUP_ENDED = "noise scale: no estimate yet — "  # the warm-up ran out of steps before one

@@ -5,12 +5,12 @@ Every value logged stays alive until the agent thread has read it, and a loss te
 its step's autograd graph with it. On a step of a few hundred microseconds that costs the
 training thread more than everything else bsmon does: a loop that keeps its loss for another
 thread to read adds 5–9 µs a step (docs/benchmarks.md, round three), bsmon's hooks 2–3. So
-while a tick brings more than ``SAMPLE_ABOVE`` calls (about 640 a second), ``log`` keeps
+while a tick brings more than ``SAMPLE_ABOVE`` calls (640 a second), ``log`` keeps
 only the latest value of each name (``dict.update``, as cheap as the append it replaces, and
 the value it replaces is freed by the job's own thread, as a bare loop frees it): the agent
 reads each name's latest value once a tick, so a rare name (a validation loss) is never lost,
-and a frequent one is sampled about ten times a second. Once the steps slow to under
-``ALL_BELOW`` a tick, every call is kept again.
+and a frequent one is sampled once a tick, four times a second. Once the steps slow to under
+``ALL_BELOW`` a tick (320 a second), every call is kept again.
 
 The first tick is not waited for: the steps' ends are timed once at the start
 (``early``, on the training thread, at two scheduled step boundaries), and a loop already
@@ -29,8 +29,8 @@ from typing import Any
 from ..wire.protocol import Event
 from .inbox import Inbox, take_all
 
-SAMPLE_ABOVE = 64  # calls a tick above which only each name's latest value is kept
-ALL_BELOW = 32  # steps a tick under which every call is kept again
+SAMPLE_ABOVE = 160  # calls a tick (0.25 s) above which only each name's latest value is kept
+ALL_BELOW = 80  # steps a tick under which every call is kept again
 
 
 class LoggedIntake:
@@ -98,7 +98,7 @@ class LoggedIntake:
             kind="logging_sampled",
             message=(
                 f"the loop logs {calls} values a tick: the loss and the values shown and "
-                "recorded are now each one's latest, about ten a second, while it stays fast"
+                "recorded are now each one's latest, four a second, while it stays fast"
             ),
         )
 

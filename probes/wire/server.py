@@ -27,7 +27,7 @@ from .pacing import WorkBudget
 
 SLOW_CLIENT_BYTES = 1 << 20
 STALLED_CLIENT_BYTES = 16 << 20
-MAX_CONSECUTIVE_DROPS = 600  # about a minute of metrics at 10 Hz
+MAX_CONSECUTIVE_DROPS = 240  # about a minute of metrics at 4 Hz
 BACKLOG = 256  # connections the kernel holds while serving is paced
 ACCEPT_BATCH = 64
 _PEERCRED = struct.Struct("3i")

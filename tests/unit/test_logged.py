@@ -11,6 +11,7 @@ from torch import nn
 from bsmon.probes import attach
 from bsmon.probes.runtime.inbox import Inbox
 from bsmon.probes.runtime.logged import ALL_BELOW, SAMPLE_ABOVE, LoggedIntake
+from bsmon.probes.runtime.service import TICK_S
 
 
 def intake_on(inbox: Inbox) -> tuple[LoggedIntake, list[bool]]:
@@ -74,18 +75,18 @@ def test_a_loop_fast_from_its_start_keeps_the_latest_values_at_once():
     assert intake.early(1, now=10.0) == 1 + SAMPLE_ABOVE and intake.timing_start
     assert intake.early(2, now=10.0002) == 1 + SAMPLE_ABOVE  # a boundary another part asked
     assert switched == []
-    assert intake.early(1 + SAMPLE_ABOVE, now=10.01) is None  # 64 steps in 10 ms
+    assert intake.early(1 + SAMPLE_ABOVE, now=10.01) is None  # SAMPLE_ABOVE steps in 10 ms
     assert switched == [True] and not intake.timing_start
     note = intake.take(inbox, 300, {}, step=200)
     assert note is not None and note.kind == "logging_sampled"
-    assert "logs 640 values a tick" in note.message
+    assert f"logs {round(SAMPLE_ABOVE * TICK_S / 0.01)} values a tick" in note.message
 
 
 def test_a_loop_slow_from_its_start_keeps_every_call():
     inbox = Inbox()
     intake, switched = intake_on(inbox)
     intake.early(1, now=10.0)
-    assert intake.early(1 + SAMPLE_ABOVE, now=10.5) is None  # 64 steps in half a second
+    assert intake.early(1 + SAMPLE_ABOVE, now=10.5) is None  # half SAMPLE_ABOVE a tick
     assert switched == [] and not intake.timing_start
     for i in range(10):
         inbox.logged.append({"loss": float(i)})
@@ -105,7 +106,7 @@ def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir):
             optimizer.step()
             optimizer.zero_grad()
             modes.append(mon.telemetry.logged_intake.latest_only)
-    # a tiny step: 64 of them in far less than a tick; no tick had to see them first
+    # a tiny step: SAMPLE_ABOVE of them in far less than a tick; no tick had to see them first
     assert modes[SAMPLE_ABOVE] and not modes[SAMPLE_ABOVE - 1], modes
 
 
@@ -127,7 +128,7 @@ def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
         mon.log(val_loss=0.25)
         deadline = time.monotonic() + 20
         while not mon.telemetry.logged_intake.latest_only and time.monotonic() < deadline:
-            for _ in range(SAMPLE_ABOVE):  # a tick of ~0.1 s takes hundreds of these steps
+            for _ in range(SAMPLE_ABOVE):  # a tick (0.25 s) takes hundreds of these steps
                 step()
         assert mon.telemetry.logged_intake.latest_only
         last = [step() for _ in range(5)][-1]
