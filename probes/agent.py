@@ -277,6 +277,7 @@ class Monitor:
             noise_capability=lambda: self._noise.capability,
             extensions=[*extensions, *([self.recorder] if self.recorder is not None else [])],
             on_rebound=self._socket_rebound,
+            report=self._guard.report,
         )
         if self.recorder is not None:
             self.recorder.start()

@@ -41,6 +41,7 @@ from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
+from ..runtime.inbox import take_all
 from ..runtime.service import Extension
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Capability, Event, NoiseScaleReading
@@ -118,7 +119,11 @@ class NoiseScale:
         self._last_measured = 0
         self._last_call = 0  # the step of the previous on_step
         self.next_measured = 1  # the next step whose pre-hook calls on_step
-        self._measured_steps: set[int] = set()  # measured, their durations not yet seen
+        # measured steps: handed over by the training thread (an append is atomic), then kept
+        # by the agent's thread until their durations come (a set the training thread added
+        # to while the agent iterated it raised: "Set changed size during iteration")
+        self._measured_handover: deque[int] = deque(maxlen=BACKLOG)
+        self._measured_steps: set[int] = set()
         self.phase = WARMING_UP
         self.warmup = WarmUp(max(WARMUP_SHARE, budget or 0.0))
         self._examples_hint = examples_hint
@@ -268,7 +273,7 @@ class NoiseScale:
             step = self._step() + 1
             measured = source.measuring
             if measured:
-                self._measured_steps.add(step)
+                self._measured_handover.append(step)
             gap = step - self._last_measured if self._last_measured else 1
             record = source.take_record(step, max(1, gap))
             if record is not None:
@@ -334,6 +339,8 @@ class NoiseScale:
         """Steps' durations (agent thread): what measured and other steps take, for the
         budget's price; none while the estimate is off (nothing to price)."""
         measured_steps = self._measured_steps
+        if self._measured_handover:
+            measured_steps.update(take_all(self._measured_handover))
         if self.source is None and not measured_steps:
             return
         steps, durations = run.steps, run.durations

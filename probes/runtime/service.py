@@ -133,7 +133,9 @@ class AgentService(threading.Thread):
         noise_capability: Callable[[], Capability],
         extensions: Sequence[Extension] = (),
         on_rebound: Callable[[], None] = lambda: None,
+        report: Callable[[str, BaseException], None] = lambda _where, _exc: None,
     ) -> None:
+        """``report``: where a failure of the agent's own code goes (the fault guard)."""
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
         self.telemetry = telemetry
@@ -144,6 +146,7 @@ class AgentService(threading.Thread):
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
         self._on_rebound = on_rebound
+        self._report = report
         self.server = (
             AgentServer(socket_path, router.handle_line, self._greeting)
             if socket_path is not None
@@ -218,14 +221,14 @@ class AgentService(threading.Thread):
         self.ready.set()
         next_check = time.monotonic() + SOCKET_CHECK_S
         while not self._stopping.is_set():
-            self.tick()
+            self._guarded_tick()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + SOCKET_CHECK_S
                 await self._rebind_if_deleted()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), TICK_S)
             self._woken.clear()
-        self.tick(final=True)
+        self._guarded_tick(final=True)
         if self.server is not None:
             bye = protocol.encode(protocol.Bye(reason=self._bye_reason, t=time.time()))
             await self.server.stop(farewell=bye)
@@ -242,16 +245,33 @@ class AgentService(threading.Thread):
             return  # tried again at the next check
         self._on_rebound()
 
+    def _guarded_tick(self, final: bool = False) -> None:
+        """A tick whose failure is reported (an event, counted) and leaves the agent ticking,
+        serving and closing as before: a bug in one part of bsmon must not end the rest."""
+        try:
+            self.tick(final)
+        except Exception as exc:
+            self._report("the agent's tick", exc)
+
     def tick(self, final: bool = False) -> None:
         """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""
         telemetry = self.telemetry
+        flushes: list[threading.Event] = []
+        try:
+            self._tick(telemetry, flushes, final)
+        finally:  # a flush waits for what was drained, however the tick ended
+            for done in flushes:
+                done.set()
+
+    def _tick(self, telemetry: Telemetry, flushes: list[threading.Event], final: bool) -> None:
         telemetry.drain(self._inbox, self._to_extensions)
         telemetry.poll()
         sample = self.sampler.latest
         for extension in self.extensions:
             extension.on_tick(sample)
         now = time.time()
-        flushes, telemetry.flushes = telemetry.flushes, []
+        flushes += telemetry.flushes
+        telemetry.flushes = []
         metrics = telemetry.take_metrics(now, force=final or bool(flushes))
         if metrics is not None:
             metrics.t = now
@@ -274,8 +294,6 @@ class AgentService(threading.Thread):
         done_tick = TickDone(now, events, sample, self._noise_capability(), final)
         for extension in self.extensions:
             extension.after_tick(done_tick)
-        for done in flushes:
-            done.set()
 
     def _to_extensions(self, record: object) -> None:
         for extension in self.extensions:

@@ -131,6 +131,31 @@ def test_an_exception_in_bsmon_code_never_reaches_the_job(job, bsmon_dir, monkey
         mon.close()
 
 
+def test_a_failing_tick_is_an_event_and_the_agent_goes_on(job, bsmon_dir):
+    """A bug in the agent's tick (here the telemetry's poll, once) is reported like one on
+    the training thread, and the agent keeps ticking: no step is lost and flush returns."""
+    with attach(job.model, job.optimizer, batch_size=8, name="tick", serve=False) as mon:
+        poll, failures = mon.telemetry.poll, []
+
+        def poll_failing_once() -> None:
+            if not failures:
+                failures.append(1)
+                raise ZeroDivisionError("injected")
+            poll()
+
+        mon.telemetry.poll = poll_failing_once
+        for _ in range(5):
+            job.step(mon)
+        assert mon.flush(10)
+        for _ in range(5):
+            job.step(mon)
+        assert mon.flush(10) and mon._service.is_alive()
+        errors = [e for e in mon.telemetry.events if e.kind == "agent_error"]
+        assert len(errors) == 1 and "ZeroDivisionError in the agent's tick" in errors[0].message
+        stats = mon.stats()
+        assert stats["step"] == 10 and stats["samples"] == 80 and stats["errors"] == 1
+
+
 @pytest.mark.filterwarnings("error")  # reading a tensor that requires grad warns on item()
 def test_the_agent_reads_the_losses_and_the_training_thread_frees_them(job, bsmon_dir):
     """Freeing a tensor lets go of the GIL, so the agent thread hands the job's tensors back:

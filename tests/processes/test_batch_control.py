@@ -547,6 +547,13 @@ def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_di
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     with attach(model, optimizer, batch_size=8) as mon:
         regression_steps(model, optimizer, mon, 30)
+        wait_until(  # the process's memory read at this size (once a second): 32 is then
+            lambda: (  # refused for the jump alone, not for fitting unmeasured
+                regression_steps(model, optimizer, mon, 1),
+                mon.batch_control.host_memory.points(),
+            )[1],
+            message="a memory reading at batch 8",
+        )
         assert "4× the last batch size that trained well (8)" in mon.request_batch_size(32).error
         assert mon.request_batch_size(16, confirm=True).ok  # confirmed: no memory reading yet
         wait_until(

@@ -23,6 +23,17 @@ def fast_steps(optimizer: torch.optim.Optimizer, mon, count: int) -> None:
         optimizer.step()
 
 
+def errors_of(mon) -> list[str]:
+    """What the agent said went wrong, and whether its thread still runs."""
+    said = [e.message for e in mon.telemetry.events if e.level == "error"]
+    service = mon._service
+    return [
+        *said,
+        f"faults {mon._guard.count}, agent alive {service.is_alive()}",
+        service.startup_error,
+    ]
+
+
 def test_a_job_of_thousands_of_steps_a_second_loses_no_sample_in_bounded_memory(bsmon_dir):
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
@@ -38,14 +49,14 @@ def test_a_job_of_thousands_of_steps_a_second_loses_no_sample_in_bounded_memory(
         try:
             base = tracemalloc.get_traced_memory()[0]
             fast_steps(optimizer, mon, 20_000)
-            assert mon.flush(30)
+            assert mon.flush(30), errors_of(mon)
             grown = tracemalloc.get_traced_memory()[0] - base
         finally:
             tracemalloc.stop()
         stats = mon.stats()
         steps = CAPACITY + 25_000
         assert stats["step"] == steps and stats["samples"] == steps * BATCH
-        assert stats["errors"] == 0
+        assert stats["errors"] == 0, errors_of(mon)
         assert grown < 256 << 10, f"{grown} bytes more after 20,000 steps"  # < 14 bytes a step
         metrics = [m for m in conn.messages(0.5) if isinstance(m, protocol.Metrics)]
         assert metrics and metrics[-1].step == steps
