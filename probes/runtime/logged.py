@@ -37,7 +37,7 @@ class LoggedIntake:
     """Agent thread: a tick's logged values as columns by name, and the mode ``log`` runs in
     (``keep_latest``: the monitor's switch, called when the mode changes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.latest_only = False
         self.keep_latest: Callable[[bool], None] = lambda _on: None
         self._seen: dict[str, Any] = {}  # each name's latest value read (held: see take)
@@ -46,6 +46,11 @@ class LoggedIntake:
         self._first_end: float | None = None  # when the first step ended (perf_counter)
         self._timed_to = 0  # the step whose end closes the timing
         self._early_calls = 0  # the steps a tick the start was timed at, once it switched
+        # the mode is judged on the rate over at least a tick's period: a flush's tick may
+        # come a moment after the last one with a few steps, which is not a slow loop
+        self._clock = clock
+        self._window_start = clock()
+        self._window_steps = self._window_calls = 0
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep
@@ -73,7 +78,8 @@ class LoggedIntake:
         tick took; ``backwards``: the tensors backward() was called on it brought (``bsmon
         run``'s loss, kept the same way). Returns an event the first time only the latest
         values are kept."""
-        calls, self._early_calls = max(self._early_calls, backwards), 0
+        early, self._early_calls = self._early_calls, 0
+        calls = backwards
         if inbox.logged:
             dicts = take_all(inbox.logged)
             calls = max(calls, len(dicts))
@@ -85,13 +91,17 @@ class LoggedIntake:
                     # held until replaced, so that no new value can take its identity
                     seen[name] = value
                     into.setdefault(name, []).append(value)
-        if self.latest_only and steps < ALL_BELOW:
+        steps_a_tick, calls_a_tick = self._rates(steps, calls)
+        if steps_a_tick is None:
+            pass  # under a period since the rate was last judged
+        elif self.latest_only and steps_a_tick < ALL_BELOW:
             self._switch(False)
-        elif not self.latest_only and calls > SAMPLE_ABOVE:
+        elif not self.latest_only and calls_a_tick > SAMPLE_ABOVE:
             self._switch(True)
         if not self.latest_only or self._said:
             return None
         self._said = True
+        calls = max(early, calls_a_tick)
         return Event(
             t=time.time(),
             step=step,
@@ -101,6 +111,22 @@ class LoggedIntake:
                 "recorded are now each one's latest, four a second, while it stays fast"
             ),
         )
+
+    def _rates(self, steps: int, calls: int) -> tuple[int | None, int]:
+        """Steps and calls a tick's period over the takes since the rate was last judged,
+        once that is at least a period ago (else None, 0)."""
+        from .service import TICK_S
+
+        self._window_steps += steps
+        self._window_calls += calls
+        now = self._clock()
+        elapsed = now - self._window_start
+        if elapsed < TICK_S:
+            return None, 0
+        scale = TICK_S / elapsed
+        rates = round(self._window_steps * scale), round(self._window_calls * scale)
+        self._window_start, self._window_steps, self._window_calls = now, 0, 0
+        return rates
 
     def _switch(self, latest_only: bool) -> None:
         self.latest_only = latest_only

@@ -36,12 +36,14 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def reference_run(args: tuple[str, ...], tmp: str) -> Outcome:
-    """The bare run the bsmon runs are compared with; taken again, once, when torch aborted
-    at exit after printing everything (the reference is the script's output, not torch's
-    teardown)."""
+    """The bare run the bsmon runs are compared with; taken again, up to twice, when torch
+    aborted at exit after printing everything (the reference is the script's output, not
+    torch's teardown; under CI's load a bare run aborted so twice in a row)."""
     plain = bare(SCRIPT, args, tmp, TORCHRUN)
-    if plain.code != 0 and TEARDOWN_ABORT in plain.stderr:
-        plain = bare(SCRIPT, args, f"{tmp}/again", TORCHRUN)
+    for attempt in range(2):
+        if plain.code == 0 or TEARDOWN_ABORT not in plain.stderr:
+            break
+        plain = bare(SCRIPT, args, f"{tmp}/again{attempt}", TORCHRUN)
     return plain
 
 
@@ -50,7 +52,7 @@ def reference_run(args: tuple[str, ...], tmp: str) -> Outcome:
 def test_ddp_inside_a_wrapper_is_recognised(mode, bsmon_dir, tmp_path):
     args = ("--steps", str(STEPS))
     plain = reference_run(args, str(tmp_path))
-    assert plain.code == 0, plain.stderr[-2000:]
+    assert plain.code == 0, plain.stderr[:1500] + " … " + plain.stderr[-1500:]
     outcome = run(SCRIPT, args, mode, bsmon_dir, TORCHRUN, TIMEOUT_S)
     assert outcome.code == 0, outcome.stderr[-2000:]
     assert outcome.stdout == plain.stdout

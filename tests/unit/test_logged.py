@@ -15,7 +15,9 @@ from bsmon.probes.runtime.service import TICK_S
 
 
 def intake_on(inbox: Inbox) -> tuple[LoggedIntake, list[bool]]:
-    intake, switched = LoggedIntake(), []
+    """An intake whose takes come a tick's period apart, as the agent's ticks do."""
+    ticks = iter(range(10_000))
+    intake, switched = LoggedIntake(clock=lambda: next(ticks) * TICK_S), []
 
     def keep_latest(on: bool) -> None:
         switched.append(on)
@@ -64,6 +66,23 @@ def test_slow_steps_keep_every_call_again():
     assert switched == []
     intake.take(inbox, ALL_BELOW - 1, {}, step=2)
     assert switched == [False] and not intake.latest_only
+
+
+def test_a_tick_soon_after_the_last_is_not_a_slow_loop():
+    """A flush wakes a tick a moment after the last one, with a few steps in between: the
+    rate is judged over at least a tick's period, so that is no reason to keep every call."""
+    inbox = Inbox()
+    now = [0.0]
+    intake, switched = LoggedIntake(clock=lambda: now[0]), []
+    intake.keep_latest = switched.append
+    intake.latest_only = True
+    for _ in range(3):  # a few steps, 10 ms after the last tick: 500 a period
+        now[0] += 0.01
+        intake.take(inbox, 20, {}, step=1)
+    assert switched == [] and intake.latest_only
+    now[0] += TICK_S  # then a whole period with few more: slow
+    intake.take(inbox, 5, {}, step=2)
+    assert switched == [False]
 
 
 def test_a_loop_fast_from_its_start_keeps_the_latest_values_at_once():
