@@ -265,14 +265,21 @@ class CallCount:
     by_category: dict[str, int]  # the ordinary step's, added per category
 
 
-def settle(started: object) -> None:
-    """Let bsmon's agent (if ``started`` is one, or its monitor) take the steps so far: what
-    it learns from them (the logging mode, a steady count of examples) is what a step after
-    the warm-up costs, whatever the tick's period and however slow the warm-up ran."""
+def settle(started: object, loop: Loop) -> None:
+    """Let bsmon's agent (if ``started`` is one, or its monitor) see two ticks of steps and
+    then take all of them: what it decides from them (the logging mode, a steady count of
+    examples, the end of the noise scale's dense start) is what a step after the warm-up
+    costs, whatever the tick's period and however slowly the warm-up ran."""
+    from bsmon.probes.runtime.service import TICK_S
+
     monitor = getattr(started, "monitor", started)
     flush = getattr(monitor, "flush", None)
-    if flush is not None:
-        flush()
+    if flush is None:
+        return
+    until = time.monotonic() + 2 * TICK_S
+    while time.monotonic() < until:
+        loop.step()
+    flush()
 
 
 def count_calls(
@@ -291,7 +298,7 @@ def count_calls(
             with config(loop) as started:
                 for _ in range(warmup):
                     loop.step()
-                settle(started)
+                settle(started, loop)
                 return [calls_of_one_step(loop.step) for _ in range(steps)]
         finally:
             if given is None:

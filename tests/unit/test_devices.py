@@ -111,3 +111,21 @@ def test_real_gpu_readings_and_cuda_event_step_times(bsmon_dir):
     assert device.torch_allocated_bytes > 0 and device.memory_total_bytes > 0
     if sample.gpu.reason is None:
         assert device.util_percent is not None and device.memory_used_bytes > 0
+
+
+def test_the_cpu_share_is_read_over_half_a_second_or_more(monkeypatch):
+    """The kernel counts CPU time in 10 ms ticks: the first sample, taken a moment after the
+    counter was primed, read a tick or none over a few ms (0% or ~600% of a core). The share
+    is unknown until half a second has passed, then the share over that time, kept until
+    the next reading half a second later."""
+    from bsmon.probes.runtime import devices
+
+    now = [100.0]
+    monkeypatch.setattr(devices.time, "monotonic", lambda: now[0])
+    sampler = DeviceSampler(Nvml(FakeNvml([])), FakeCuda([]))
+    assert sampler.sample().host.cpu_percent is None
+    now[0] += devices.CPU_INTERVAL_S
+    first = sampler.sample().host.cpu_percent
+    assert first is not None and first >= 0.0
+    now[0] += 0.05  # too soon to read again: the last share stays
+    assert sampler.sample().host.cpu_percent == first

@@ -63,12 +63,14 @@ def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
 def test_a_batchnorm_model_waiting_for_accumulation_costs_its_ordinary_steps_nothing(hostcost):
     """auto does not measure a BatchNorm model per example; it looks at one step in 64 for
     gradient accumulation, and the others cost what any ordinary step costs."""
-    config = hostcost.CONFIGS["defaults (noise scale on its budget)"]
-    count = hostcost.count_calls(config, "tiny-bn", steps=320, warmup=20)
+    # the step anatomy off in both: how many steps it samples in the 320 depends on how many
+    # the warm-up ran (it runs two ticks of wall time), and it is not what is compared here
+    on = hostcost.bsmon(**hostcost.DECLARED, record=True, step_anatomy=False)
+    count = hostcost.count_calls(on, "tiny-bn", steps=320, warmup=20)
     assert count.ordinary - LOG_CALL <= 5, count
-    off = hostcost.bsmon(**hostcost.DECLARED, record=True, noise_scale=None)
+    off = hostcost.bsmon(**hostcost.DECLARED, record=True, step_anatomy=False, noise_scale=None)
     without = hostcost.count_calls(off, "tiny-bn", steps=320, warmup=20)
-    assert count.mean - without.mean < 3, (count, without)  # ~140 calls every 64 steps
+    assert count.mean - without.mean < 3, (count, without)  # ~100 calls every 64 steps
 
 
 def test_telemetry_alone_costs_the_same_on_every_step(hostcost):
