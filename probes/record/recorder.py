@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from itertools import compress, count, groupby, repeat
-from operator import is_, is_not
+from itertools import compress, groupby, repeat
+from operator import is_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.service import Extension, TickDone
+from ..runtime.telemetry import sampled_indices
 from ..wire.protocol import Capability, Event, SessionInfo
 from .buckets import StatAcc, count_step_bins, single
 from .conversions import device_span
@@ -189,7 +190,7 @@ class Recorder(Extension):
                 compress(durations, map(is_, samples, repeat(None)))  # type: ignore[arg-type]
             )
         if phases is not None:
-            for index in compress(count(), map(is_not, phases, repeat(None))):
+            for index in sampled_indices(phases):
                 bucket.phases.add(durations[index], phases[index])  # type: ignore[arg-type]
         count_step_bins(durations, bucket.hist)  # type: ignore[arg-type]
 

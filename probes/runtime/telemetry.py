@@ -41,9 +41,10 @@ HEARTBEAT_INTERVAL_S = 1.0
 EVENT_BACKLOG = 500
 
 
-def _sampled(marks: list[Any]) -> Iterator[int]:
-    """The indices of the sampled steps (those with marks), found in one C loop."""
-    return compress(count(), map(is_not, marks, repeat(None)))
+def sampled_indices(per_step: list[Any]) -> Iterator[int]:
+    """The indices of the sampled steps, those whose item (marks, phases) is not None, found
+    in one C loop."""
+    return compress(count(), map(is_not, per_step, repeat(None)))
 
 
 def _ready(taken: _Steps) -> int:
@@ -51,7 +52,7 @@ def _ready(taken: _Steps) -> int:
     running."""
     if taken.marks is None:
         return len(taken.ends)
-    for index in _sampled(taken.marks):
+    for index in sampled_indices(taken.marks):
         mark = taken.marks[index].end
         if isinstance(mark, CudaMark) and not mark.event.query():
             return index
@@ -286,7 +287,7 @@ class Telemetry:
         phases: list[Phases | None] | None = None
         if (marks := taken.marks) is not None:  # the sampled steps only: a few a tick
             phases = [None] * len(ends)
-            for index in _sampled(marks):
+            for index in sampled_indices(marks):
                 phases[index] = self._phases(marks[index], eval_s[index])
         timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
         for window in (self._window, self._second):
