@@ -31,7 +31,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import math
+import operator
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -39,7 +42,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -129,6 +132,18 @@ def floor(loop: Loop) -> Iterator[None]:
     handle.remove()
 
 
+@contextlib.contextmanager
+def floor_with_loss(loop: Loop) -> Iterator[None]:
+    """The floor, and the loop's logging line keeping a reference to the loss as the least a
+    monitor that shows the loss must (``latest.update(loss=loss)``: what ``mon.log(loss=loss)``
+    is on a fast loop, without bsmon)."""
+    with floor(loop):
+        latest: dict[str, torch.Tensor] = {}
+        loop.log = lambda loss: latest.update(loss=loss)
+        yield
+        loop.log = None
+
+
 def bsmon(**options: object) -> Setup:
     @contextlib.contextmanager
     def setup(loop: Loop) -> Iterator[object]:  # the monitor
@@ -196,6 +211,7 @@ DECLARED = {"batch_size": 4}  # as the README's attach() does; bsmon run declare
 CONFIGS: dict[str, Setup] = {
     "bare": bare,
     "floor: perf_counter + append in a post-hook": floor,
+    "floor + loss kept: latest.update(loss=loss)": floor_with_loss,
     "telemetry (noise, anatomy, record off)": bsmon(**NO_NOISE, **DECLARED, step_anatomy=False),
     "+ step anatomy": bsmon(**NO_NOISE, **DECLARED),
     "+ record": bsmon(**NO_NOISE, **DECLARED, record=True),
@@ -214,6 +230,8 @@ CONFIGS: dict[str, Setup] = {
 SETTLED = 3000
 OTHERS = ("bare", "floor", "TensorBoard", "W&B")
 WARMUP = {name: SETTLED for name in CONFIGS if not name.startswith(OTHERS)}
+CLIP = 2.0  # a timed step counts at most this many times its block's median
+BRACKET_WARMUP = 200  # untimed bare steps after a configuration is taken down
 
 
 def available(name: str) -> str | None:
@@ -327,9 +345,22 @@ def count_calls(
 class Block:
     """One timed block, seconds per step."""
 
-    wall: float
+    wall: float  # every step's, each counted at most CLIP times the median
+    ordinary: float  # the median step's
     cpu: float  # the training thread's own CPU time
     others: float  # CPU time of the threads the configuration started (bsmon's agent...)
+
+    def less(self, around: tuple[Block, Block]) -> Block:
+        """This block less the mean of two others (bare's, timed either side of it)."""
+        first, second = around
+        return Block(
+            *(
+                mine - (theirs + also) / 2
+                for mine, theirs, also in zip(
+                    astuple(self), astuple(first), astuple(second), strict=True
+                )
+            )
+        )
 
 
 def _thread_cpu(threads: list[threading.Thread]) -> float:
@@ -341,38 +372,56 @@ def _thread_cpu(threads: list[threading.Thread]) -> float:
 
 
 def time_block(setup: Setup, loop: Loop, steps: int, warmup: int) -> Block:
-    """A configuration set up on ``loop``, warmed up, then timed."""
+    """A configuration set up on ``loop``, warmed up, then timed step by step: the median
+    step (an ordinary one: what every step pays), and the mean step with each counted at
+    most ``CLIP`` times the median (a step stretched by this machine, up to tens of ms, then
+    moves a block by a bounded amount, while a step bsmon lengthens, a sampled or measured
+    one, still counts). The GIL's stall for an agent's tick is clipped with the rest, and is
+    counted instead as the agent thread's CPU (``others``)."""
     before = set(threading.enumerate())
+    stamps = [0.0] * (steps + 1)
+    step, clock = loop.step, time.perf_counter
     with setup(loop):
         for _ in range(warmup):
-            loop.step()
+            step()
         started = [t for t in threading.enumerate() if t not in before]
-        began, began_cpu, began_others = (
-            time.perf_counter(),
-            time.thread_time(),
-            _thread_cpu(started),
-        )
-        for _ in range(steps):
-            loop.step()
-        wall, cpu = time.perf_counter() - began, time.thread_time() - began_cpu
+        began_cpu, began_others = time.thread_time(), _thread_cpu(started)
+        for i in range(steps):
+            stamps[i] = clock()
+            step()
+        stamps[steps] = clock()
+        cpu = time.thread_time() - began_cpu
         others = _thread_cpu(started) - began_others
-        return Block(wall / steps, cpu / steps, others / steps)
+    durations = sorted(map(operator.sub, stamps[1:], stamps[:-1]))
+    median = durations[len(durations) // 2]
+    clipped = sum(min(d, CLIP * median) for d in durations)
+    return Block(clipped / steps, median, cpu / steps, others / steps)
 
 
 def time_configs(
     names: list[str], model_name: str, rounds: int, steps: int
 ) -> dict[str, list[Block]]:
-    """Each configuration's blocks, one per round, the order rotated. Every block runs on the
-    same model, optimizer and tensors: a fresh model per block moves the step time by more
-    than the costs measured here (where its tensors land in memory)."""
+    """Each configuration's blocks less bare's around it, one per round, the order rotated.
+
+    A bare block is timed before the first configuration of a round and after each one, so
+    every configuration's block has bare on both sides, a second or so away: this machine's
+    step time drifts by ±10 µs over seconds (another tenant, the clock), and the difference
+    from the mean of its two neighbours cancels a drift that is linear over the three. Every
+    block runs on the same model, optimizer and tensors: a fresh model per block moves the
+    step time by more than the costs measured here (where its tensors land in memory)."""
     loop = make_loop(model_name)
-    blocks: dict[str, list[Block]] = {name: [] for name in names}
+    for _ in range(SETTLED):
+        loop.step()
+    added: dict[str, list[Block]] = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
+        before = time_block(bare, loop, steps, BRACKET_WARMUP)
         for name in order:
-            warmup = WARMUP.get(name, 200)
-            blocks[name].append(time_block(CONFIGS[name], loop, steps, warmup))
-    return blocks
+            block = time_block(CONFIGS[name], loop, steps, WARMUP.get(name, 200))
+            after = time_block(bare, loop, steps, BRACKET_WARMUP)
+            added[name].append(block.less((before, after)))
+            before = after
+    return added
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -384,26 +433,64 @@ GOALS = (  # issue 22: (configuration, the most it may cost, in floors)
     ("telemetry (noise, anatomy, record off)", 2),
     ("+ record", 3),  # the defaults without the noise scale's own measured-step budget
 )
+FLOORS = (
+    "floor: perf_counter + append in a post-hook",  # issue 22's
+    "floor + loss kept: latest.update(loss=loss)",  # what every row but bare logs
+)
+RESAMPLES = 4000
 
 
-def print_goals(best: dict[str, float], spread_us: float) -> None:
-    """The goals' verdicts, unless the machine's noise (``spread_us``: the interquartile
-    range of bare's own blocks, µs a step) is larger than the floor it would judge by."""
-    floor_us = best.get("floor: perf_counter + append in a post-hook")
-    if floor_us is None or floor_us <= 0:
-        return
-    print(f"\nagainst the floor ({floor_us:.1f} µs, best round):")
-    if spread_us > floor_us:
-        print(
-            f"  no verdict: bare's own blocks spread {spread_us:.1f} µs a step between rounds "
-            "(IQR), more than the floor costs; run again on a quieter machine"
-        )
-        return
-    for name, most in GOALS:
-        if name in best:
-            ratio = best[name] / floor_us
-            verdict = "met" if ratio <= most else "not met"
-            print(f"  {name}: {ratio:.1f}× the floor (goal ≤ {most}×): {verdict}")
+def ratio_interval(
+    costs: list[float], floors: list[float], rng: random.Random
+) -> tuple[float, float, float]:
+    """The ratio of the medians of two lists of per-round costs, with a 90% bootstrap
+    interval (rounds drawn again with replacement, the same rounds for both: a round's
+    configuration and floor share its minutes)."""
+    pairs = list(zip(costs, floors, strict=True))
+    ratios = []
+    for _ in range(RESAMPLES):
+        drawn = rng.choices(pairs, k=len(pairs))
+        floor_median = statistics.median(f for _, f in drawn)
+        if floor_median > 0:
+            ratios.append(statistics.median(c for c, _ in drawn) / floor_median)
+    ratios.sort()
+    if len(ratios) < RESAMPLES // 2:  # the floor itself is not told apart from nothing
+        return math.nan, math.nan, math.nan
+    low, high = ratios[len(ratios) // 20], ratios[len(ratios) * 19 // 20]
+    return statistics.median(costs) / statistics.median(floors), low, high
+
+
+def spread(values: list[float]) -> str:
+    q1, median, q3 = quartiles(values)
+    return f"{median:+6.1f} [{q1:+.1f}, {q3:+.1f}]"
+
+
+def print_goals(measures: dict[str, dict[str, list[float]]]) -> None:
+    """Each goal's verdict against each floor, by each measure: met when the bootstrap
+    interval of the ratio lies at or under it, not met when over it, otherwise not told
+    apart on this machine."""
+    rng = random.Random(22)
+    for floor_name in FLOORS:
+        if floor_name not in measures["ordinary step"]:
+            continue
+        print(f"\nagainst {floor_name}:")
+        for name, most in GOALS:
+            for measure, added_us in measures.items():
+                if name not in added_us:
+                    continue
+                ratio, low, high = ratio_interval(added_us[name], added_us[floor_name], rng)
+                if math.isnan(ratio):
+                    verdict = "no verdict: the floor is not told apart from bare"
+                elif high <= most:
+                    verdict = "met"
+                elif low > most:
+                    verdict = "not met"
+                else:
+                    verdict = "not told apart from the goal; run more rounds"
+                print(
+                    f"  {name}, {measure}: {ratio:.1f}× [{low:.1f}, {high:.1f}] "
+                    f"(goal ≤ {most}×): {verdict}"
+                )
 
 
 def main() -> None:
@@ -430,29 +517,30 @@ def main() -> None:
     if args.counts_only:
         return
 
-    print(f"\nµs added per step, {args.rounds} rounds × {args.steps} steps on one model. best:")
-    print("the quickest round's block less bare's (the machine's noise only ever adds); then")
-    print("the median [IQR] of the rounds' differences; the training thread's CPU time; the CPU")
-    print("time of the threads the configuration started (bsmon's agent), per step\n")
-    blocks = time_configs(names, args.model, args.rounds, args.steps)
-    bare_best = min(b.wall for b in blocks["bare"])
-    bare_q1, _, bare_q3 = quartiles([b.wall * 1e6 for b in blocks["bare"]])
+    print(f"\nµs added per step, {args.rounds} rounds × {args.steps} steps on one model. Each")
+    print("block's steps are timed one by one; a block less the mean of the bare blocks timed")
+    print("just before and after it. ordinary: the median step; every step: the mean, each step")
+    print(f"counted at most {CLIP:g}× the median (a step this machine stretched moves a block by")
+    print("little); both + the CPU time of the threads the configuration started (bsmon's agent:")
+    print("the GIL puts it on the training thread). Medians [IQR] over rounds; bare's own row is")
+    print("the method's noise. threads and CPU (the training thread's): medians, µs a step\n")
     print(
-        f"{'bare':46} {bare_best * 1e6:7.1f} µs/step (best round), "
-        f"rounds' IQR {bare_q3 - bare_q1:.1f}"
+        f"{'configuration':46} {'ordinary step':>21} {'every step':>21} {'threads':>7} {'CPU':>6}"
     )
-    best: dict[str, float] = {}
-    for name in names[1:]:
-        pairs = list(zip(blocks[name], blocks["bare"], strict=True))
-        best[name] = (min(b.wall for b in blocks[name]) - bare_best) * 1e6
-        wall = quartiles([(c.wall - b.wall) * 1e6 for c, b in pairs])
-        cpu = statistics.median((c.cpu - b.cpu) * 1e6 for c, b in pairs)
-        others = statistics.median(c.others * 1e6 for c in blocks[name])
+    added = time_configs(names, args.model, args.rounds, args.steps)
+    ordinary_us: dict[str, list[float]] = {}
+    every_us: dict[str, list[float]] = {}
+    for name in names:
+        blocks = added[name]
+        ordinary_us[name] = [(b.ordinary + b.others) * 1e6 for b in blocks]
+        every_us[name] = [(b.wall + b.others) * 1e6 for b in blocks]
+        others = statistics.median(b.others * 1e6 for b in blocks)
+        cpu = statistics.median(b.cpu * 1e6 for b in blocks)
         print(
-            f"{name:46} best {best[name]:+6.1f}   median {wall[1]:+6.1f} [{wall[0]:+.1f}, "
-            f"{wall[2]:+.1f}]   CPU {cpu:+5.1f}   threads {others:4.1f}"
+            f"{name:46} {spread(ordinary_us[name]):>21} {spread(every_us[name]):>21} "
+            f"{others:7.1f} {cpu:+6.1f}"
         )
-    print_goals(best, bare_q3 - bare_q1)
+    print_goals({"ordinary step": ordinary_us, "every step": every_us})
     print(f"\nload average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}")
 
 

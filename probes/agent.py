@@ -56,8 +56,9 @@ from .runtime.devices import DeviceSampler
 from .runtime.evaluation import EvalClock
 from .runtime.fault_guard import FaultGuard
 from .runtime.forward_watch import ForwardWatch, RootPass
-from .runtime.hot_path import NEVER, HotPath, Progress, StepWork
+from .runtime.hot_path import NEVER, HotPath, StepWork
 from .runtime.inbox import Flush, Inbox
+from .runtime.progress import Progress
 from .runtime.ranks import (
     DDP_SAMPLE_EVERY,
     DdpTiming,
@@ -140,7 +141,7 @@ class Monitor:
 
         # training-thread state
         self._progress = Progress()
-        self._samples = StepSamples()
+        self._samples = StepSamples(self._progress)
         self._inbox = Inbox()
         self._log_into = self._inbox.logged.append  # or latest.update: runtime.logged
         self._guard = FaultGuard(self._emit_event, self._progress)
@@ -162,7 +163,10 @@ class Monitor:
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
-        self._evals = EvalClock(time.perf_counter())
+        ring = self._inbox.ring
+        self._evals = EvalClock(
+            time.perf_counter(), self._progress, lambda: ring.ends[ring.written & ring.mask]
+        )
         self.batch_control = None  # made below, once the session is known
         self._noise = NoiseScale(
             model,
@@ -710,8 +714,10 @@ class Monitor:
     def should_step(self) -> bool:
         """Accumulation mode: call once per micro-batch, after backward; True when the loop
         should call ``optimizer.step()`` (every ``accumulation_steps`` micro-batches)."""
-        self._hot.micro_batches += 1
-        return self._hot.micro_batches >= self.accumulation_steps
+        hot = self._hot
+        hot.micro_batches += 1
+        self._progress.quiet = False  # the step's end resets the count: not an ordinary one
+        return hot.micro_batches >= self.accumulation_steps
 
     def log(self, **scalars: Any) -> None:
         """Show and record scalars (floats, ints or one-element tensors); never syncs a GPU.

@@ -4,6 +4,7 @@ Modules, one job each:
 
 - ``hot_path``: all bsmon does on the training thread per step (the optimizer's hooks, which
   count each ``optimizer.step()`` once, record it, and run the scheduled slow path);
+- ``progress``: the step count, and whether the step in progress is an ordinary one;
 - ``inbox``: the records the training thread hands to the agent thread;
 - ``logged``: ``mon.log``'s values taken as columns, every call's or each name's latest;
 - ``losses``: which tensors ``backward()`` saw are the loss (``bsmon run``, a framework's);

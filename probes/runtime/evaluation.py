@@ -12,11 +12,17 @@ An evaluation span starts where training activity last stopped (the end of the p
 or a training batch drawn after it) and ends at its last evaluation signal: from the moment
 training paused to the end of the last evaluation batch or pass. ``take(t)`` at the end of a
 step returns the step's evaluation seconds and starts the next window at ``t``. The hot path
-calls it only when ``pending`` (an evaluation signal since the last step) and otherwise just
-stores each step's end in ``step_end``, where training activity last stopped.
+calls it only when ``pending`` (an evaluation signal since the last step); a signal clears
+``progress.quiet`` so that the step takes the hot path's full path. Where training activity
+last stopped is the latest step's end, ``latest_end()`` (the step ring's), or ``step_end``,
+which the full path stores.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from .progress import Progress
 
 
 class EvalClock:
@@ -25,14 +31,23 @@ class EvalClock:
         "_eval_end",
         "_eval_start",
         "_last_train",
+        "_latest_end",
+        "_progress",
         "pending",
         "spans",
         "step_end",
     )
 
-    def __init__(self, now: float) -> None:
+    def __init__(
+        self,
+        now: float,
+        progress: Progress | None = None,
+        latest_end: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self._progress = progress or Progress()
+        self._latest_end = latest_end  # the latest step's end, however it was recorded
         self._last_train = now
-        self.step_end = now  # the latest step's end (the hot path writes it)
+        self.step_end = now  # the latest step's end, as the hot path's full path wrote it
         self.pending = False  # an evaluation signal came since the last take()
         self._eval_start: float | None = None  # the open span's start
         self._eval_end = 0.0
@@ -51,8 +66,9 @@ class EvalClock:
 
     def evaluate(self, t: float) -> None:
         self.pending = True
+        self._progress.quiet = False
         if self._eval_start is None:
-            self._eval_start = max(self._last_train, self.step_end)
+            self._eval_start = max(self._last_train, self.step_end, self._latest_end())
             self._eval_end = t
             self.spans += 1
         self._eval_end = max(self._eval_end, t)

@@ -4,8 +4,13 @@ An ordinary step (the noise scale not measuring it, the step anatomy not samplin
 the job exactly these Python calls, pinned by ``tests/unit/test_hot_path.py``:
 
 - the optimizer's post-step hook (``HotPath._post_hook``): one ``time.perf_counter()``, and
-  the step's numbers stored into its slot of preallocated lists (``inbox.StepRing``: no
-  call, no object made that the agent thread must then read) — 2 calls;
+  the step's end and batch size stored into its slot of preallocated lists
+  (``inbox.StepRing``: no call, no object made that the agent thread must then read) — 2
+  calls. That is all while ``progress.quiet`` (``runtime.progress``) says the step is an
+  ordinary one and no boundary is due: the step's other fields keep the ring's defaults.
+  A step with more to record (a batch drawn, an evaluation signal, a micro-batch, tensors
+  handed back, a boundary) takes the full path (``_full_post_hook``: +2 calls), which
+  tells at its end whether the next step is ordinary again;
 - ``mon.log(loss=loss)`` (``Monitor.log``): one ``deque.append`` of the keyword dict — 2
   calls; on a loop logging faster than a dashboard shows, ``mon.log`` is the inbox's
   ``dict.update`` itself — 1 call (the values are read, checked and copied off a device on
@@ -15,11 +20,11 @@ Everything else happens on the agent thread (durations, wall-clock times, the sa
 batch size of each step, scalars, windows, the record) or on *scheduled* steps. The agent
 thread reads the job's tensors without freeing them: it hands them back (``hand_back``) and
 the next steps' ends drop them here, a few each, since a tensor's deallocation lets go of the
-GIL. A part that needs a step boundary asks for it with ``wake(step)``: the post-hook of the
-first step at or after it runs ``on_boundary`` (the composition root's slow path: a pending
-batch-size change, the noise scale's next measured step, the anatomy's next sampled step,
-DDP timing), which returns the next step it needs. The test on an ordinary step is one
-integer comparison.
+GIL (once a tick on a fast loop: the latest loss). A part that needs a step boundary asks
+for it with ``wake(step)``: the post-hook of the first step at or after it runs
+``on_boundary`` (the composition root's slow path: a pending batch-size change, the noise
+scale's next measured step, the anatomy's next sampled step, DDP timing), which returns the
+next step it needs. The tests on an ordinary step: one attribute, one integer comparison.
 
 The optimizer's pre-step hook is registered only while a step needs it (a step the noise scale
 measures or the anatomy samples), or for good when the optimizer's class can nest ``step()``
@@ -42,6 +47,7 @@ import torch
 
 from .fault_guard import FaultGuard
 from .inbox import Inbox
+from .progress import Progress
 
 NEVER = sys.maxsize  # no boundary scheduled
 
@@ -54,19 +60,6 @@ def _step_wrapper_code() -> Any:
 
 
 _WRAPPER_CODE = _step_wrapper_code()
-
-
-class Progress:
-    """The training job's step count, advanced at each step's end; the parts that stamp an
-    event or a record with its step call it (``progress()`` is the current step)."""
-
-    __slots__ = ("step",)
-
-    def __init__(self) -> None:
-        self.step = 0
-
-    def __call__(self) -> int:
-        return self.step
 
 
 def steps_with_closure(args: tuple, kwargs: dict) -> bool:
@@ -143,6 +136,9 @@ class HotPath:
         self.noise_due = False  # the step in progress is one the noise scale measures
         self.sampling = False  # the step in progress is one the anatomy samples
         self.micro_batches = 0  # mon.should_step() calls since the last step
+        self.declared = (
+            0  # the batch size batch control runs at (0: none), as of the last full step
+        )
         self.batches_since_step: list[Any] = []  # mon.dataloader batches of the step so far
         self.stale_recoveries = 0
         self._depth = 0
@@ -171,6 +167,7 @@ class HotPath:
         backlog = self._handed_back
         backlog += objects
         self._release_per_step = 1 + len(backlog) // max(over_steps, 1)
+        self._progress.quiet = False  # after the tensors: see _settle
 
     def need_pre_hook(self, needed: bool) -> None:
         """Training thread, at a boundary: register the pre-hook for the next step, or not."""
@@ -244,7 +241,25 @@ class HotPath:
         except Exception as exc:
             self._guard.report("optimizer pre-step hook", exc)
 
-    def _post_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
+    def _post_hook(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        progress = self._progress
+        if progress.quiet:  # an ordinary step: its end and batch size, nothing else
+            step = progress.step + 1
+            if step < self.next_boundary:
+                try:
+                    progress.step = step
+                    ring = self._ring
+                    slot = step & ring.mask
+                    ring.ends[slot] = perf_counter()
+                    ring.declared[slot] = self.declared
+                    ring.written = step
+                except Exception as exc:
+                    self._guard.report("optimizer post-step hook", exc)
+                return
+        self._full_post_hook(optimizer, args, kwargs)
+
+    def _full_post_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """A step with more to record than its end (or the first, or a boundary)."""
         try:
             if self._nested:
                 self._depth -= 1
@@ -285,8 +300,32 @@ class HotPath:
                 del handed[-self._release_per_step :]
             if step >= self.next_boundary:
                 self._boundary(step, now)
+            self._settle(progress)
         except Exception as exc:
+            self._progress.quiet = False
             self._guard.report("optimizer post-step hook", exc)
+
+    def _settle(self, progress: Progress) -> None:
+        """At the end of a full step: whether the next one is ordinary, and its batch size.
+        ``quiet`` is set before the test: the agent thread hands tensors back (then clears
+        it) at any moment, and must find it cleared or its tensors seen."""
+        control = self.control
+        self.declared = control.size if control is not None else 0
+        progress.quiet = True
+        samples, evals = self._samples, self._evals
+        if (
+            self._nested
+            or self.noise_due
+            or self.sampling
+            or samples.drawing
+            or samples.passes_known
+            or self._examples.wanted
+            or evals.pending
+            or self.micro_batches
+            or self.batches_since_step
+            or self._handed_back
+        ):
+            progress.quiet = False
 
     def _boundary(self, step: int, now: float) -> None:
         self.next_boundary = NEVER

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby, repeat
 
 from ..batch.loader import NominalBatch
+from .progress import Progress
 
 Taken = tuple[int, int]  # a step's samples from sources 1–2 and its first batch's size (0: unknown)
 NOT_COUNTED = -1  # the model's examples were not counted on this step (a steady count holds)
@@ -39,9 +40,11 @@ CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in th
 
 
 class StepSamples:
-    """Training thread: the samples the job's batches say, as they come."""
+    """Training thread: the samples the job's batches say, as they come (a step that has any
+    is not an ordinary one: ``progress.quiet``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
+        self._progress = progress or Progress()
         self.last_batch: int | None = None  # the latest training batch: one pass's examples
         self.drawing = False  # this step has samples from sources 1 or 2
         self.passes_known = False  # the last step's batches were seen one by one (a DataLoader)
@@ -61,6 +64,7 @@ class StepSamples:
         if self._counted_first is None:
             self._counted_first = batch_size or samples or None
         self.drawing = True
+        self._progress.quiet = False
 
     def draw(self, examples: int, loader_batch_size: int | None) -> None:
         """A training batch from a DataLoader (source 2)."""
@@ -70,6 +74,7 @@ class StepSamples:
         if self._drawn_first is None:
             self._drawn_first = loader_batch_size or examples
         self.drawing = True
+        self._progress.quiet = False
 
     @property
     def so_far(self) -> int:
