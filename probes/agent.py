@@ -67,7 +67,7 @@ from .runtime.ranks import (
     rank_summary,
     store_for,
 )
-from .runtime.samples import CHECK_EVERY, StepSamples
+from .runtime.samples import StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
 from .runtime.session import default_name, session_info
 from .runtime.telemetry import Telemetry
@@ -540,7 +540,8 @@ class Monitor:
             return NEVER
         if wanted and tally.steady is not None:
             return step + 1  # a check: off again after it
-        return (step // CHECK_EVERY + 1) * CHECK_EVERY - 1  # the next check, or steadiness
+        every = tally.check_every
+        return (step // every + 1) * every - 1  # the next check, or steadiness
 
     def _prepare_noise(self, step: int) -> bool:
         """Whether step + 1 is measured; its hooks (and the shared-backward watch) on if so."""

@@ -20,9 +20,12 @@ hands them over at each step's end; the agent thread weighs the sources (``StepT
 
 Source 3 costs every module call a global forward hook, so it is read on every step only until
 the count has been the same for ``STEADY_AFTER`` steps in a row (a script that cuts a fixed
-batch by hand, like nanoGPT's ``get_batch``); from then on one step in ``CHECK_EVERY`` is
-counted and the steps between take the steady count. A checked step that differs ends that
-for good: every step is counted again.
+batch by hand, like nanoGPT's ``get_batch``); from then on one step in ``check_every`` is
+counted and the steps between take the steady count. A check costs two boundaries and the
+hook's registration (~130 µs on a CPU), so ``check_every`` follows the step rate: the
+power of two at least ``CHECK_EVERY`` that puts the checks ``CHECK_PERIOD_S`` or more apart
+(every 16 steps of a 50 ms step; every 2,048 of a 160 µs one, where every 16th cost each
+step 8 µs). A checked step that differs ends that for good: every step is counted again.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from .progress import Progress
 Taken = tuple[int, int]  # a step's samples from sources 1–2 and its first batch's size (0: unknown)
 NOT_COUNTED = -1  # the model's examples were not counted on this step (a steady count holds)
 STEADY_AFTER = 32  # equal counts in a row before the model's examples are only checked
-CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in this many
+CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in this many, or
+CHECK_PERIOD_S = 0.25  # fewer, so that checks come this far apart at the most
 
 
 class StepSamples:
@@ -117,6 +121,7 @@ class StepTally:
         self.batches_seen = False  # the job's batches say its samples (sources 1–2)
         self.steady: int | None = None  # the model's examples per step, while steady
         self.varies = False  # a checked step differed from the steady count: count them all
+        self.check_every = CHECK_EVERY  # a power of two: a change keeps checks on its multiples
         self._run = 0
         self._last = 0
 
@@ -124,7 +129,17 @@ class StepTally:
         """Whether ``step`` needs the model's examples counted (source 3)."""
         if self.batches_seen:
             return False
-        return self.steady is None or step % CHECK_EVERY == 0
+        return self.steady is None or step % self.check_every == 0
+
+    def follow_rate(self, steps: int, seconds: float) -> None:
+        """Space the checks of a steady count by ``CHECK_PERIOD_S`` or more at the rate of
+        ``steps`` in ``seconds`` (the agent thread, once a tick)."""
+        if steps <= 0 or seconds <= 0:
+            return
+        wanted, every = steps * CHECK_PERIOD_S / seconds, CHECK_EVERY
+        while every < wanted:
+            every *= 2
+        self.check_every = every
 
     def resolve(
         self, drawn: int, first: int, model_examples: int, declared: int

@@ -179,6 +179,7 @@ class Telemetry:
                     self.samples = (self.samples or 0) + step_samples
         self.step = steps[-1]
         self.batch_size = sizes[-1]
+        self.tally.follow_rate(len(ends) - 1, ends[-1] - ends[0])
         self.last_step_time = ends[-1] + time.time() - time.perf_counter()
         if any(eval_s):
             self.eval_s += sum(eval_s)

@@ -113,6 +113,21 @@ def test_a_steady_count_is_then_only_checked_and_a_change_counts_every_step_agai
     assert tally.steady is None  # once varied, counted for good
 
 
+def test_the_checks_of_a_steady_count_come_a_quarter_second_apart_on_a_fast_loop():
+    tally = StepTally()
+    for _ in range(STEADY_AFTER):
+        tally.resolve(0, 0, 12, 0)
+    tally.follow_rate(1500, 0.25)  # a 167 µs step: a check every 2,048 steps (0.34 s)
+    assert tally.check_every == 2048
+    assert [s for s in range(1, 4097) if tally.counts_model_examples(s)] == [2048, 4096]
+    tally.follow_rate(5, 0.25)  # a 50 ms step: every CHECK_EVERY steps, as before
+    assert tally.check_every == CHECK_EVERY
+    tally.follow_rate(0, 0.25)  # a tick without two step ends says nothing of the rate
+    assert tally.check_every == CHECK_EVERY
+    tally.resolve(0, 0, 7, 0)  # a check that differs: every step is counted again
+    assert all(tally.counts_model_examples(s) for s in range(1, 40))
+
+
 def test_the_job_s_own_batches_stop_the_count():
     tally = StepTally()
     tally.resolve(8, 8, 0, 0)
