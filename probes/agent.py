@@ -67,7 +67,7 @@ from .runtime.ranks import (
     rank_summary,
     store_for,
 )
-from .runtime.samples import StepSamples
+from .runtime.samples import CHECK_EVERY, StepSamples
 from .runtime.service import AgentService, Extension, PeriodicSampler
 from .runtime.session import default_name, session_info
 from .runtime.telemetry import Telemetry
@@ -540,7 +540,9 @@ class Monitor:
             return NEVER
         if wanted and tally.steady is not None:
             return step + 1  # a check: off again after it
-        every = tally.check_every
+        # until the count is steady, look again every CHECK_EVERY steps (the checks' stride,
+        # a larger power of two once the rate is known, is a multiple of it)
+        every = tally.check_every if tally.steady is not None else CHECK_EVERY
         return (step // every + 1) * every - 1  # the next check, or steadiness
 
     def _prepare_noise(self, step: int) -> bool:
