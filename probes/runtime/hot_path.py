@@ -136,9 +136,7 @@ class HotPath:
         self.noise_due = False  # the step in progress is one the noise scale measures
         self.sampling = False  # the step in progress is one the anatomy samples
         self.micro_batches = 0  # mon.should_step() calls since the last step
-        self.declared = (
-            0  # the batch size batch control runs at (0: none), as of the last full step
-        )
+        self.declared = 0  # batch control's size (0: none) as of the last full step
         self.batches_since_step: list[Any] = []  # mon.dataloader batches of the step so far
         self.stale_recoveries = 0
         self._depth = 0

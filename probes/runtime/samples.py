@@ -39,8 +39,8 @@ from .progress import Progress
 Taken = tuple[int, int]  # a step's samples from sources 1–2 and its first batch's size (0: unknown)
 NOT_COUNTED = -1  # the model's examples were not counted on this step (a steady count holds)
 STEADY_AFTER = 32  # equal counts in a row before the model's examples are only checked
-CHECK_EVERY = 16  # once steady, the steps whose examples are counted: one in this many, or
-CHECK_PERIOD_S = 0.25  # fewer, so that checks come this far apart at the most
+CHECK_EVERY = 16  # once steady, the model's examples are counted on one step in this many
+CHECK_PERIOD_S = 0.25  # or fewer: on a fast loop, checks at least this far apart
 
 
 class StepSamples:
