@@ -35,8 +35,9 @@ from .anatomy.extension import AnatomyExtension
 from .anatomy.marks import PhaseMarks
 from .anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
 from .anatomy.verdict import LoaderFacts, loader_facts
+from .batch.autopilot import Autopilot
 from .batch.control import BatchController, Pending
-from .batch.extension import BatchExtension
+from .batch.extension import AutopilotExtension, BatchExtension, register_autopilot
 from .batch.extension import register_commands as register_batch_commands
 from .batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length, make_dataloader
 from .batch.lr_scaling import DEFAULT as DEFAULT_LR_SCALING
@@ -116,6 +117,8 @@ class Monitor:
         ranks_view: bool = True,
         batch_dim: int | None = None,
         step_anatomy: bool = True,
+        autopilot: bool = False,
+        autopilot_half_batch: float | None = None,
     ) -> None:
         check_options(
             model,
@@ -128,6 +131,8 @@ class Monitor:
             sample_interval_s=sample_interval_s,
             micro_batch_size=micro_batch_size,
             lr_scaling=lr_scaling,
+            autopilot=autopilot,
+            autopilot_half_batch=autopilot_half_batch,
         )
         self.model = model
         self.optimizer = optimizer
@@ -270,6 +275,9 @@ class Monitor:
             extensions.append(ranks)
         if self.batch_control is not None:
             extensions.append(BatchExtension(self.batch_control, self.telemetry))
+        self.autopilot = self._make_autopilot(rank, autopilot_half_batch)
+        if self.autopilot is not None:
+            extensions.append(AutopilotExtension(self.autopilot))
         self._service = AgentService(
             inbox=self._inbox,
             telemetry=self.telemetry,
@@ -298,6 +306,8 @@ class Monitor:
                 message=f"bsmon attached to {self.name} (pid {self._pid})",
             )
         )
+        if autopilot and self.autopilot is not None:
+            self.autopilot.start()
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -341,6 +351,28 @@ class Monitor:
             for kind in ("set_batch_size", "step_batch_size"):
                 self.router.disable(kind, "send batch-size commands to rank 0's monitor")
         return controller
+
+    def _make_autopilot(self, rank: int, declared_half: float | None) -> Autopilot | None:
+        """The autopilot, off until switched on (rank 0 decides for every rank)."""
+        control = self.batch_control
+        if control is None or rank != 0:
+            why = (
+                "send autopilot commands to rank 0's monitor"
+                if control
+                else ("the job declared no batch size (attach(..., batch_size=N) enables it)")
+            )
+            self.router.disable("autopilot", why)
+            return None
+        noise = self._noise
+        autopilot = Autopilot(
+            control,
+            noise_refusal=lambda: None if noise.capability.available else noise.capability.reason,
+            emit=self._emit_event,
+            step=self._progress,
+            declared_half=declared_half,
+        )
+        register_autopilot(self.router, autopilot)
+        return autopilot
 
     def _make_ranks(self, rank: int, world_size: int) -> RanksExtension | None:
         """Rank 0's view of every rank, through the job's rendezvous store (no collective)."""
@@ -791,6 +823,15 @@ class Monitor:
         fields = {"type": "set_batch_size", "id": "api", "value": value, "confirm": confirm}
         return self.router.handle_fields({**fields, "reason": "requested by the job"})
 
+    def set_autopilot(self, on: bool) -> protocol.Reply:
+        """Switch the autopilot on or off through the same path as the monitor's ``a`` key."""
+        return self.router.handle_fields({"type": "autopilot", "id": "api", "on": on})
+
+    def autopilot_reading(self) -> protocol.AutopilotReading | None:
+        """What the autopilot sees and did (None: this job has none: no batch size declared,
+        or not rank 0)."""
+        return self.autopilot.reading() if self.autopilot is not None else None
+
     def probe(self, memory_budget: int | None = None, timeout: float = 600.0) -> ProbeResult:
         """Run the max-batch-size probe in a sidecar process and wait for its result.
 
@@ -937,6 +978,11 @@ class Monitor:
             return  # a forked child: the threads and the socket belong to the parent
         if self.batch_control is not None and (never := self.batch_control.unapplied()):
             self._warning("batch_size_unapplied", never)
+        if self.autopilot is not None:
+            try:
+                self.autopilot.finish()
+            except Exception as exc:  # its last word is not worth the job's clean end
+                self._guard.report("the autopilot's last word", exc)
         self._service.stop(reason)
         self._hot.let_go()  # the last tick's tensors: no step is left to drop them
         if self.socket_path is not None:

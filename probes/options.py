@@ -30,6 +30,8 @@ def check_options(
     sample_interval_s: float,
     micro_batch_size: object,
     lr_scaling: object,
+    autopilot: object = False,
+    autopilot_half_batch: object = None,
 ) -> None:
     """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
     _check_positive_int("batch_size", batch_size)
@@ -65,3 +67,16 @@ def check_options(
             raise ValueError(
                 f"batch_size {batch_size} must be a multiple of micro_batch_size {micro_batch_size}"
             )
+    if not isinstance(autopilot, bool):
+        raise ValueError(f"autopilot must be True or False, got {autopilot!r}")
+    if autopilot and batch_size is None:
+        raise ValueError("autopilot=True needs batch_size (the size it starts from)")
+    if autopilot_half_batch is not None and not (
+        isinstance(autopilot_half_batch, (int, float))
+        and not isinstance(autopilot_half_batch, bool)
+        and 0 < autopilot_half_batch < float("inf")
+    ):
+        raise ValueError(
+            f"autopilot_half_batch must be a positive number (B½ of the step time), "
+            f"got {autopilot_half_batch!r}"
+        )

@@ -106,6 +106,42 @@ def batch_reading(gpu: bool) -> BatchReading:
     )
 
 
+def autopilot_reading() -> protocol.AutopilotReading:
+    """The autopilot steering: it grew 64 → 128 at step 900 and holds, with its claim."""
+    decision = protocol.AutopilotDecision(
+        step=900,
+        t=START + 225,
+        old=64,
+        new=128,
+        kind="grow",
+        b_simple=1010.0,
+        b_simple_low=820.0,
+        b_simple_high=1290.0,
+        half_batch=41.0,
+        target=183,
+        predicted_gain=1.21,
+    )
+    return protocol.AutopilotReading(
+        state="on",
+        waiting="holding at 128: 256 would make 1.03× the progress per second (a change "
+        "needs 1.05×); next decision at step 3,025",
+        start_size=64,
+        size=128,
+        b_simple=1390.0,
+        b_simple_low=1210.0,
+        b_simple_high=1600.0,
+        half_batch=41.0,
+        half_batch_how="fitted from 2 sizes",
+        target=223,
+        ceiling=164,
+        ceiling_why="the memory model's prediction",
+        next_decision_step=3025,
+        claimed_gain=1.23,
+        claimed_note="against a fixed batch of 64",
+        decisions=[decision],
+    )
+
+
 def anatomy_reading(step: int, step_time: float, final: bool = False) -> protocol.StepAnatomy:
     """A job that turns input-bound after step 2,000 (its DataLoader has no workers)."""
     data = 0.06 if step < 2000 else 0.31
@@ -155,7 +191,9 @@ def points(steps: int = 3000, every: int = 25, noise: bool = True) -> list[Metri
     return out
 
 
-def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[protocol.Message]:
+def messages(
+    gpu: bool = True, steps: int = 3000, noise: bool = True, autopilot: bool = False
+) -> list[protocol.Message]:
     pts = points(steps, noise=noise)
     last = pts[-1]
     devices = gpu_devices() if gpu else []
@@ -170,6 +208,7 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
             "set_batch_size": Capability(True),
             "step_batch_size": Capability(True),
             "probe": Capability(True),
+            "autopilot": Capability(True),
         },
         gpu=gpu_cap,
         noise_scale=NOISE_CAPABILITY if noise else Capability(False, "not enabled"),
@@ -207,7 +246,18 @@ def messages(gpu: bool = True, steps: int = 3000, noise: bool = True) -> list[pr
         gpu=gpu_cap,
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
         batch=batch_reading(gpu),
+        autopilot=autopilot_reading() if autopilot else None,
     )
+    if autopilot:
+        events.append(
+            protocol.Event(
+                t=START + 225,
+                step=900,
+                kind="autopilot",
+                message="autopilot: batch 64 → 128 at step 900 (B_simple 1.01k [820, "
+                "1.29k], B½ 41, target 183; 1.21× progress per second predicted)",
+            )
+        )
     return [hello, protocol.History(points=pts), *events, metrics]
 
 
@@ -216,9 +266,10 @@ def scripted_app(
     disconnect: str | None = None,
     finished: bool = False,
     noise: bool = True,
+    autopilot: bool = False,
     **kwargs: object,
 ) -> BsmonApp:
-    script = messages(gpu=gpu, noise=noise)
+    script = messages(gpu=gpu, noise=noise, autopilot=autopilot)
     if finished:
         script.append(protocol.Bye(reason="closed", t=NOW))
     source = ScriptedSource(

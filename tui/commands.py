@@ -13,6 +13,7 @@ from typing import Literal
 
 from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
+    AutopilotCommand,
     BatchSizeResult,
     Command,
     ProbeCommand,
@@ -78,4 +79,8 @@ def describe_success(command: Command, result: BatchSizeResult) -> str:
         return f"batch size {result.old} → {result.new} {when}"
     if isinstance(command, ProbeCommand):
         return "probe started: it runs in a separate process beside the job"
+    if isinstance(command, AutopilotCommand):
+        if command.on:
+            return "autopilot on: it grows the batch as the noise scale allows (a again: off)"
+        return "autopilot off: the batch stays where it is"
     return "done"

@@ -1,6 +1,6 @@
 """Why a key cannot act now, in the words a toast and the help use.
 
-A key that acts on the job (``+``/``-``, ``p``) or needs a kind of job (``r``) is greyed in
+A key that acts on the job (``+``/``-``, ``p``, ``a``) or needs a kind of job (``r``) is greyed in
 the footer when it cannot act; pressing it says why instead of doing nothing.
 """
 
@@ -12,6 +12,7 @@ from .session import ConnState, Snapshot
 ACTIONS: dict[str, tuple[str, str | None]] = {
     "batch": ("+/-", "step_batch_size"),
     "probe": ("p", "probe"),
+    "autopilot": ("a", "autopilot"),
     "ranks": ("r", None),
 }
 KEY_ACTIONS = {
@@ -19,6 +20,7 @@ KEY_ACTIONS = {
     "equals_sign": "batch",
     "minus": "batch",
     "p": "probe",
+    "a": "autopilot",
     "r": "ranks",
 }
 NOT_DISTRIBUTED = "r shows the ranks of a distributed job; this job runs as a single process"
@@ -56,7 +58,7 @@ def why_off(snap: Snapshot | None, action: str) -> str | None:
 def keys_off(snap: Snapshot) -> dict[str, str]:
     """The keys that act on the job and cannot, for any reason but its state, with why."""
     off = {}
-    for action in ("batch", "probe"):
+    for action in ("batch", "probe", "autopilot"):
         why = why_off(snap, action)
         if why is not None and why != state_reason(snap):
             off[ACTIONS[action][0]] = why

@@ -22,7 +22,11 @@ KEYS: list[tuple[str, str]] = [
     ("+ =", "step the batch size up (double by default; applied at the next step)"),
     ("-", "step the batch size down"),
     ("p", "probe the largest batch size in a sidecar process (asks first)"),
-    ("a", "in the probe's screen: apply the recommended batch size"),
+    (
+        "a",
+        "autopilot on / off: the batch follows the noise scale (opt-in; a +/- pauses it); "
+        "in the probe's screen, a applies the recommendation",
+    ),
     ("t", "where the step time goes (step anatomy) and the verdict"),
     ("r", "every rank of a distributed job, grouped by node (rank 0's monitor)"),
     ("e", "export: summary.md, summary.json and screen.svg in a new directory"),
@@ -60,7 +64,9 @@ PANELS = """
   job's own torch allocator counters (allocated, reserved, peak). `n/a` always says why.
 - **Batch**: the current batch size, the mean full-iteration step time, throughput, the memory
   model's *predicted* largest batch (a straight line through the peak memory measured at each
-  size the job ran), and the last changes with the throughput each one bought.
+  size the job ran), and the last changes with the throughput each one bought. With the
+  autopilot on (`a`), its line: the target √(B½·B_simple), B½ of the step-time fit, the gain it
+  claims against the batch the run started at (measured there), or why it is paused.
 - **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
   estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
   of a noiseless step: raising the batch toward B_simple cuts the steps needed at little
@@ -83,7 +89,8 @@ which is which.
 
 **Safety**
 
-A key the job cannot serve is greyed in the footer; pressing it says why. The monitor never
+A key the job cannot serve is greyed in the footer (`r` is left out for a single process);
+pressing it says why. The monitor never
 acts on the job unless you press a key that says so. A size the memory model predicts above
 90% of device memory, above a probe's maximum, or that already ran out of memory asks for
 confirmation first. `bsmon --readonly` removes every key that acts on the job.

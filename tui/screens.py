@@ -14,13 +14,19 @@ from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.option_list import Option
 
 from bsmon.probes.wire import JobEntry
-from bsmon.probes.wire.protocol import ProbeCommand, Reply, SetBatchSize, StepBatchSize
+from bsmon.probes.wire.protocol import (
+    AutopilotCommand,
+    ProbeCommand,
+    Reply,
+    SetBatchSize,
+    StepBatchSize,
+)
 
 from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
-from .disabled import ACTIONS, KEY_ACTIONS, keys_off, why_off
+from .disabled import ACTIONS, KEY_ACTIONS, NOT_DISTRIBUTED, keys_off, why_off
 from .help import HelpScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
@@ -62,6 +68,7 @@ class DashboardScreen(Screen):
         Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
         Binding("minus", "batch('down')", "Batch −", id="batch_down"),
         Binding("p", "probe", "Probe", id="probe"),
+        Binding("a", "autopilot", "Auto", id="autopilot"),
         Binding("t", "anatomy", "Time", id="anatomy"),
         Binding("r", "ranks", "Ranks", id="ranks"),
         Binding("e", "export", "Export", id="export"),
@@ -70,7 +77,7 @@ class DashboardScreen(Screen):
         Binding("left_square_bracket", "interval(-1)", "Faster", id="interval_down", show=False),
     ]
     # actions that act on the job: removed by --readonly, disabled when the job cannot do them
-    JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe"}
+    JOB_ACTIONS = {"batch": "step_batch_size", "probe": "probe", "autopilot": "autopilot"}
 
     def __init__(
         self, source: Source, readonly: bool = False, interval: float | None = None
@@ -189,7 +196,10 @@ class DashboardScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.JOB_ACTIONS and self.commands.readonly:
             return False  # hidden: the monitor was started with --readonly
-        return None if why_off(self.snapshot, action) else True  # None: greyed
+        why = why_off(self.snapshot, action)
+        if why == NOT_DISTRIBUTED:
+            return False  # hidden: a single process never has ranks (r still says why)
+        return None if why else True  # None: greyed
 
     def on_key(self, event: events.Key) -> None:
         """A greyed or hidden key says why it does nothing (its binding did not run)."""
@@ -216,6 +226,13 @@ class DashboardScreen(Screen):
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
+
+    def action_autopilot(self) -> None:
+        """On when it is not steering (off, paused by a key, refused earlier), else off."""
+        latest = self.snapshot.latest if self.snapshot is not None else None
+        steering = latest is not None and latest.autopilot is not None
+        steering = steering and latest.autopilot.state == "on"  # type: ignore[union-attr]
+        self.commands.send(AutopilotCommand(on=not steering))
 
     def action_probe(self) -> None:
         snap = self.snapshot

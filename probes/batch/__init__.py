@@ -1,4 +1,5 @@
-"""Batch size: the user's keys and commands turned into a new batch size at a step boundary.
+"""Batch size: the user's keys and commands (or the autopilot) turned into a new batch size at
+a step boundary.
 
 Modules, one job each:
 
@@ -14,5 +15,8 @@ Modules, one job each:
 - ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and
   whether the loss held (``loss_watch``);
 - ``memory_model``: the job's peak memory per batch size, fitted by a line;
+- ``autopilot``: the batch size that follows the noise scale, switched on by the user; its
+  model (``goodput``: step time fitted per size, efficiency from the noise scale), the gain it
+  claims (``gain_claim``), and whether the job moves the learning rate itself (``lr_owner``);
 - ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator.
 """

@@ -97,11 +97,11 @@ class BatchController:
         self.watch = ChangeWatch(initial, step)
         self.host_memory = MemoryModel()  # resident memory per size (CPU: no device model)
         self.host_budget: int | None = None
-        self._optimizer = optimizer
+        self.optimizer = optimizer
         self._others: list[torch.optim.Optimizer] = []  # more optimizers the job steps
         self._lr_scaling = lr_scaling
-        self._lr_rule = rule_for(lr_scaling, optimizer)
-        self._scheduler = scheduler
+        self.lr_rule = rule_for(lr_scaling, optimizer)
+        self.scheduler = scheduler
         self._emit = emit
         self._record = record
         self._guard = guard
@@ -133,7 +133,7 @@ class BatchController:
         """Another optimizer the job steps (a GAN's second one): its learning rate follows
         the batch too, by the rule for its own class, and the loss (the values backward() was
         called on, theirs alternating) is no longer judged after a change (training thread)."""
-        if optimizer is not self._optimizer and all(o is not optimizer for o in self._others):
+        if optimizer is not self.optimizer and all(o is not optimizer for o in self._others):
             self._others.append(optimizer)
             self.watch.loss_mixed = True
 
@@ -168,20 +168,20 @@ class BatchController:
             return result.as_result()
 
     @property
-    def _upcoming(self) -> Pending | None:
+    def upcoming(self) -> Pending | None:
         """The change accepted and not yet applied: asked for, carried by the ranks'
         exchange, or held for the integration's point."""
         return self.pending or self._in_flight or self.held
 
     def _next_size(self) -> int:
         """The size the job will have once what is pending or held is applied."""
-        upcoming = self._upcoming
+        upcoming = self.upcoming
         return upcoming.value if upcoming else self.size
 
     def unapplied(self) -> str | None:
         """At the job's end: a change that was accepted but never applied, because the job
         ended before the step boundary that would have applied it (None: there is none)."""
-        upcoming = self._upcoming
+        upcoming = self.upcoming
         if upcoming is None:
             return None
         return (
@@ -208,6 +208,10 @@ class BatchController:
 
     def confirmation_reason(self, value: int) -> str | None:
         """Why ``value`` should be confirmed first (None: it is safe to apply)."""
+        return self.fit_reason(value) or ratio_reason(value, self.watch.trained_well)
+
+    def fit_reason(self, value: int) -> str | None:
+        """Why ``value`` may not fit in memory (None: it is measured or predicted to fit)."""
         ooms = [size for size in self.oom_sizes if size <= value]
         if ooms:
             size = min(ooms)
@@ -226,7 +230,19 @@ class BatchController:
             )
             if why is not None:
                 return why
-        return ratio_reason(value, self.watch.trained_well)
+        return None
+
+    def memory_ceiling(self) -> tuple[int | None, str | None]:
+        """The largest size known to fit, and what says so (None: nothing known yet)."""
+        if self.oom_sizes:
+            smallest = min(self.oom_sizes)
+            return smallest - 1, f"batch {smallest} ran out of memory"
+        if self.probe_max is not None:
+            return self.probe_max, "the probe"
+        predicted = self.memory.predicted_max(self.memory_budget)
+        if predicted is not None:
+            return predicted, "the memory model's prediction"
+        return None, None
 
     # -- the switch (training thread, at a step boundary) ------------------------------------
 
@@ -317,16 +333,16 @@ class BatchController:
 
     def _rescale_lr(self, old: int, new: int) -> tuple[float | None, str]:
         """Apply the rule; the factor (None: unchanged) and the words for the event."""
-        rule = self._lr_rule
+        rule = self.lr_rule
         if rule.policy is None:
             return None, f"lr unchanged ({rule.why})"
         try:
             factor = lr_factor(rule.policy, old, new, self._noise_scale(), rule.adam_like)
         except NoFactor as exc:
             return None, f"lr unchanged ({rule.label}: {exc})"
-        changes = rescale(self._optimizer, factor, self._scheduler)
+        changes = rescale(self.optimizer, factor, self.scheduler)
         note = f"{describe(changes)} ({rule.label})"
-        if self._scheduler is None and owned_by_scheduler(self._optimizer):
+        if self.scheduler is None and owned_by_scheduler(self.optimizer):
             note += (
                 "; a learning-rate scheduler owns the lr and may set it back at its next step "
                 "(attach(lr_scheduler=...) lets bsmon scale its base rates)"
@@ -383,12 +399,12 @@ class BatchController:
             max_size=self.policy.max_size,
             next_up=next_up,
             next_down=self.policy.next_size(self.size, "down"),
-            pending=upcoming.value if (upcoming := self._upcoming) else None,
+            pending=upcoming.value if (upcoming := self.upcoming) else None,
             applies_at=self.apply_at,
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,
             lr_scaling=self._lr_scaling,
-            lr_rule=self._lr_rule.label if self._lr_rule.policy else self._lr_rule.why,
+            lr_rule=self.lr_rule.label if self.lr_rule.policy else self.lr_rule.why,
             trained_well=self.watch.trained_well,
             memory=self.memory.points(),
             memory_budget_bytes=self.memory_budget,

@@ -1,15 +1,18 @@
-"""Batch control on the agent thread: the wire commands that ask for a size, and the extension
-that feeds the controller (memory readings, what each change bought) and puts the batch
-reading in every metrics message and hello."""
+"""Batch control on the agent thread: the wire commands that ask for a size or switch the
+autopilot, the extension that feeds the controller (memory readings, what each change bought)
+and puts the batch reading in every metrics message and hello, and the autopilot's."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ..runtime.devices import DeviceSample
 from ..runtime.service import Extension, HelloPart, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import (
+    AutopilotCommand,
     BatchChange,
     Command,
     Hello,
@@ -18,6 +21,7 @@ from ..wire.protocol import (
     StepBatchSize,
 )
 from ..wire.routing import CommandRouter
+from .autopilot import Autopilot
 from .control import BatchController
 from .watch import LOSS
 
@@ -75,3 +79,31 @@ def register_commands(router: CommandRouter, controller: BatchController) -> Non
 
     router.register("set_batch_size", set_size)
     router.register("step_batch_size", step_size)
+
+
+class AutopilotExtension(Extension):
+    """The autopilot on the agent thread: it sees each batch change, decides on each metrics
+    window (after the batch extension has fed the window to the controller's watch) and puts
+    its reading in every metrics message and hello."""
+
+    def __init__(self, autopilot: Autopilot) -> None:
+        self._autopilot = autopilot
+
+    def on_record(self, record: object) -> None:
+        if isinstance(record, BatchChange):
+            self._autopilot.on_change(record)
+
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        self._autopilot.on_metrics(metrics)
+        return {"autopilot": self._autopilot.reading()}
+
+    def hello_part(self, hello: Hello) -> HelloPart:
+        return {"autopilot": self._autopilot.reading()}
+
+
+def register_autopilot(router: CommandRouter, autopilot: Autopilot) -> None:
+    def switch(command: Command) -> dict[str, Any]:
+        assert isinstance(command, AutopilotCommand)
+        return msgspec.to_builtins(autopilot.switch(command.on))
+
+    router.register("autopilot", switch)

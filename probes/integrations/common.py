@@ -13,7 +13,7 @@ import torch
 
 from ..wire.protocol import Event
 
-BATCH_COMMANDS = ("set_batch_size", "step_batch_size")
+BATCH_COMMANDS = ("set_batch_size", "step_batch_size", "autopilot")
 
 
 def require(module: str, extra: str, framework: str) -> ModuleType:

@@ -68,7 +68,7 @@ from ..wire import discovery
 from ..wire.protocol import Event
 from . import accelerate_loss
 from . import notes as run_notes
-from .environment import ENV_RESIZABLE
+from .environment import ENV_AUTOPILOT, ENV_RESIZABLE
 
 CONTROL_REASON = (
     "bsmon run leaves the script's DataLoader as it is; "
@@ -137,6 +137,7 @@ class AutoAttach:
         self._script_attached = False
         self._started = time.time()
         self.resizable = os.environ.get(ENV_RESIZABLE) == "1"
+        self.autopilot = os.environ.get(ENV_AUTOPILOT) == "1"
         self._first_iterator: Any = lambda: None  # weak: the first training batch's iterator
         self._lengths: LengthReads | None = None  # len(loader) reads, when resizable
         self._framework: str | None = None  # a trainer whose loop rules out resizing
@@ -299,6 +300,7 @@ class AutoAttach:
             grad_scaler=scaler,
             batch_size=None if control_off else self._first,
             lr_scheduler=scheduler,
+            autopilot=self.autopilot and not control_off,
         )
         if control_off:
             disable_batch_control(monitor, control_off)
@@ -327,6 +329,7 @@ class AutoAttach:
             f"is {loss_is}; "
             + (
                 f"batch-size control is off: {control_off}"
+                + ("; so is the autopilot (bsmon run --autopilot)" if self.autopilot else "")
                 if control_off
                 else "the keys change the batch size of the script's DataLoader"
                 + self._accumulation_words()

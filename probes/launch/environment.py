@@ -18,6 +18,7 @@ from . import notes as run_notes
 
 ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
 ENV_RESIZABLE = "BSMON_RESIZABLE"  # "1": the agent may resize the script's DataLoader
+ENV_AUTOPILOT = "BSMON_AUTOPILOT"  # "1": and switch the autopilot on (docs/autopilot.md)
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 PYTHON_LAUNCHERS = ("python", "torchrun", "accelerate", "deepspeed", "uv", "lightning", "fabric")
 LAUNCHER_MODULES = (
@@ -28,22 +29,29 @@ LAUNCHER_MODULES = (
 
 
 def child_environment(
-    base: Mapping[str, str], name: str, directory: Path, run_id: str, resizable: bool = False
+    base: Mapping[str, str],
+    name: str,
+    directory: Path,
+    run_id: str,
+    *,
+    resizable: bool = False,
+    autopilot: bool = False,
 ) -> dict[str, str]:
     """``base`` plus what the agent in the child needs: the boot directory first on
     ``PYTHONPATH``, the job's name, the socket directory this ``bsmon run`` watches, the
     run's id (the processes' notes carry it, see ``run_notes``) and, with ``resizable``, that
-    the script's DataLoader may be resized."""
+    the script's DataLoader may be resized (with ``autopilot``, by the autopilot too)."""
     env = dict(base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *rest])
     env[ENV_RUN] = name
     env[discovery.ENV_DIR] = str(directory)
     env[run_notes.ENV_RUN_ID] = run_id
-    if resizable:
-        env[ENV_RESIZABLE] = "1"
-    else:
-        env.pop(ENV_RESIZABLE, None)
+    for variable, wanted in ((ENV_RESIZABLE, resizable or autopilot), (ENV_AUTOPILOT, autopilot)):
+        if wanted:
+            env[variable] = "1"
+        else:
+            env.pop(variable, None)
     return env
 
 

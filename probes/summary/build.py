@@ -43,6 +43,7 @@ from ..wire.protocol import Event, StepAnatomy
 from .recommend import recommendations
 from .schema import (
     SUMMARY_VERSION,
+    Autopilot,
     BatchSegment,
     BatchSize,
     Device,
@@ -154,6 +155,7 @@ class SummaryBuilder:
         self.segments_left_out = 0
         self.sizes: dict[int | None, _SizeTotals] = {}
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
+        self.autopilot: Autopilot | None = None
         self.event_notes: list[Note] = []
         self.probes: list[dict[str, Any]] = []
         self.probes_left_out = 0
@@ -275,11 +277,25 @@ class SummaryBuilder:
             self.noise_reason = self.noise_reason or _noise_reason(event.message)
         elif event.kind == "noise_scale" and event.message.startswith(WARMUP_ENDED):
             self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
+        elif event.kind in ("autopilot", "autopilot_state"):
+            self._autopilot_event(event)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
             note = Note(event.kind, event.message, event.step, _round(event.t - self.start))
             self.event_notes.append(note)
+
+    def _autopilot_event(self, event: Event) -> None:
+        autopilot = self.autopilot = self.autopilot or Autopilot(decisions=[], said=[])
+        if event.kind == "autopilot" and isinstance(event.data.get("decision"), dict):
+            if len(autopilot.decisions) < MAX_LISTED:
+                autopilot.decisions.append(event.data["decision"])
+        elif len(autopilot.said) < MAX_LISTED:
+            note = Note(event.kind, event.message, event.step, _round(event.t - self.start))
+            autopilot.said.append(note)
+        if event.data.get("end"):
+            autopilot.claimed_gain = event.data.get("claimed_gain")
+            autopilot.start_size = event.data.get("start_size")
 
     def _probe(self, probe: ProbeLine) -> None:
         self.last_t = max(self.last_t, probe.t)
@@ -339,6 +355,7 @@ class SummaryBuilder:
             ),
         )
         summary.anatomy = self._anatomy(summary.devices)
+        summary.autopilot = self.autopilot
         summary.warnings = self._warnings(summary, torn, unknown)
         if damaged is not None:
             summary.warnings.insert(0, Note("damaged_lines", damaged))

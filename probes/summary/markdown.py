@@ -26,6 +26,7 @@ def render_markdown(s: Summary) -> str:
         _devices(s),
         _anatomy(s),
         _batch_sizes(s),
+        _autopilot(s),
         _charts(s),
         _scalars(s),
         _probes(s),
@@ -219,6 +220,39 @@ def _batch_sizes(s: Summary) -> str:
         ("batch size", "steps", "time", "samples/s (± SE)", "best samples/s", "step time p50"),
     )
     return f"## Batch size\n\nIn order:\n\n{history}\nWhat each size reached:\n\n{by_size}"
+
+
+def _autopilot(s: Summary) -> str:
+    autopilot = s.autopilot
+    if autopilot is None:
+        return ""
+    if autopilot.claimed_gain is not None:
+        claim = (
+            f"It claims **{autopilot.claimed_gain:.2f}×** the progress per second of a fixed "
+            f"batch of {autopilot.start_size} (measured throughput at each size × the noise "
+            "scale's efficiency, against the batch the run started at).\n\n"
+        )
+    else:
+        claim = ""
+    rows = [
+        (
+            f"{d.get('step', 0):,}",
+            f"{d.get('old')} → {d.get('new')}",
+            d.get("kind", ""),
+            num(d.get("b_simple")),
+            f"[{num(d.get('b_simple_low'))}, {num(d.get('b_simple_high'))}]"
+            if d.get("b_simple_low") is not None
+            else "",
+            num(d.get("half_batch")),
+            _size(d.get("target")),
+            f"{d['predicted_gain']:.2f}×" if d.get("predicted_gain") else d.get("note", ""),
+        )
+        for d in autopilot.decisions
+    ]
+    header = ("step", "batch", "", "B_simple", "95% interval", "B½", "target", "predicted")
+    decisions = _table(rows, header) if rows else "It made no change.\n"
+    said = "".join(f"- step {n.step:,}: {n.message}\n" for n in autopilot.said)
+    return f"## Autopilot\n\n{claim}{decisions}\n{said}"
 
 
 def _charts(s: Summary) -> str:

@@ -147,6 +147,18 @@ class Note(msgspec.Struct, omit_defaults=True):
     t_s: float | None = None
 
 
+class Autopilot(msgspec.Struct):
+    """What the autopilot did (docs/autopilot.md): its decisions in order (each as its event's
+    ``data.decision``: step, old, new, kind, b_simple with its interval, half_batch, target,
+    predicted_gain), what it said (on, off, paused, refused, the end), and the gain it claimed
+    at the end against a fixed batch of ``start_size``."""
+
+    decisions: list[dict[str, Any]]
+    said: list[Note]
+    claimed_gain: float | None = None
+    start_size: int | None = None
+
+
 class Summary(msgspec.Struct):
     summary_version: int
     generated: float
@@ -171,3 +183,4 @@ class Summary(msgspec.Struct):
     series: dict[str, list[Point]]  # bounded chart data: (step or seconds, value)
     time: TimeSplit = msgspec.field(default_factory=TimeSplit)
     anatomy: StepAnatomy | None = None  # where the steps' time went, with the verdict
+    autopilot: Autopilot | None = None  # None: it was never switched on

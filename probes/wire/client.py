@@ -134,6 +134,12 @@ class JobConnection:
         """The next message of ``kind``; the others are kept for ``messages``."""
         return self._wait(lambda m: isinstance(m, kind), kind.__name__.lower(), timeout)
 
+    def wait_matching(
+        self, wanted: Callable[[Message], bool], what: str, timeout: float = 5.0
+    ) -> Message:
+        """The next message ``wanted`` accepts (``what`` names it if none comes in time)."""
+        return self._wait(wanted, what, timeout)
+
     def _wait(self, wanted: Callable[[Message], bool], what: str, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
         while True:

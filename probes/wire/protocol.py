@@ -177,6 +177,48 @@ class BatchReading(msgspec.Struct, omit_defaults=True):
     changes: list[BatchChange] = msgspec.field(default_factory=list)
 
 
+class AutopilotDecision(msgspec.Struct, omit_defaults=True):
+    """One change the autopilot asked for, and the figures it decided on."""
+
+    step: int
+    t: float
+    old: int
+    new: int
+    kind: Literal["grow", "shrink", "revert"]
+    b_simple: float | None = None  # the noise scale's estimate then ...
+    b_simple_low: float | None = None  # ... and its 95% interval: growth reads the low end,
+    b_simple_high: float | None = None  # shrinking the high one
+    half_batch: float | None = None  # B½ of the step-time model (None: unbounded)
+    target: int | None = None  # √(B½·φ), within the limits
+    predicted_gain: float | None = None  # progress per second at new over old, predicted
+    note: str = ""
+
+
+class AutopilotReading(msgspec.Struct, omit_defaults=True):
+    """The autopilot (docs/autopilot.md): whether it steers, what it sees and why it holds.
+
+    ``claimed_gain`` is this run's progress per second against the fixed ``start_size``
+    (measured there), from measured throughput and the noise scale's efficiency."""
+
+    state: Literal["off", "on", "paused", "refused"] = "off"
+    why: str | None = None  # why it is paused or refused
+    waiting: str | None = None  # what the next decision waits for, or what it decided last
+    start_size: int | None = None
+    size: int | None = None
+    b_simple: float | None = None
+    b_simple_low: float | None = None
+    b_simple_high: float | None = None
+    half_batch: float | None = None  # None with a model: throughput still grows linearly
+    half_batch_how: str | None = None  # "fitted from 3 sizes", "assumed: ...", "declared ..."
+    target: int | None = None
+    ceiling: int | None = None  # the largest size it may choose, when one is known
+    ceiling_why: str | None = None
+    next_decision_step: int | None = None
+    claimed_gain: float | None = None
+    claimed_note: str | None = None  # how the claim was made, or why there is none
+    decisions: list[AutopilotDecision] = msgspec.field(default_factory=list)
+
+
 class ProbePoint(msgspec.Struct, omit_defaults=True):
     """One batch size the probe ran (or tried): peak memory, step time, and whether it fit."""
 
@@ -300,6 +342,7 @@ class Hello(Message, tag="hello"):
     noise_scale: Capability
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
+    autopilot: AutopilotReading | None = None
 
 
 class MetricsPoint(msgspec.Struct, omit_defaults=True):
@@ -342,6 +385,7 @@ class Metrics(Message, tag="metrics"):
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
     probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
     ranks: RanksReading | None = None
+    autopilot: AutopilotReading | None = None
     errors: int = 0
     dropped: int = 0
 
@@ -434,6 +478,10 @@ class StepBatchSize(Command, tag="step_batch_size", kw_only=True):
     confirm: bool = False
 
 
+class AutopilotCommand(Command, tag="autopilot"):
+    on: bool
+
+
 class ProbeCommand(Command, tag="probe"):
     memory_budget: int | None = None
     timeout_s: float | None = None
@@ -444,6 +492,7 @@ CLIENT_COMMANDS: dict[str, type[Command]] = {
     "set_batch_size": SetBatchSize,
     "step_batch_size": StepBatchSize,
     "probe": ProbeCommand,
+    "autopilot": AutopilotCommand,
 }
 
 SERVER_MESSAGES: dict[str, type[Message]] = {

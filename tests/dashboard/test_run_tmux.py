@@ -56,7 +56,7 @@ def live_run(bsmon_dir, name: str) -> Iterator[tuple[Tmux, int]]:
 
 def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
     with live_run(bsmon_dir, "tq") as (tmux, pid):
-        screen = tmux.wait_for(lambda s: "+/- p off — ? says why" in s, what="keys off")
+        screen = tmux.wait_for(lambda s: "+/- p a off — ? says why" in s, what="keys off")
         assert "tq" in screen
         tmux.send("?")  # the help opens with why the keys are off
         screen = tmux.wait_for(lambda s: "This job" in s, what="the help")

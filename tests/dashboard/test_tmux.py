@@ -109,3 +109,14 @@ def test_at_80x24_events_are_readable_l_expands_them_and_keys_say_why(bsmon_dir)
         tmux.wait_for(lambda s: "r is off" in s, timeout=20, what="why r is off")
         tmux.send("C-c")  # Ctrl-C quits, as in every terminal monitor
         tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
+
+
+def test_a_switches_the_autopilot_on_in_a_real_terminal(bsmon_dir):
+    """`a` in a real 80×24 terminal: the job's reply as a toast, the Batch panel's line."""
+    with demo_in_tmux(bsmon_dir, (80, 24)) as tmux:
+        tmux.wait_for(lambda s: "LIVE" in s and "speed" in s, timeout=60, what="steps")
+        tmux.send("a")
+        screen = tmux.wait_for(lambda s: "auto    on" in s, timeout=20, what="the autopilot on")
+        assert re.search(r"a\s+Auto", screen.splitlines()[-1]), screen
+        tmux.send("C-c")
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")

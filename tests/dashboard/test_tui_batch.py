@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -18,6 +19,22 @@ from ..scripted import NOW, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
 
+@contextlib.asynccontextmanager
+async def dashboard_on_a_real_job(bsmon_dir, name: str):
+    """A real job at batch 8 and a dashboard following it, once its hello is in; the job's
+    monitor is closed afterwards, whatever the test did."""
+    job = TinyJob(batch_size=8)
+    mon = attach(job.model, job.optimizer, batch_size=8, name=name)
+    app = BsmonApp(follow_job(mon.socket_path, name, bsmon_dir))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await dashboard_ready(pilot)
+            await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
+            yield job, mon, app, pilot
+    finally:
+        mon.close()
+
+
 def footer_keys(app) -> set[str]:
     return {
         binding.id
@@ -27,59 +44,43 @@ def footer_keys(app) -> set[str]:
 
 
 async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
-    job = TinyJob(batch_size=8)
-    mon = attach(job.model, job.optimizer, batch_size=8, name="keys")
-    app = BsmonApp(follow_job(mon.socket_path, "keys", bsmon_dir))
-    try:
-        async with app.run_test(size=(100, 30)) as pilot:
-            screen = await dashboard_ready(pilot)
-            await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
-            assert {"batch_up", "batch_down"} <= footer_keys(app)
-            job.step(mon)  # a step at 8, then a memory reading: 16 is measured to fit
-            await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
-            await pilot.press("plus")
-            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
-            job.step(mon)  # the step boundary applies it
-            assert mon.batch_size == 16
-            await asyncio.to_thread(mon.flush)
-            await wait_for(
-                pilot,
-                lambda: "16" in text_of(app, "#batch") and "8→16" in text_of(app, "#batch"),
-                what="panel shows 8→16",
-            )
-            await pilot.press("minus")
-            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
-            job.step(mon)
-            assert mon.batch_size == 8
-    finally:
-        mon.close()
+    async with dashboard_on_a_real_job(bsmon_dir, "keys") as (job, mon, app, pilot):
+        assert {"batch_up", "batch_down"} <= footer_keys(app)
+        job.step(mon)  # a step at 8, then a memory reading: 16 is measured to fit
+        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await pilot.press("plus")
+        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        job.step(mon)  # the step boundary applies it
+        assert mon.batch_size == 16
+        await asyncio.to_thread(mon.flush)
+        await wait_for(
+            pilot,
+            lambda: "16" in text_of(app, "#batch") and "8→16" in text_of(app, "#batch"),
+            what="panel shows 8→16",
+        )
+        await pilot.press("minus")
+        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        job.step(mon)
+        assert mon.batch_size == 8
 
 
 async def test_a_jump_past_twice_the_size_that_trained_well_asks_with_the_jobs_reason(
     bsmon_dir,
 ):
-    job = TinyJob(batch_size=8)
-    mon = attach(job.model, job.optimizer, batch_size=8, name="risky")
-    app = BsmonApp(follow_job(mon.socket_path, "risky", bsmon_dir))
-    try:
-        async with app.run_test(size=(100, 30)) as pilot:
-            screen = await dashboard_ready(pilot)
-            await wait_for(pilot, lambda: screen.snapshot.can("step_batch_size"), what="hello")
-            job.step(mon)
-            await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
-            await pilot.press("plus")  # 16: twice the size that trained well, measured to fit
-            await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="16")
-            await pilot.press("plus")  # 32: four times 8, which alone has trained well
-            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="question")
-            question = app.screen.question
-            assert "32 is 4× the last batch size that trained well (8)" in question
-            assert mon.batch_control.pending.value == 16  # nothing applied while it asks
-            await pilot.press("y")
-            await wait_for(pilot, lambda: mon.batch_control.pending.value == 32, what="32")
-            job.step(mon)
-            assert mon.batch_size == 32
-    finally:
-        mon.close()
+    async with dashboard_on_a_real_job(bsmon_dir, "risky") as (job, mon, app, pilot):
+        job.step(mon)
+        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await pilot.press("plus")  # 16: twice the size that trained well, measured to fit
+        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="16")
+        await pilot.press("plus")  # 32: four times 8, which alone has trained well
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="question")
+        question = app.screen.question
+        assert "32 is 4× the last batch size that trained well (8)" in question
+        assert mon.batch_control.pending.value == 16  # nothing applied while it asks
+        await pilot.press("y")
+        await wait_for(pilot, lambda: mon.batch_control.pending.value == 32, what="32")
+        job.step(mon)
+        assert mon.batch_size == 32
 
 
 async def test_the_panel_says_each_changes_verdict_and_a_diverged_loss():
@@ -207,3 +208,23 @@ def test_refusals_are_told_without_the_commands_wire_name(error, toast):
     assert outcome is not None and outcome.kind == "refused" and outcome.message == toast
     unsent = desk.answer(protocol.Reply(id="other", ok=False, error=error))
     assert unsent is not None and unsent.message == toast
+
+
+async def test_a_switches_the_autopilot_on_a_key_press_pauses_it_and_a_again_resumes(bsmon_dir):
+    async with dashboard_on_a_real_job(bsmon_dir, "auto-keys") as (job, mon, app, pilot):
+        assert "autopilot" in footer_keys(app)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: mon.autopilot.state == "on", what="autopilot on")
+        job.step(mon)  # a step: a metrics message carries the autopilot's reading
+        await wait_for(pilot, lambda: "auto    on" in text_of(app, "#batch"), what="on")
+        job.step(mon)
+        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await pilot.press("minus")  # the user's key wins
+        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        job.step(mon)
+        await asyncio.to_thread(mon.flush)
+        await wait_for(pilot, lambda: mon.autopilot.state == "paused", what="paused")
+        job.step(mon)
+        await wait_for(pilot, lambda: "auto    paused" in text_of(app, "#batch"), what="shown")
+        await pilot.press("a")  # on again, from the size the user chose
+        await wait_for(pilot, lambda: mon.autopilot.state == "on", what="on again")

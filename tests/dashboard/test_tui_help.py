@@ -32,7 +32,8 @@ def test_the_keys_come_before_the_panels_and_include_a_and_the_interval():
     text = help_text({"p": "the probe needs attach(..., loss_fn=...)"}, "attach")
     keys, panels = text.index("?         this help"), text.index("**Panels**")
     assert keys < text.index("`p` is off: the probe needs") < panels
-    assert "a         in the probe's screen: apply the recommended batch size" in text
+    assert "a         autopilot on / off: the batch follows the noise scale" in text
+    assert "in the probe's screen, a applies the recommendation" in text
     assert "[ ]       redraw more / less often (now every 1 s" in text
 
 

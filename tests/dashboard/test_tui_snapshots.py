@@ -30,6 +30,11 @@ def test_live_without_gpu(snap_compare, size):
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_autopilot_on(snap_compare, size):
+    assert snap_compare(scripted_app(autopilot=True), terminal_size=size, run_before=ready)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_disconnected(snap_compare, size):
     app = scripted_app(disconnect="the job closed the connection")
     assert snap_compare(app, terminal_size=size, run_before=ready)

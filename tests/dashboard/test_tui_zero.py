@@ -20,7 +20,7 @@ SAMPLES_NOTE = "samples not counted: no DataLoader batch was seen"
 def zero_code_script() -> list[protocol.Message]:
     """A bsmon run job: no batch control, no probe, samples not counted."""
     script = messages()
-    for kind in ("set_batch_size", "step_batch_size"):
+    for kind in ("set_batch_size", "step_batch_size", "autopilot"):
         script[0].capabilities[kind] = protocol.Capability(False, REASON)
     script[0].capabilities["probe"] = protocol.Capability(False, PROBE_REASON)
     for message in script:
@@ -35,9 +35,9 @@ async def test_the_batch_panel_says_why_the_keys_are_off_and_samples_are_not_cou
     app = BsmonApp(ScriptedSource("job", zero_code_script(), clock=lambda: NOW))
     async with app.run_test(size=(120, 40)) as pilot:
         await dashboard_ready(pilot)
-        await wait_for(pilot, lambda: "+/- p off" in text_of(app, "#batch"), what="keys off")
+        await wait_for(pilot, lambda: "+/- p a off" in text_of(app, "#batch"), what="keys off")
         text = " ".join(text_of(app, "#batch").split())
-        assert "+/- p off — ? says why" in text
+        assert "+/- p a off — ? says why" in text
         assert "speed n/a (samples not counted: see Events)" in text
         assert "seen n/a samples" in text and "0 samples" not in text
         await pilot.press("question_mark")

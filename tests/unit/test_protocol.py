@@ -84,7 +84,7 @@ def test_unknown_server_message_type_is_ignored_by_clients():
         (b'{"id": 3}', "missing field `type`", 3),
         (
             b'{"type": "explode", "id": "x"}',
-            "unknown command type 'explode'; known: ping, probe",
+            "unknown command type 'explode'; known: autopilot, ping, probe",
             "x",
         ),
         (b'{"type": 5, "id": 1}', "`type` must be a string, got an integer", 1),

@@ -418,3 +418,38 @@ def test_spikes_in_a_short_run_name_the_slowest_step_not_a_share_of_steps():
     short = said(timed_steps=24, p99=0.09, max=0.1)
     assert short.startswith("the slowest of the 24 timed steps took 10.0× the median step time")
     assert said(timed_steps=2400, p99=0.09, max=0.5).startswith("1% of steps took over 9.0×")
+
+
+def test_the_autopilots_decisions_and_final_claim_are_summarized(tmp_path):
+    synthetic = two_phase()
+    decision = {"step": 1000, "t": START + 50, "old": 32, "new": 64, "kind": "grow"}
+    decision |= {"b_simple": 240.0, "b_simple_low": 200.0, "b_simple_high": 290.0}
+    decision |= {"half_batch": 30.0, "target": 77, "predicted_gain": 1.18}
+    synthetic.events += [
+        Event(t=START + 1, step=10, kind="autopilot_state", message="autopilot on at batch 32"),
+        Event(
+            t=START + 50,
+            step=1000,
+            kind="autopilot",
+            message="autopilot: batch 32 → 64 at step 1,000 (...)",
+            data={"decision": decision, "claimed_gain": 1.0},
+        ),
+        Event(
+            t=START + 74,
+            step=1500,
+            kind="autopilot_state",
+            message="autopilot at the end: batch 32 → 64 in 1 decisions; 1.31× claimed ...",
+            data={"end": True, "claimed_gain": 1.31, "start_size": 32},
+        ),
+    ]
+    summary = summarize_record(synthetic.write(tmp_path / "r.jsonl"))
+    autopilot = summary.autopilot
+    assert autopilot is not None and autopilot.claimed_gain == 1.31 and autopilot.start_size == 32
+    assert [d["new"] for d in autopilot.decisions] == [64]
+    assert [n.step for n in autopilot.said] == [10, 1500]
+    export_record(tmp_path / "r.jsonl", tmp_path / "out")
+    markdown = (tmp_path / "out" / "summary.md").read_text()
+    section = markdown[markdown.index("## Autopilot") :]
+    assert "**1.31×** the progress per second of a fixed batch of 32" in section
+    assert "| 1,000 | 32 → 64 | grow | 240 | [200, 290] | 30 | 77 | 1.18× |" in section
+    assert summarize_record(two_phase().write(tmp_path / "plain.jsonl")).autopilot is None

@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
         "changes until a key is pressed; docs/zero-code.md lists what is refused and why)",
     )
     p.add_argument(
+        "--autopilot",
+        action="store_true",
+        help="--resizable, and the autopilot on from the start: the batch follows the noise "
+        "scale (docs/autopilot.md; a refused autopilot says why in the Events panel)",
+    )
+    p.add_argument(
         "--log",
         type=Path,
         default=None,
@@ -124,7 +130,9 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
     directory = discovery.ensure_private_dir(discovery.default_dir())
     tidy(directory)  # what killed runs left: their notes, and logs beyond the newest 20
     run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
-    env = launch.child_environment(os.environ, name, directory, run_id, args.resizable)
+    env = launch.child_environment(
+        os.environ, name, directory, run_id, resizable=args.resizable, autopilot=args.autopilot
+    )
     if args.log is not None:
         check_writable(args.log).close()
     headless = args.headless

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from bsmon.probes.wire.protocol import BatchChange, BatchReading, Metrics
+from bsmon.probes.wire.protocol import AutopilotReading, BatchChange, BatchReading, Metrics
 
 from .. import format as fmt
 from ..anatomy_screen import headline
@@ -72,6 +72,29 @@ def change_line(change: BatchChange) -> str:
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
 
+def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
+    """The autopilot at a glance (nothing while it is off): where it steers, what it claims
+    and its model, or why it does not steer."""
+    if reading is None or reading.state == "off":
+        return []
+    if reading.state != "on":
+        return [f"auto    [$warning]{reading.state}[/] [$text-muted]({reading.why or '?'})[/]"]
+    steer = [f"→ {reading.target:,}"] if reading.target is not None else []
+    if reading.claimed_gain is not None:
+        steer.append(f"[b]{reading.claimed_gain:.2f}×[/b] vs {reading.start_size:,}")
+    model = []
+    if reading.half_batch_how is not None:
+        half = fmt.count(reading.half_batch) if reading.half_batch is not None else "∞"
+        model.append(f"B½ {half}" + (" assumed" if "assumed" in reading.half_batch_how else ""))
+    if reading.next_decision_step is not None:
+        model.append(f"next s{reading.next_decision_step:,}")
+    first = " · ".join(steer) if steer else f"[$text-muted]{reading.waiting or ''}[/]"
+    lines = [f"auto    [$success]on[/] {first}"]
+    if model:
+        lines.append(f"        [$text-muted]{' · '.join(model)}[/]")
+    return lines
+
+
 def off_line(snap: Snapshot) -> str | None:
     """One line for the greyed keys; their reasons are in the help (``?``)."""
     off = keys_off(snap)
@@ -102,6 +125,7 @@ class BatchPanel(Static):
             lines.append(memory_line(batch, gpu=bool(m.devices)))
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
+            lines.extend(autopilot_lines(m.autopilot))
             lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
         if (line := off_line(snap)) is not None:
             lines.append(line)

@@ -1,0 +1,417 @@
+"""The autopilot: a batch size that follows the gradient noise scale (agent thread).
+
+At each decision point it predicts, for the sizes within 2× of the current one, the progress
+per second they would make (``goodput``: the job's measured step time at each size, fitted by
+a line, and the noise scale's efficiency), and asks for the best one when it predicts more
+than ``THRESHOLD`` over staying. Growth reads the low end of B_simple's 95% interval and
+shrinking the high end, so an uncertain estimate holds the size where it is. The change goes
+through the batch controller like a key press: applied at a step boundary, the learning rate
+moved by the job's rule (linear for SGD, square root for Adam-type), an event for each.
+
+Guards (docs/autopilot.md):
+
+- no decision while the estimate is unresolved (no B_simple, or |G|² not above zero beyond
+  its error), before ``WARMUP_STEPS``, or within ``SETTLE_STEPS`` steps and ``MIN_WINDOWS``
+  metrics windows of the last change;
+- never a size that may not fit (the job's OOM history, the probe, the memory model: the
+  controller's ``fit_reason``), nor one the policy refuses;
+- the loss after each of its changes is watched (``watch``): a divergence reverts the change,
+  says so, and the size it left stays out of reach;
+- it refuses to start when the learning rate would not follow the batch, when the noise
+  scale is off, or when a scheduler (or the job's own code) moves the learning rate from step
+  to step: that schedule would run faster in examples as the batch grows;
+- the user's keys win: a change from anywhere else pauses it until it is switched on again.
+
+``claimed_gain`` (``gain_claim``) is the run's progress per second against a fixed
+``start_size``, from measured throughput and the noise scale's efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+
+from ..units import count
+from ..wire.protocol import (
+    AutopilotDecision,
+    AutopilotReading,
+    BatchChange,
+    Event,
+    Metrics,
+)
+from ..wire.routing import CommandRefused
+from .control import BatchController
+from .gain_claim import GainLedger
+from .goodput import (
+    MIN_WINDOWS,
+    Estimate,
+    StepTimeModel,
+    fit_step_time,
+    goodput_gain,
+    optimum,
+    resolved,
+)
+from .loss_watch import DIVERGED
+from .lr_owner import LearningRateOwner
+from .lr_scaling import owned_by_scheduler
+
+SOURCE = "autopilot"
+THRESHOLD = 1.05  # predicted gain that makes a change (AdaptDL's: re-choosing every time flaps)
+WARMUP_STEPS = 50  # steps before the first decision
+SETTLE_STEPS = 25  # steps at a size (and MIN_WINDOWS windows) before deciding again
+MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has many)
+DECISIONS_KEPT = 50
+
+
+class Autopilot:
+    def __init__(
+        self,
+        controller: BatchController,
+        *,
+        noise_refusal: Callable[[], str | None],
+        emit: Callable[[Event], None],
+        step: Callable[[], int],
+        declared_half: float | None = None,
+    ) -> None:
+        self._control = controller
+        self._noise_refusal = noise_refusal
+        self._emit = emit
+        self._step = step
+        self._declared_half = declared_half
+        self.start_size = controller.size
+        self.state = "off"
+        self.why: str | None = None
+        self.waiting: str | None = None
+        self.decisions: deque[AutopilotDecision] = deque(maxlen=DECISIONS_KEPT)
+        self._lock = threading.Lock()
+        self._estimate: Estimate | None = None
+        self._model: StepTimeModel | None = None
+        self._target: int | None = None
+        self._held: str | None = None  # why the last look kept the size
+        self._next_step: int | None = None
+        self._last_change_step = 0
+        self._last_look_step = -SETTLE_STEPS
+        self._reverted: set[int] = set()  # steps of changes already reverted
+        self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
+        self._lr_owner = LearningRateOwner(controller)
+        self._ledger = GainLedger(controller.size)
+
+    # -- switching on and off (agent thread, or the job's thread through the router) ---------
+
+    def refusal(self) -> str | None:
+        """Why the autopilot cannot steer this job (None: it can)."""
+        control = self._control
+        rule = control.lr_rule
+        if rule.policy is None:
+            return f"the learning rate would not follow the batch ({rule.why})"
+        if (why := self._noise_refusal()) is not None:
+            return f"it needs the gradient noise scale, which is off ({why})"
+        if control.scheduler is not None or owned_by_scheduler(control.optimizer):
+            return (
+                "a learning-rate scheduler keyed on steps would run its schedule faster in "
+                "examples as the batch grows; the autopilot refuses rather than change what "
+                "the schedule means"
+            )
+        return None
+
+    def switch(self, on: bool) -> AutopilotReading:
+        with self._lock:
+            if not on:
+                self.state, self.why = "off", None
+                self._say("autopilot off", level="info")
+                return self._reading()
+            if (why := self.refusal()) is not None:
+                self.state, self.why = "refused", why
+                raise CommandRefused(f"the autopilot cannot steer this job: {why}")
+            self.state, self.why = "on", None
+            self._lr_owner.reset()
+            self._say(f"autopilot on at batch {self._control.size}", level="info")
+            return self._reading()
+
+    def start(self) -> None:
+        """``attach(autopilot=True)``: on, or refused with a warning event saying why."""
+        try:
+            self.switch(True)
+        except CommandRefused as exc:
+            self._say(str(exc), level="warning")
+
+    # -- the agent thread ---------------------------------------------------------------------
+
+    def on_change(self, change: BatchChange) -> None:
+        """A batch change was applied: one from anywhere but the autopilot pauses it."""
+        with self._lock:
+            self._last_change_step = change.step
+            if change.source == SOURCE or self.state != "on":
+                return
+            self.state = "paused"
+            self.why = (
+                f"the batch was set to {change.new} by {change.source} at step "
+                f"{change.step:,}: the user's keys win (a switches the autopilot on again)"
+            )
+            self._say(f"autopilot paused: {self.why}", level="info")
+
+    def on_metrics(self, metrics: Metrics) -> None:
+        """One metrics window: the ledger, the guards, and a decision when one is due."""
+        with self._lock:
+            estimate = resolved(metrics.noise)
+            self._ledger.add(metrics, estimate.point if estimate is not None else None)
+            if self.state != "on":
+                return
+            self._estimate = estimate
+            self._revert_a_divergence()
+            if self.state == "on" and not self._lr_moved_by_the_job():
+                self._decide(metrics.step)
+
+    def reading(self) -> AutopilotReading:
+        with self._lock:
+            return self._reading()
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def _decide(self, step: int) -> None:
+        control = self._control
+        self._model = fit_step_time(control.watch.sizes, self._declared_half)
+        waiting = self._wait_reason(step)
+        if waiting is not None:
+            self.waiting = waiting
+            return
+        estimate, model = self._estimate, self._model
+        assert estimate is not None and model is not None
+        self._last_look_step = step
+        half = model.half_batch
+        current = control.size
+        self._target = self._clamp(optimum(estimate.low, half))
+        up = self._best(self._candidates(current, "up"), current, estimate.low, half)
+        down = self._best(self._candidates(current, "down"), current, estimate.high, half)
+        for kind, (size, gain) in (("grow", up), ("shrink", down)):
+            if size is not None and gain > THRESHOLD:
+                self._held = None
+                self._ask(kind, size, gain, estimate, half)
+                return
+        best = max((up, down), key=lambda choice: choice[1])
+        if best[0] is None:
+            self._held = f"holding at {current}: no size within 2× that fits and is allowed"
+        else:
+            self._held = (
+                f"holding at {current}: {best[0]} would make {best[1]:.2f}× the progress per "
+                f"second (a change needs {THRESHOLD:g}×)"
+            )
+        self.waiting = self._held
+
+    def _wait_reason(self, step: int) -> str | None:
+        control = self._control
+        if control.upcoming is not None:
+            return f"waiting for the change to {control.upcoming.value} to be applied"
+        due = max(
+            WARMUP_STEPS, self._last_change_step + SETTLE_STEPS, self._last_look_step + SETTLE_STEPS
+        )
+        self._next_step = due
+        if step < due:
+            held = f"{self._held}; " if self._held else ""
+            return f"{held}next decision at step {due:,}"
+        windows = control.watch.sizes.get(control.size)
+        if windows is None or windows.windows < MIN_WINDOWS:
+            return f"measuring the step time at batch {control.size}"
+        if self._estimate is None:
+            return "waiting for the noise scale to resolve (B_simple with a bounded interval)"
+        return None
+
+    def _candidates(self, current: int, direction: str) -> list[int]:
+        """Sizes within 2× of ``current`` in one direction that the policy allows and that
+        fit (every size a key press could reach, walked one step at a time)."""
+        control = self._control
+        sizes, size = [], current
+        for _ in range(MAX_CANDIDATES):
+            following = control.policy.next_size(size, direction)
+            if following is None or not current / 2 <= following <= current * 2:
+                break
+            size = following
+            if self._out_of_reach is not None and size >= self._out_of_reach:
+                break
+            if control.fit_reason(size) is not None:
+                break  # a size that may not fit, and every one beyond it
+            if control.veto is None or control.veto(size) is None:
+                sizes.append(size)
+        return sizes
+
+    @staticmethod
+    def _best(
+        candidates: list[int], current: int, phi: float, half: float
+    ) -> tuple[int | None, float]:
+        best: tuple[int | None, float] = (None, 0.0)
+        for size in candidates:
+            gain = goodput_gain(size, current, phi=phi, half=half)
+            if gain > best[1]:
+                best = (size, gain)
+        return best
+
+    def _clamp(self, target: float) -> int:
+        """The target within the policy's limits, the memory ceiling and a diverged size."""
+        control = self._control
+        reach = self._out_of_reach - 1 if self._out_of_reach is not None else None
+        limits = [x for x in (control.policy.max_size, control.memory_ceiling()[0], reach) if x]
+        value = min(max(target, control.policy.min_size), min(limits, default=math.inf))
+        return int(value) if math.isfinite(value) else control.size
+
+    def _ask(self, kind: str, size: int, gain: float, estimate: Estimate, half: float) -> None:
+        control, step, old = self._control, self._step(), self._control.size
+        reason = f"{kind} toward {self._target:,}: {gain:.2f}× progress per second predicted"
+        try:
+            control.request(size, confirm=True, reason=reason, source=SOURCE)
+        except CommandRefused as exc:
+            self.waiting = f"the change to {size} was refused: {exc}"
+            return
+        self._record(
+            AutopilotDecision(
+                step=step,
+                t=time.time(),
+                old=old,
+                new=size,
+                kind=kind,  # type: ignore[arg-type]
+                b_simple=estimate.point,
+                b_simple_low=estimate.low,
+                b_simple_high=estimate.high,
+                half_batch=half if math.isfinite(half) else None,
+                target=self._target,
+                predicted_gain=gain,
+            )
+        )
+        self.waiting = f"asked for {size} at step {step:,}"
+
+    def _record(self, decision: AutopilotDecision) -> None:
+        self.decisions.append(decision)
+        claimed = self._claim()[0]
+        so_far = f"; {claimed:.2f}× vs batch {self.start_size} so far" if claimed else ""
+        if decision.kind == "revert":
+            text = f"autopilot: batch {decision.old} → {decision.new} at step {decision.step:,}"
+            text += f" ({decision.note})"
+        else:
+            text = (
+                f"autopilot: batch {decision.old} → {decision.new} at step {decision.step:,} "
+                f"(B_simple {count(decision.b_simple)} [{count(decision.b_simple_low)}, "
+                f"{count(decision.b_simple_high)}], B½ {_half_text(decision.half_batch)}, target "
+                f"{decision.target}; {decision.predicted_gain:.2f}× progress per second "
+                f"predicted{so_far})"
+            )
+        data = {"decision": msgspec.to_builtins(decision), "claimed_gain": claimed}
+        self._emit(
+            Event(t=decision.t, step=decision.step, kind="autopilot", message=text, data=data)
+        )
+
+    # -- guards -------------------------------------------------------------------------------
+
+    def _revert_a_divergence(self) -> None:
+        """The loss diverged after the autopilot's latest change: go back, and stay below."""
+        latest = self._control.watch.latest
+        if latest is None or latest.source != SOURCE or latest.loss != DIVERGED:
+            return
+        if latest.step in self._reverted:
+            return
+        self._reverted.add(latest.step)
+        if latest.new > latest.old:
+            self._out_of_reach = min(latest.new, self._out_of_reach or latest.new)
+        note = (
+            f"the loss diverged after batch {latest.old} → {latest.new} at step "
+            f"{latest.step:,}: back to {latest.old}"
+        )
+        if latest.new > latest.old:
+            note += f", and {latest.new} and above stay out of reach"
+        try:
+            self._control.request(latest.old, confirm=True, reason=note, source=SOURCE)
+        except CommandRefused as exc:
+            self.state, self.why = "paused", f"{note}, but the revert was refused: {exc}"
+            self._say(f"autopilot paused: {self.why}", level="warning")
+            return
+        self._record(
+            AutopilotDecision(
+                step=self._step(),
+                t=time.time(),
+                old=latest.new,
+                new=latest.old,
+                kind="revert",
+                note=note,
+            )
+        )
+
+    def _lr_moved_by_the_job(self) -> bool:
+        """The job's own schedule moves the learning rate: the autopilot stops, saying why."""
+        moved = self._lr_owner.moved_by_the_job()
+        if moved is None:
+            return False
+        self.state = "refused"
+        self.why = (
+            f"the learning rate moves under the job's own schedule ({moved}): growing the "
+            "batch would leave that schedule keyed on steps"
+        )
+        self._say(f"autopilot off: {self.why}", level="warning")
+        return True
+
+    def finish(self) -> None:
+        """At the job's end, once it was ever on: where it took the batch, and its claim."""
+        with self._lock:
+            if self.state == "off" and not self.decisions:
+                return
+            claimed, note = self._claim()
+            said = f"{claimed:.2f}× claimed {note}" if claimed is not None else f"no claim: {note}"
+            self._say(
+                f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
+                f"{len(self.decisions)} decisions; {said}",
+                level="info",
+                end=True,
+            )
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _reading(self) -> AutopilotReading:
+        estimate, model = self._estimate, self._model
+        claimed, note = self._claim()
+        ceiling, ceiling_why = self._control.memory_ceiling()
+        half = model.half_batch if model is not None else None
+        return AutopilotReading(
+            state=self.state,  # type: ignore[arg-type]
+            why=self.why,
+            waiting=self.waiting if self.state == "on" else None,
+            start_size=self.start_size,
+            size=self._control.size,
+            b_simple=estimate.point if estimate else None,
+            b_simple_low=estimate.low if estimate else None,
+            b_simple_high=estimate.high if estimate else None,
+            half_batch=half if half is not None and math.isfinite(half) else None,
+            half_batch_how=model.how if model is not None else None,
+            target=self._target,
+            ceiling=ceiling,
+            ceiling_why=ceiling_why,
+            next_decision_step=self._next_step if self.state == "on" else None,
+            claimed_gain=claimed,
+            claimed_note=note,
+            decisions=list(self.decisions),
+        )
+
+    def _claim(self) -> tuple[float | None, str]:
+        return self._ledger.claim(self._control.watch.sizes)
+
+    def _say(self, message: str, *, level: str, end: bool = False) -> None:
+        data: dict[str, object] = {"state": self.state, "why": self.why}
+        if end:
+            data |= {"end": True, "claimed_gain": self._claim()[0], "start_size": self.start_size}
+        self._emit(
+            Event(
+                t=time.time(),
+                step=self._step(),
+                kind="autopilot_state",
+                level=level,  # type: ignore[arg-type]
+                message=message,
+                data=data,
+            )
+        )
+
+
+def _half_text(half: float | None) -> str:
+    if half is None or not math.isfinite(half):
+        return "unbounded"
+    return count(half)

@@ -1,0 +1,126 @@
+"""The model the autopilot steers by: progress per second at a batch size B.
+
+- **Step time** ``t(B) = t0 + c·B``, fitted from the job's own measured throughput at each
+  size it ran (``fit_step_time``). ``B½ = t0/c`` is the batch at which throughput is half its
+  limit. With one size measured the fit is AdaptDL's optimistic prior, ``t0 = t(B)/2`` (so
+  B½ equals that size: a bigger batch looks worth trying, and trying it measures a second
+  size); a declared B½ replaces the fit's shape and keeps only its scale.
+- **Efficiency** ``E(B) = (φ + B0)/(φ + B)``: the progress one example makes at B relative to
+  B0, from the gradient noise scale φ = B_simple (McCandlish et al. 2018; Pollux's
+  efficiency). Steps to a target scale as ``1 + φ/B``.
+- **Goodput** = throughput × efficiency. With ``t(B) = c(B½ + B)`` its maximum is at
+  ``B* = √(B½·φ)`` (research/autopilot.md F8).
+
+Only ratios matter to a decision, so every function here returns one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..wire.protocol import NoiseScaleReading
+from .verdict import SizeThroughput
+
+MIN_WINDOWS = 2  # metrics windows at a size before its throughput is a point of the fit
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """``t(B) = intercept_s + per_sample_s·B``; ``how`` says where its shape came from."""
+
+    intercept_s: float
+    per_sample_s: float
+    how: str
+
+    @property
+    def half_batch(self) -> float:
+        """B½ = t0/c: infinite when a bigger batch costs no more time per step."""
+        if self.per_sample_s <= 0:
+            return math.inf
+        return self.intercept_s / self.per_sample_s
+
+    def step_time(self, size: float) -> float:
+        return self.intercept_s + self.per_sample_s * size
+
+
+def measured_points(sizes: Mapping[int, SizeThroughput]) -> dict[int, tuple[float, float]]:
+    """Each size with enough windows: (step time in seconds, seconds measured there)."""
+    points = {}
+    for size, throughput in sizes.items():
+        rate = throughput.mean
+        if throughput.windows >= MIN_WINDOWS and rate:
+            points[size] = (size / rate, throughput.seconds)
+    return points
+
+
+def fit_step_time(
+    sizes: Mapping[int, SizeThroughput], declared_half: float | None = None
+) -> StepTimeModel | None:
+    """The step-time line through the measured sizes, weighted by the time spent at each
+    (None: no size measured yet)."""
+    points = measured_points(sizes)
+    if not points:
+        return None
+    if declared_half is not None:
+        # t(B) = c·(B½ + B): only c is fitted, by weighted least squares
+        top = sum(w * t * (declared_half + b) for b, (t, w) in points.items())
+        bottom = sum(w * (declared_half + b) ** 2 for b, (_t, w) in points.items())
+        c = top / bottom
+        return StepTimeModel(c * declared_half, c, f"declared B½ = {declared_half:g}")
+    if len(points) == 1:
+        ((size, (step_time, _w)),) = points.items()
+        return StepTimeModel(
+            step_time / 2,
+            step_time / (2 * size),
+            f"assumed: one size measured ({size}), B½ taken as that size until a second runs",
+        )
+    total = sum(w for _t, w in points.values())
+    mean_b = sum(w * b for b, (_t, w) in points.items()) / total
+    mean_t = sum(w * t for t, w in points.values()) / total
+    spread = sum(w * (b - mean_b) ** 2 for b, (_t, w) in points.items())
+    slope = sum(w * (b - mean_b) * (t - mean_t) for b, (t, w) in points.items()) / spread
+    slope = max(slope, 0.0)
+    intercept = max(mean_t - slope * mean_b, 0.0)
+    return StepTimeModel(intercept, slope, f"fitted from {len(points)} sizes")
+
+
+def throughput_ratio(new: float, old: float, half: float) -> float:
+    """Samples per second at ``new`` over those at ``old`` under ``t(B) = c(B½ + B)``."""
+    if math.isinf(half):
+        return new / old
+    return (new / old) * (half + old) / (half + new)
+
+
+def efficiency_ratio(new: float, old: float, phi: float) -> float:
+    """Progress per example at ``new`` over that at ``old``: (φ + old)/(φ + new)."""
+    return (phi + old) / (phi + new)
+
+
+def goodput_gain(new: float, old: float, *, phi: float, half: float) -> float:
+    """Predicted progress per second at ``new`` over that at ``old``."""
+    return throughput_ratio(new, old, half) * efficiency_ratio(new, old, phi)
+
+
+def optimum(phi: float, half: float) -> float:
+    """B* = √(B½·φ), the batch that maximises goodput (infinite when B½ is)."""
+    return math.sqrt(half * phi) if math.isfinite(half) else math.inf
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The noise scale as the autopilot reads it: the point and its 95% interval."""
+
+    point: float
+    low: float
+    high: float
+
+
+def resolved(noise: NoiseScaleReading) -> Estimate | None:
+    """The estimate when it can steer: a point and a bounded 95% interval above zero."""
+    if noise.b_simple is None or noise.ci_low is None or noise.ci_high is None:
+        return None
+    if not (noise.ci_low > 0 and math.isfinite(noise.ci_high)):
+        return None
+    return Estimate(noise.b_simple, noise.ci_low, noise.ci_high)

@@ -1,0 +1,129 @@
+"""The autopilot in a real training job: switched on over the socket, it grows the batch
+once the noise scale resolves, with the learning rate following the rule for SGD; every
+decision is an event in the record and the summary; a key press pauses it; a job whose
+learning rate it cannot own is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
+
+DEADLINE_S = 90.0
+
+
+def classification(seed: int = 0, n: int = 20_000) -> torch.utils.data.TensorDataset:
+    """Ten noisy classes in 20 dimensions: a gradient noise scale in the hundreds."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=generator)
+    w = torch.randn(20, 10, generator=generator)
+    y = (x @ w + 2.0 * torch.randn(n, 10, generator=generator)).argmax(1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def train_until(mon, model, optimizer, loader, done, deadline_s: float = DEADLINE_S) -> None:
+    """Train epoch after epoch until ``done()`` (checked every 50 steps) or fail."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            mon.log(loss=loss)
+            if mon.step % 50 == 0:
+                if done():
+                    return
+                if time.monotonic() > deadline:
+                    pytest.fail(f"not done after {deadline_s:.0f} s (step {mon.step})")
+
+
+def test_switched_on_over_the_socket_it_grows_the_batch_and_says_why(bsmon_dir):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    mon = attach(model, optimizer, batch_size=8, max_batch_size=256, name="auto")
+    record = mon.session.record
+    loader = mon.dataloader(classification(), shuffle=True)
+    with mon, JobConnection(mon.socket_path) as conn:
+        hello = conn.hello()
+        assert hello.capabilities["autopilot"].available
+        assert hello.autopilot is not None and hello.autopilot.state == "off"
+        reply = conn.request(protocol.AutopilotCommand(on=True))
+        assert reply.ok, reply.error
+        assert reply.result["state"] == "on" and reply.result["start_size"] == 8
+        train_until(mon, model, optimizer, loader, lambda: mon.batch_size >= 16)
+        reading = mon.autopilot_reading()
+        first = reading.decisions[0]
+        assert (first.old, first.new, first.kind) == (8, 16, "grow")
+        assert first.b_simple_low > 0 and first.predicted_gain > 1.05
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04)  # linear, for SGD
+        assert mon.flush()  # the change's record reaches the agent
+        change = mon.batch_control.changes[-1]
+        assert change.source == "autopilot" and "linear rule for SGD" in change.lr_note
+        # a key press from the monitor wins: the autopilot pauses, saying why
+        reply = conn.request(protocol.StepBatchSize(direction="down", confirm=True))
+        assert reply.ok, reply.error
+        train_until(mon, model, optimizer, loader, lambda: mon.autopilot.state == "paused")
+        assert "by monitor" in mon.autopilot_reading().why
+        decided = len(mon.autopilot_reading().decisions)
+        train_until(mon, model, optimizer, loader, lambda: mon.step > 200 + first.step)
+        assert len(mon.autopilot_reading().decisions) == decided
+        paused = conn.wait_matching(  # what a monitor is told, not only the job's object
+            lambda m: isinstance(m, protocol.Metrics) and m.autopilot.state == "paused",
+            "metrics with the autopilot paused",
+            10.0,
+        )
+        assert "by monitor" in paused.autopilot.why
+    lines = [json.loads(line) for line in Path(record).read_text("utf-8").splitlines()]
+    decisions = [x for x in lines if x.get("type") == "event" and x["kind"] == "autopilot"]
+    assert decisions and decisions[0]["data"]["decision"]["new"] == 16
+    assert "vs batch 8" in decisions[0]["message"] or decisions[0]["data"]["claimed_gain"] is None
+    summary = Path(record.removesuffix(".jsonl") + ".summary.md").read_text("utf-8")
+    assert "## Autopilot" in summary and "8 → 16" in summary
+
+
+def test_a_scheduler_it_cannot_own_refuses_it_with_the_reason(bsmon_dir):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
+    mon = attach(
+        model, optimizer, batch_size=8, lr_scheduler=scheduler, autopilot=True, name="sched"
+    )
+    with mon, JobConnection(mon.socket_path) as conn:
+        assert mon.autopilot_reading().state == "refused"
+        assert "scheduler" in mon.autopilot_reading().why
+        assert mon.flush()
+        warnings = [e for e in mon.telemetry.events if e.kind == "autopilot_state"]
+        assert warnings and warnings[0].level == "warning"
+        reply = conn.request(protocol.AutopilotCommand(on=True))
+        assert not reply.ok and "cannot steer this job" in reply.error
+
+
+def test_wrong_options_and_jobs_without_a_batch_size_are_told_why(bsmon_dir):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for options, words in [
+        ({"autopilot": True}, "autopilot=True needs batch_size"),
+        ({"autopilot": "yes", "batch_size": 8}, "autopilot must be True or False"),
+        ({"autopilot_half_batch": -1, "batch_size": 8}, "autopilot_half_batch must be"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            attach(model, optimizer, **options)
+    mon = attach(model, optimizer, name="nosize")
+    with mon, JobConnection(mon.socket_path) as conn:
+        assert mon.autopilot_reading() is None
+        reply = conn.request(protocol.AutopilotCommand(on=True))
+        assert not reply.ok and "declared no batch size" in reply.error

@@ -1,0 +1,294 @@
+"""The autopilot's decisions and guards, driven window by window on a simulated job: a real
+BatchController and Autopilot, fed metrics windows whose step time follows t(B) = c(B½ + B)
+and whose noise-scale reading the test chooses."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from bsmon.probes.batch.autopilot import SETTLE_STEPS, THRESHOLD, WARMUP_STEPS, Autopilot
+from bsmon.probes.batch.control import BatchController
+from bsmon.probes.batch.goodput import (
+    fit_step_time,
+    goodput_gain,
+    optimum,
+    throughput_ratio,
+)
+from bsmon.probes.batch.policy import BatchPolicy
+from bsmon.probes.batch.verdict import SizeThroughput
+from bsmon.probes.runtime.fault_guard import FaultGuard
+from bsmon.probes.wire.protocol import BatchChange, Event, Metrics, NoiseScaleReading
+from bsmon.probes.wire.routing import CommandRefused
+
+Noise = Callable[[int], NoiseScaleReading]
+
+
+def tight(phi: float, spread: float = 0.1) -> Noise:
+    """A resolved estimate: φ with a 95% interval of ±``spread``."""
+    reading = NoiseScaleReading(b_simple=phi, ci_low=phi * (1 - spread), ci_high=phi * (1 + spread))
+    return lambda _step: reading
+
+
+class Job:
+    """A training job as the agent sees it: steps in windows, a batch size that changes at
+    step boundaries, the extensions' order (the batch watch first, then the autopilot)."""
+
+    def __init__(
+        self,
+        *,
+        size: int = 16,
+        half: float = 64.0,
+        noise: Noise | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scaling: str | None = "auto",
+        scheduler: object = None,
+        max_size: int | None = None,
+        declared_half: float | None = None,
+        on: bool = True,
+    ) -> None:
+        self.step, self.t = 0, 1000.0
+        self.half, self.noise = half, noise or tight(1000.0)
+        self.events: list[Event] = []
+        self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+        self.control = BatchController(
+            initial=size,
+            policy=BatchPolicy(max_size=max_size),
+            micro_batch_size=None,
+            optimizer=self.optimizer,
+            lr_scaling=lr_scaling,
+            scheduler=scheduler,
+            emit=self.events.append,
+            record=self._applied,
+            guard=FaultGuard(lambda _event: None, lambda: 0),
+            step=lambda: self.step,
+            noise_scale=lambda: self.noise(self.step).b_simple,
+        )
+        self.control.host_budget = 64 << 30
+        self.autopilot = Autopilot(
+            self.control,
+            noise_refusal=lambda: None,
+            emit=self.events.append,
+            step=lambda: self.step,
+            declared_half=declared_half,
+        )
+        self.sizes: list[int] = []
+        if on:
+            self.autopilot.switch(True)
+
+    def _applied(self, change: BatchChange) -> None:
+        self.control.add_change(change)
+        self.autopilot.on_change(change)
+
+    def step_time(self, size: int) -> float:
+        return 1e-5 * (self.half + size)
+
+    def run(self, windows: int, steps: int = 10, loss: Callable[[int], float] = lambda _s: 1.0):
+        for _ in range(windows):
+            self.control.at_step_boundary()
+            size = self.control.size
+            self.control.host_memory.observe(size, (100 << 20) + size * 1024, 10)
+            step_time = self.step_time(size)
+            self.step += steps
+            self.t += step_time * steps
+            metrics = Metrics(
+                t=self.t,
+                step=self.step,
+                batch_size=size,
+                step_time_s=step_time,
+                samples_per_s=size / step_time,
+                b_simple=None,
+                steps_in_window=steps,
+                scalars={"loss": loss(self.step)},
+                noise=self.noise(self.step),
+            )
+            self.events.extend(self.control.observe_metrics(metrics))
+            self.autopilot.on_metrics(metrics)
+            self.sizes.append(size)
+        return self
+
+    def decisions(self, kind: str | None = None) -> list:
+        return [d for d in self.autopilot.decisions if kind is None or d.kind == kind]
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+def test_the_optimum_maximises_goodput_and_the_ratios_are_consistent():
+    for phi, half in [(1000, 64), (50, 16), (20000, 256)]:
+        best = optimum(phi, half)
+        grid = [best * f for f in (0.25, 0.5, 0.8, 1.25, 2, 4)]
+        assert all(goodput_gain(b, best, phi=phi, half=half) < 1 for b in grid)
+    assert throughput_ratio(64, 16, math.inf) == 4  # overhead-bound: throughput ∝ B
+    assert throughput_ratio(64, 16, 0.0) == pytest.approx(1)  # saturated: no more throughput
+    assert optimum(1000, math.inf) == math.inf
+
+
+def sizes_measured(half: float, c: float, sizes: list[int]) -> dict[int, SizeThroughput]:
+    measured = {}
+    for size in sizes:
+        throughput = SizeThroughput()
+        for _ in range(3):
+            throughput.add(size / (c * (half + size)) * 0.5, 0.5)
+        measured[size] = throughput
+    return measured
+
+
+def test_the_step_time_line_is_recovered_from_measured_sizes():
+    model = fit_step_time(sizes_measured(48.0, 2e-5, [16, 32, 64, 128]))
+    assert model is not None and model.how == "fitted from 4 sizes"
+    assert model.half_batch == pytest.approx(48.0)
+    assert model.step_time(100) == pytest.approx(2e-5 * 148)
+    one = fit_step_time(sizes_measured(48.0, 2e-5, [16]))
+    assert one is not None and one.half_batch == pytest.approx(16) and "assumed" in one.how
+    declared = fit_step_time(sizes_measured(48.0, 2e-5, [16, 64]), declared_half=256)
+    assert declared is not None and declared.half_batch == pytest.approx(256)
+    assert fit_step_time({}) is None
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+def test_it_grows_at_most_2x_a_decision_to_near_the_optimum_and_holds_there():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(120)
+    target = optimum(950, 64)  # the low end of the interval: ≈ 247
+    assert job.control.size == 256, job.sizes
+    for decision in job.decisions():
+        assert decision.kind == "grow" and decision.new == 2 * decision.old
+        assert decision.predicted_gain > THRESHOLD
+    first = job.decisions()[0]
+    assert first.step >= WARMUP_STEPS
+    reading = job.autopilot.reading()
+    assert reading.target == pytest.approx(target, abs=1)
+    assert reading.half_batch == pytest.approx(64) and reading.half_batch_how.startswith("fitted")
+    assert reading.waiting.startswith("holding at 256: ")
+    assert "a change needs 1.05×" in reading.waiting
+    # the learning rate followed the batch by the rule for SGD: linear
+    assert job.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 256 / 16)
+    steps = [d.step for d in job.decisions()]
+    assert all(b - a >= SETTLE_STEPS for a, b in itertools.pairwise(steps))
+
+
+def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing():
+    unbounded = NoiseScaleReading(b_simple=900.0, ci_low=300.0, ci_high=None)
+    below_zero = NoiseScaleReading(b_simple=None, lower_bound=200.0)  # |G|² not above zero
+    for reading in (unbounded, below_zero, NoiseScaleReading()):
+        job = Job(noise=lambda _s, r=reading: r).run(60)
+        assert job.decisions() == [] and job.control.size == 16
+        assert "noise scale to resolve" in job.autopilot.reading().waiting
+
+
+def test_it_shrinks_only_when_even_the_high_end_of_the_interval_says_so():
+    job = Job(size=1024, half=16, noise=tight(100.0, spread=0.2)).run(40)
+    assert job.decisions("shrink") and job.decisions()[0].new == 512
+    wide = NoiseScaleReading(b_simple=100.0, ci_low=20.0, ci_high=5000.0)
+    job = Job(size=1024, half=16, noise=lambda _s: wide).run(40)
+    assert job.decisions() == [] and job.control.size == 1024
+
+
+def test_it_never_goes_above_the_memory_ceiling_or_the_policys_maximum():
+    job = Job(size=16, half=64, noise=tight(1000.0))
+    job.control.probe_max = 64
+    job.run(120)
+    assert max(job.sizes) == 64 and job.control.size == 64
+    reading = job.autopilot.reading()
+    assert reading.ceiling == 64 and reading.ceiling_why == "the probe"
+    assert reading.target == 64
+    job = Job(size=16, half=64, noise=tight(1000.0), max_size=32).run(120)
+    assert max(job.sizes) == 32
+
+
+def test_a_declared_half_batch_steers_instead_of_the_fit():
+    fitted = Job(size=16, half=16, noise=tight(1000.0, spread=0.05)).run(150)
+    declared = Job(size=16, half=16, noise=tight(1000.0, spread=0.05), declared_half=1024)
+    declared.run(150)
+    # √(16·950) ≈ 123, but 64 → 128 predicts 1.045×: under the threshold, it holds
+    assert fitted.control.size == 64
+    assert declared.control.size == 1024  # √(1024·950) ≈ 986
+    assert declared.autopilot.reading().half_batch_how == "declared B½ = 1024"
+
+
+# -- guards ---------------------------------------------------------------------------------
+
+
+def test_a_divergence_after_its_change_reverts_it_and_that_size_stays_out_of_reach():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    while job.control.size == 16:  # a slowly falling loss at 16 ...
+        job.run(1, loss=lambda step: 2.0 - step / 1000)
+    assert job.control.size == 32 and job.step < 100
+    rising = lambda step: 2.0 - step / 1000 if job.control.size == 16 else 5.0  # noqa: E731
+    job.run(40, loss=rising)  # ... that rises far above its level at 32
+    reverts = job.decisions("revert")
+    assert len(reverts) == 1 and reverts[0].old == 32 and reverts[0].new == 16
+    assert "diverged" in reverts[0].note
+    assert job.control.size == 16
+    assert any(e.kind == "loss_diverged" for e in job.events)
+    job.run(60, loss=lambda step: 2.0 - step / 1000)
+    assert job.control.size == 16 and len(job.decisions("grow")) == 1  # 32 stays out of reach
+    assert job.autopilot.reading().target == 31
+
+
+def test_the_users_keys_win_and_pause_it():
+    job = Job(size=16, half=64, noise=tight(1000.0))
+    job.run(20)
+    decided = len(job.decisions())
+    job.control.request(8, confirm=True, reason="step down", source="monitor")
+    job.run(80)
+    reading = job.autopilot.reading()
+    assert reading.state == "paused" and "monitor" in reading.why
+    assert job.control.size == 8 and len(job.decisions()) == decided > 0
+    job.autopilot.switch(True)
+    job.run(80)
+    assert job.control.size > 8
+
+
+@pytest.mark.parametrize(
+    ("lr_scaling", "words"),
+    [(None, "lr_scaling=None"), ("auto", "scheduler")],
+)
+def test_it_refuses_when_the_learning_rate_cannot_follow_or_a_scheduler_owns_it(lr_scaling, words):
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = None
+    if lr_scaling == "auto":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
+    job = Job(optimizer=optimizer, lr_scaling=lr_scaling, scheduler=scheduler, on=False)
+    with pytest.raises(CommandRefused, match=words):
+        job.autopilot.switch(True)
+    job.run(80)
+    assert job.autopilot.reading().state == "refused" and job.decisions() == []
+
+
+def test_a_learning_rate_the_job_moves_itself_stops_it_but_its_own_rescaling_does_not():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    job.run(120)  # it grew several times, each rescaling the rate: no refusal
+    assert job.autopilot.reading().state == "on" and len(job.decisions()) >= 3
+    job.optimizer.param_groups[0]["lr"] *= 0.5  # the job's own decay, like nanoGPT's get_lr
+    job.run(1)
+    assert job.autopilot.reading().state == "on"  # seen once: confirmed at the next look
+    job.optimizer.param_groups[0]["lr"] *= 0.5
+    job.run(1)
+    reading = job.autopilot.reading()
+    assert reading.state == "refused" and "the job's own schedule" in reading.why
+    assert any(e.kind == "autopilot_state" and e.level == "warning" for e in job.events)
+
+
+def test_the_claimed_gain_is_measured_throughput_times_efficiency_against_the_start():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    job.run(120)
+    sizes = job.control.watch.sizes
+    seconds = {s: 0.0 for s in sizes}
+    for size in job.sizes:
+        seconds[size] += job.step_time(size) * 10
+    rate = {s: sizes[s].mean for s in sizes}
+    # every window at a size other than 16 came after the estimate resolved (φ = 1000)
+    progress = sum(seconds[s] * rate[s] / rate[16] * (1000 + 16) / (1000 + s) for s in seconds)
+    claimed = job.autopilot.reading().claimed_gain
+    assert claimed == pytest.approx(progress / sum(seconds.values()), rel=0.02)
+    assert claimed > 1.5  # 16 → 256 with B½ = 64 and φ = 1000
+    last = [e for e in job.events if e.kind == "autopilot"][-1]
+    assert last.data["claimed_gain"] is not None and "vs batch 16" in last.message
