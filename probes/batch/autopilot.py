@@ -4,23 +4,16 @@ At each decision point it predicts, for the sizes within 2× of the current one,
 per second they would make (``goodput``: the job's measured step time at each size, fitted by
 a line, and the noise scale's efficiency), and asks for the best one when it predicts more
 than ``THRESHOLD`` over staying. Growth reads the low end of B_simple's 95% interval and
-shrinking the high end, so an uncertain estimate holds the size where it is. The change goes
-through the batch controller like a key press: applied at a step boundary, the learning rate
-moved by the job's rule (linear for SGD, square root for Adam-type), an event for each.
+shrinking the high end, so an uncertain estimate holds the size; never below the size the
+run started at (early in training an LM's B_simple can read below one sequence). The change
+goes through the controller like a key press: at a step boundary, the learning rate moved by
+the job's rule (linear for SGD, square root for Adam-type), an event for each.
 
-Guards (docs/autopilot.md):
-
-- no decision while the estimate is unresolved (no B_simple, or |G|² not above zero beyond
-  its error), before ``WARMUP_STEPS``, or within ``SETTLE_STEPS`` steps and ``MIN_WINDOWS``
-  metrics windows of the last change;
-- never a size that may not fit (the job's OOM history, the probe, the memory model: the
-  controller's ``fit_reason``), nor one the policy refuses;
-- the loss after each of its changes is watched (``watch``): a divergence reverts the change,
-  says so, and the size it left stays out of reach;
-- it refuses to start when the learning rate would not follow the batch, when the noise
-  scale is off, or when a scheduler (or the job's own code) moves the learning rate from step
-  to step: that schedule would run faster in examples as the batch grows;
-- the user's keys win: a change from anywhere else pauses it until it is switched on again.
+Guards (docs/autopilot.md has the table): no decision while the estimate is unresolved, in
+the first ``WARMUP_STEPS`` steps or within ``SETTLE_STEPS`` of a change; never a size that may
+not fit (the controller's ``fit_reason``) or that the policy refuses; a divergence after its
+change reverts it and keeps that size out of reach; refused where it cannot own the learning
+rate or see the loss; any other batch change pauses it (the user's keys win).
 
 ``claimed_gain`` (``gain_claim``) is the run's progress per second against a fixed
 ``start_size``, from measured throughput and the noise scale's efficiency.
@@ -47,15 +40,8 @@ from ..wire.protocol import (
 from ..wire.routing import CommandRefused
 from .control import BatchController
 from .gain_claim import GainLedger
-from .goodput import (
-    MIN_WINDOWS,
-    Estimate,
-    StepTimeModel,
-    fit_step_time,
-    goodput_gain,
-    optimum,
-    resolved,
-)
+from .goodput import MIN_WINDOWS, Estimate, StepTimeModel, fit_step_time, optimum, resolved
+from .goodput import goodput_gain as gain_of
 from .loss_watch import DIVERGED
 from .lr_owner import LearningRateOwner
 from .lr_scaling import owned_by_scheduler
@@ -117,6 +103,11 @@ class Autopilot:
                 "examples as the batch grows; the autopilot refuses rather than change what "
                 "the schedule means"
             )
+        if control.watch.loss_mixed:
+            return (
+                "the job steps two optimizers (a GAN's), so the loss is not one objective and "
+                "a divergence after a change could not be seen"
+            )
         return None
 
     def switch(self, on: bool) -> AutopilotReading:
@@ -164,7 +155,7 @@ class Autopilot:
                 return
             self._estimate = estimate
             self._revert_a_divergence()
-            if self.state == "on" and not self._lr_moved_by_the_job():
+            if self.state == "on" and not self._refused_now():
                 self._decide(metrics.step)
 
     def reading(self) -> AutopilotReading:
@@ -222,13 +213,16 @@ class Autopilot:
         return None
 
     def _candidates(self, current: int, direction: str) -> list[int]:
-        """Sizes within 2× of ``current`` in one direction that the policy allows and that
-        fit (every size a key press could reach, walked one step at a time)."""
+        """Sizes within 2× of ``current`` in one direction that the policy allows, that fit,
+        and not below the size the run started at (every size a key press could reach,
+        walked one step at a time)."""
         control = self._control
         sizes, size = [], current
         for _ in range(MAX_CANDIDATES):
             following = control.policy.next_size(size, direction)
             if following is None or not current / 2 <= following <= current * 2:
+                break
+            if following < self.start_size:
                 break
             size = following
             if self._out_of_reach is not None and size >= self._out_of_reach:
@@ -245,17 +239,18 @@ class Autopilot:
     ) -> tuple[int | None, float]:
         best: tuple[int | None, float] = (None, 0.0)
         for size in candidates:
-            gain = goodput_gain(size, current, phi=phi, half=half)
+            gain = gain_of(size, current, phi=phi, half=half)
             if gain > best[1]:
                 best = (size, gain)
         return best
 
     def _clamp(self, target: float) -> int:
-        """The target within the policy's limits, the memory ceiling and a diverged size."""
+        """The target within the start size, the policy's maximum, the memory ceiling and a
+        diverged size."""
         control = self._control
         reach = self._out_of_reach - 1 if self._out_of_reach is not None else None
         limits = [x for x in (control.policy.max_size, control.memory_ceiling()[0], reach) if x]
-        value = min(max(target, control.policy.min_size), min(limits, default=math.inf))
+        value = min(max(target, self.start_size), min(limits, default=math.inf))
         return int(value) if math.isfinite(value) else control.size
 
     def _ask(self, kind: str, size: int, gain: float, estimate: Estimate, half: float) -> None:
@@ -338,17 +333,19 @@ class Autopilot:
             )
         )
 
-    def _lr_moved_by_the_job(self) -> bool:
-        """The job's own schedule moves the learning rate: the autopilot stops, saying why."""
-        moved = self._lr_owner.moved_by_the_job()
-        if moved is None:
+    def _refused_now(self) -> bool:
+        """What the job did since it was switched on rules it out (a scheduler made later, a
+        second optimizer, the job moving the rate itself): it stops, saying why."""
+        why = self.refusal()
+        if why is None and (moved := self._lr_owner.moved_by_the_job()) is not None:
+            why = (
+                f"the learning rate moves under the job's own schedule ({moved}): growing the "
+                "batch would leave that schedule keyed on steps"
+            )
+        if why is None:
             return False
-        self.state = "refused"
-        self.why = (
-            f"the learning rate moves under the job's own schedule ({moved}): growing the "
-            "batch would leave that schedule keyed on steps"
-        )
-        self._say(f"autopilot off: {self.why}", level="warning")
+        self.state, self.why = "refused", why
+        self._say(f"autopilot off: {why}", level="warning")
         return True
 
     def finish(self) -> None:

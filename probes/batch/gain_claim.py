@@ -1,11 +1,11 @@
 """The gain the autopilot claims: this run's progress per second against a fixed batch of the
 size it started at, from what was measured.
 
-Each metrics window adds its seconds at its size, weighted by the efficiency at the noise
-scale of that moment, ``(φ + B0)/(φ + B)`` (``goodput``); the claim multiplies each size's
-weighted seconds by its measured throughput over the start size's, and divides by all the
-seconds. Only measured sizes count: the start size must have run, so the claim is never
-against a batch that was not measured.
+Each metrics window adds its timed seconds and its samples, weighted by the efficiency at the
+noise scale of that moment, ``(φ + B0)/(φ + B)`` (``goodput``): what they are worth in
+samples at the start size. The claim is the seconds a fixed start size would need for that
+worth, at its measured throughput, over the seconds taken. The start size must have run, so
+the claim is never against a batch that was not measured.
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ class GainLedger:
     def __init__(self, start_size: int) -> None:
         self.start_size = start_size
         self._phi: float | None = None  # the latest resolved noise scale
-        self._seconds: dict[int, list[float]] = {}  # size -> [seconds, efficiency·seconds]
+        self._seconds = 0.0  # timed seconds in the windows counted
+        self._worth = 0.0  # their samples, each weighted by its efficiency against the start
 
     def add(self, metrics: Metrics, phi: float | None) -> None:
         """One metrics window; ``phi``: the noise scale now (None: not resolved)."""
         if phi is not None:
             self._phi = phi
         size, step_time, steps = metrics.batch_size, metrics.step_time_s, metrics.steps_in_window
-        if not size or not step_time or not steps:
+        rate = metrics.samples_per_s
+        if not size or not step_time or not steps or not rate:
             return
         if size == self.start_size:
             efficiency = 1.0
@@ -39,23 +41,17 @@ class GainLedger:
         else:
             efficiency = efficiency_ratio(size, self.start_size, self._phi)
         seconds = step_time * steps
-        entry = self._seconds.setdefault(size, [0.0, 0.0])
-        entry[0] += seconds
-        entry[1] += seconds * efficiency
+        self._seconds += seconds
+        self._worth += rate * seconds * efficiency
 
     def claim(self, sizes: Mapping[int, SizeThroughput]) -> tuple[float | None, str]:
         """The gain against a fixed start size, and how it was made (or why there is none);
-        ``sizes``: the measured throughput at each size."""
+        ``sizes``: the measured throughput at each size (the start size's is the base)."""
         start = sizes.get(self.start_size)
         if start is None or start.windows < MIN_WINDOWS or not start.mean:
             return None, f"the start batch {self.start_size} was not measured long enough"
-        total = progress = 0.0
-        for size, (seconds, weighted) in self._seconds.items():
-            measured = sizes.get(size)
-            if measured is None or not measured.mean:
-                return None, f"batch {size} has no measured throughput yet"
-            total += seconds
-            progress += weighted * measured.mean / start.mean
-        if not total:
+        if not self._seconds:
             return None, "nothing measured yet"
-        return progress / total, f"against a fixed batch of {self.start_size}: {HOW}"
+        return self._worth / start.mean / self._seconds, (
+            f"against a fixed batch of {self.start_size}: {HOW}"
+        )

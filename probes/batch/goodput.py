@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..wire.protocol import NoiseScaleReading
 from .verdict import SizeThroughput
 
-MIN_WINDOWS = 2  # metrics windows at a size before its throughput is a point of the fit
+MIN_WINDOWS = 1  # metrics windows at a size (besides SETTLE_STEPS steps) before it is a point
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,7 @@ class AutoAttach:
             f"is {loss_is}; "
             + (
                 f"batch-size control is off: {control_off}"
-                + ("; so is the autopilot (bsmon run --autopilot)" if self.autopilot else "")
+                + ("; so is the autopilot (--autopilot), for that reason" if self.autopilot else "")
                 if control_off
                 else "the keys change the batch size of the script's DataLoader"
                 + self._accumulation_words()

@@ -1,11 +1,13 @@
 """The autopilot in a real training job: switched on over the socket, it grows the batch
 once the noise scale resolves, with the learning rate following the rule for SGD; every
 decision is an event in the record and the summary; a key press pauses it; a job whose
-learning rate it cannot own is refused with the reason."""
+learning rate it cannot own is refused with the reason; `bsmon run --autopilot` switches it on
+in a script that never imports bsmon, or says in one line why it cannot."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,12 @@ from bsmon.probes import attach
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
+from ..helpers import ROOT
+from ..watch import job_socket, kill_run_processes
+
 DEADLINE_S = 90.0
+RESIZABLE_JOB = str(ROOT / "tests" / "resizable_job.py")
+GPT = str(ROOT / "tests" / "corpus" / "gpt.py")
 
 
 def classification(seed: int = 0, n: int = 20_000) -> torch.utils.data.TensorDataset:
@@ -127,3 +134,44 @@ def test_wrong_options_and_jobs_without_a_batch_size_are_told_why(bsmon_dir):
         assert mon.autopilot_reading() is None
         reply = conn.request(protocol.AutopilotCommand(on=True))
         assert not reply.ok and "declared no batch size" in reply.error
+
+
+def test_bsmon_run_autopilot_switches_it_on_in_a_script_that_never_imports_bsmon(
+    bsmon_dir, processes, tmp_path
+):
+    gate = tmp_path / "gate"
+    command = [sys.executable, "-m", "bsmon.tui.cli", "run", "--autopilot", "--headless"]
+    command += ["--name", "auto-run", "--", sys.executable, RESIZABLE_JOB, "--gate", str(gate)]
+    run = processes.start(command, cwd=ROOT, text=True)
+    try:
+        with JobConnection(job_socket("auto-run", bsmon_dir)) as conn:
+            hello = conn.hello()
+            gate.touch()
+        assert hello.autopilot is not None and hello.autopilot.state == "on"
+        assert hello.autopilot.start_size == 8
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    finally:
+        kill_run_processes(bsmon_dir)
+    assert out.rstrip().endswith("done")
+
+
+def test_bsmon_run_autopilot_on_a_script_that_cuts_its_own_batches_says_why_not(
+    bsmon_dir, processes
+):
+    command = [sys.executable, "-m", "bsmon.tui.cli", "run", "--autopilot", "--headless"]
+    command += ["--name", "auto-gpt", "--", sys.executable, GPT, "--steps", "400"]
+    run = processes.start(command, cwd=ROOT, text=True)
+    try:
+        with JobConnection(job_socket("auto-gpt", bsmon_dir)) as conn:
+            capability = conn.hello().capabilities["autopilot"]
+            attached = conn.wait_matching(
+                lambda m: isinstance(m, protocol.Event) and m.kind == "zero_code",
+                "the attach note",
+                30.0,
+            )
+        run.kill()
+    finally:
+        kill_run_processes(bsmon_dir)
+    assert not capability.available and "cuts its own batches" in capability.reason
+    assert "so is the autopilot (--autopilot)" in attached.message

@@ -183,12 +183,24 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing():
         assert "noise scale to resolve" in job.autopilot.reading().waiting
 
 
-def test_it_shrinks_only_when_even_the_high_end_of_the_interval_says_so():
-    job = Job(size=1024, half=16, noise=tight(100.0, spread=0.2)).run(40)
-    assert job.decisions("shrink") and job.decisions()[0].new == 512
-    wide = NoiseScaleReading(b_simple=100.0, ci_low=20.0, ci_high=5000.0)
-    job = Job(size=1024, half=16, noise=lambda _s: wide).run(40)
-    assert job.decisions() == [] and job.control.size == 1024
+def falling(after: int, phi: float, spread: float) -> Noise:
+    """B_simple of 1000 until step ``after``, then ``phi`` with a ±``spread`` interval."""
+    high, low = tight(1000.0, spread=0.05), tight(phi, spread=spread)
+    return lambda step: high(step) if step < after else low(step)
+
+
+def test_it_shrinks_only_when_even_the_high_end_of_the_interval_says_so_and_never_below_the_start():
+    job = Job(size=16, half=64, noise=falling(600, 20.0, 0.1)).run(150)
+    shrinks = job.decisions("shrink")
+    assert job.decisions("grow") and shrinks, job.sizes
+    assert all(d.b_simple_high == pytest.approx(22.0) for d in shrinks)
+    assert job.control.size == 32  # √(64·22) ≈ 38, and never below the start's 16
+    assert min(job.sizes[60:]) >= 16
+    wide = Job(size=16, half=64, noise=falling(600, 20.0, 50.0)).run(150)
+    assert not wide.decisions("shrink") and wide.control.size == 256
+    start = Job(size=1024, half=16, noise=tight(5.0)).run(40)  # B* ≈ 9 but 1024 was chosen
+    assert start.decisions() == [] and start.control.size == 1024
+    assert start.autopilot.reading().target == 1024
 
 
 def test_it_never_goes_above_the_memory_ceiling_or_the_policys_maximum():
@@ -292,3 +304,15 @@ def test_the_claimed_gain_is_measured_throughput_times_efficiency_against_the_st
     assert claimed > 1.5  # 16 → 256 with B½ = 64 and φ = 1000
     last = [e for e in job.events if e.kind == "autopilot"][-1]
     assert last.data["claimed_gain"] is not None and "vs batch 16" in last.message
+
+
+def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(10)
+    job.control.add_optimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
+    job.run(1)
+    reading = job.autopilot.reading()
+    assert reading.state == "refused" and "two optimizers" in reading.why
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(10)
+    torch.optim.lr_scheduler.LambdaLR(job.optimizer, lambda step: 1.0)  # leaves initial_lr
+    job.run(1)
+    assert "scheduler" in job.autopilot.reading().why

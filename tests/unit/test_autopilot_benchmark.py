@@ -1,0 +1,165 @@
+"""benchmarks/autopilot.py's pure pieces: time to a target, simulated time, the step-time fit
+and the goals' verdicts (no training here)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+
+from ..gpu_check_kit import BENCHMARKS  # noqa: F401  (puts benchmarks/ on the import path)
+
+bench = importlib.import_module("autopilot")  # benchmarks/autopilot.py (no torch imported)
+ArmResult, Reach, Run, TaskOutcome = bench.ArmResult, bench.Reach, bench.Run, bench.TaskOutcome
+fit_step_time, goals, quantile, table = (
+    bench.fit_step_time,
+    bench.goals,
+    bench.quantile,
+    bench.table,
+)
+simulated_time, time_to_target = bench.simulated_time, bench.time_to_target
+
+EVALS = [  # (examples, steps, wall s, loss)
+    (0, 0, 0.0, 2.3),
+    (4096, 256, 1.0, 1.2),
+    (8192, 512, 2.0, 1.0),
+    (12288, 768, 3.5, 0.8),
+]
+
+
+def test_time_to_target_interpolates_between_the_evaluations_around_it():
+    reach = time_to_target(EVALS, 0.9)  # halfway from 1.0 (8192) to 0.8 (12288)
+    assert reach == pytest.approx(Reach(10240, 640, 2.75))
+
+
+def test_time_to_target_at_an_evaluation_is_that_evaluation():
+    assert time_to_target(EVALS, 1.0) == pytest.approx(Reach(8192, 512, 2.0))
+    assert time_to_target(EVALS, 2.3) == Reach(0, 0, 0.0)
+
+
+def test_time_to_target_takes_the_first_crossing_and_never_a_nan():
+    evals = [(0, 0, 0.0, 2.0), (10, 1, 1.0, float("nan")), (20, 2, 2.0, 0.5), (30, 3, 3.0, 2.0)]
+    # NaN never reaches; the crossing is read from the evaluation before the first one below
+    assert time_to_target(evals, 1.0) == pytest.approx(Reach(20, 2, 2.0))
+    assert time_to_target(EVALS, 0.5) is None
+
+
+def test_simulated_time_is_the_sum_of_half_plus_batch_over_the_steps():
+    sizes = [16] * 100 + [32] * 50 + [64] * 10
+    reach = Reach(examples=sum(sizes), steps=len(sizes), wall_s=1.0)
+    for half in (16, 64, 256, 1024):
+        assert simulated_time(reach, half) == sum(half + b for b in sizes)
+    assert simulated_time(None, 64) == math.inf
+
+
+def test_the_step_time_fit_recovers_t0_and_c():
+    t0, c = 4e-4, 6.5e-6
+    t0_fit, c_fit = fit_step_time({b: t0 + c * b for b in (16, 32, 64, 128, 256, 512, 1024)})
+    assert t0_fit == pytest.approx(t0)
+    assert c_fit == pytest.approx(c)
+    assert t0_fit / c_fit == pytest.approx(61.5, rel=1e-3)
+
+
+def test_quantile_is_linear_and_keeps_infinity():
+    assert quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(1.75)
+    assert quantile([1.0, math.inf, math.inf], 0.75) == math.inf
+
+
+# -- goals -----------------------------------------------------------------------------------
+
+
+def run(examples, steps, wall, *, claimed=None, max_size=16, bad_lr=False, targets=(1.0,)):
+    reach = Reach(examples, steps, wall) if examples is not None else None
+    return Run({t: reach for t in targets}, max_size, bad_lr, claimed_gain=claimed)
+
+
+def arm(label, kind, batch, runs, half=None):
+    return ArmResult(label, kind, batch, 0.1, half, runs)
+
+
+def outcome(auto_steps=200, auto_examples=60_000, auto_wall=2.0, claimed=2.4, **changes):
+    """A task where fixed 16 takes 4,000 steps (64k examples, 6 s), fixed 256 400 steps
+    (100k, 2.5 s), and the autopilot ``auto_steps`` steps and ``auto_examples`` examples."""
+    seeds = 5
+
+    def same(*args, **kwargs):
+        return [run(*args, **kwargs) for _ in range(seeds)]
+
+    auto_runs = changes.pop(
+        "auto_runs",
+        same(auto_examples, auto_steps, auto_wall, claimed=claimed, max_size=1024),
+    )
+    arms = [
+        arm("fixed 16", "fixed", 16, same(64_000, 4000, 6.0)),
+        arm("fixed 256", "fixed", 256, same(100_000, 400, 2.5)),
+        arm("auto, measured B½", "auto", 16, auto_runs, half=None),
+    ]
+    arms += [arm(f"auto {h}", "auto", 16, auto_runs, half=h) for h in (16, 64, 256, 1024)]
+    return TaskOutcome("t", 16, 1024, (1.0,), arms, **changes)
+
+
+def test_a_good_autopilot_meets_every_goal():
+    verdicts = goals([outcome()])
+    # fixed 16 at B½=64: 64·4000 + 64k = 320k; auto: 64·200 + 60k = 72.8k → 4.4×
+    assert "4.40×" in verdicts[1].detail
+    assert "3.00×" in verdicts[2].detail  # wall: 6 s / 2 s
+    assert all(v.met for v in verdicts), verdicts
+
+
+def test_vs_start_needs_two_times_simulated_and_one_and_a_half_wall():
+    # 2,000 steps of 32: 64·2000 + 64k = 192k at B½=64 → 1.67× (< 2); wall 6/5 = 1.2× (< 1.5)
+    verdicts = goals([outcome(auto_steps=2000, auto_examples=64_000, auto_wall=5.0, claimed=1.2)])
+    sim, wall = verdicts[1], verdicts[2]
+    assert sim.met is False and "1.67×" in sim.detail
+    assert wall.met is False and "1.20×" in wall.detail
+
+
+def test_vs_best_fixed_is_gated_up_to_half_256_only():
+    # best fixed at B½=1024: fixed 256 (1024·400 + 100k = 509.6k); auto 1024·450 + 100k = 560.8k
+    # → 0.91; at B½=256 fixed 256 gives 202.4k, auto 215.2k → 0.94: met
+    verdicts = goals([outcome(auto_steps=450, auto_examples=100_000)])
+    assert verdicts[3].met is True
+    # 1,500 steps: at B½=1024 0.31× (not gated), at B½=256 202.4k / 484k = 0.42×: not met
+    verdicts = goals([outcome(auto_steps=1500, auto_examples=100_000)])
+    assert verdicts[3].met is False
+    assert "B½=256 0.42×" in verdicts[3].detail
+    assert "B½=1024 0.31× (not gated)" in verdicts[3].detail
+
+
+def test_the_claim_must_be_within_a_quarter_of_the_measured_wall_clock_gain():
+    # measured: 6.0 / 2.0 = 3×; a claim of 2.4 is -20% (met), 2.2 is -27% (not met)
+    assert goals([outcome(claimed=2.4)])[4].met is True
+    verdict = goals([outcome(claimed=2.2)])[4]
+    assert verdict.met is False and "-27%" in verdict.detail
+    assert goals([outcome(claimed=None)])[4].met is False  # no claim is not an honest claim
+
+
+def test_robustness_fails_on_a_missed_target_a_nan_rate_or_a_batch_above_the_ceiling():
+    good = run(60_000, 200, 2.0, claimed=2.4, max_size=1024)
+    for bad in (
+        run(None, 0, 0.0, claimed=2.4, max_size=1024),
+        run(60_000, 200, 2.0, claimed=2.4, max_size=1024, bad_lr=True),
+        run(60_000, 200, 2.0, claimed=2.4, max_size=2048),
+    ):
+        verdict = goals([outcome(auto_runs=[good] * 4 + [bad])])[0]
+        assert verdict.met is False, verdict
+    assert goals([outcome(auto_runs=[good] * 5)])[0].met is True
+
+
+def test_a_missing_arm_is_not_measured_and_one_failing_task_fails_the_goal():
+    no_auto = outcome()
+    no_auto.arms = [a for a in no_auto.arms if a.kind != "auto"]
+    verdicts = goals([no_auto])
+    assert [v.met for v in verdicts] == [None] * 5
+    slow = outcome(auto_steps=2000, auto_examples=64_000)
+    assert goals([outcome(), slow])[1].met is False
+
+
+def test_the_table_prints_ratios_against_the_best_fixed_batch():
+    lines = table(outcome(), 1.0)
+    fixed_16 = next(line for line in lines if line.lstrip().startswith("fixed 16"))
+    # at B½=16 the best fixed is 256: 16·400 + 100k = 106.4k; fixed 16: 16·4000 + 64k = 128k
+    assert "0.83×" in fixed_16
+    assert "5/5" in fixed_16
