@@ -82,7 +82,6 @@ class Autopilot:
         self._next_step: int | None = None
         self._last_change_step = 0
         self._last_look_step = -SETTLE_STEPS
-        self._reverted: set[int] = set()  # steps of changes already reverted
         self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self._lr_owner = LearningRateOwner(controller)
         self._ledger = GainLedger(controller.size)
@@ -305,9 +304,8 @@ class Autopilot:
         latest = self._control.watch.latest
         if latest is None or latest.source != SOURCE or latest.loss != DIVERGED:
             return
-        if latest.step in self._reverted:
-            return
-        self._reverted.add(latest.step)
+        if self._control.upcoming is not None:
+            return  # the revert asked for already (or a change the user asked for) comes first
         if latest.new > latest.old:
             self._out_of_reach = min(latest.new, self._out_of_reach or latest.new)
         note = (
@@ -359,7 +357,7 @@ class Autopilot:
                 f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
                 f"{len(self.decisions)} decisions; {said}",
                 level="info",
-                end=True,
+                end={"end": True, "claimed_gain": claimed, "start_size": self.start_size},
             )
 
     # -- reading --------------------------------------------------------------------------------
@@ -392,10 +390,9 @@ class Autopilot:
     def _claim(self) -> tuple[float | None, str]:
         return self._ledger.claim(self._control.watch.sizes)
 
-    def _say(self, message: str, *, level: str, end: bool = False) -> None:
-        data: dict[str, object] = {"state": self.state, "why": self.why}
-        if end:
-            data |= {"end": True, "claimed_gain": self._claim()[0], "start_size": self.start_size}
+    def _say(self, message: str, *, level: str, end: dict[str, object] | None = None) -> None:
+        """An ``autopilot_state`` event; ``end``: the final claim's fields, at the job's end."""
+        data: dict[str, object] = {"state": self.state, "why": self.why, **(end or {})}
         self._emit(
             Event(
                 t=time.time(),
