@@ -14,8 +14,8 @@ training paused to the end of the last evaluation batch or pass. ``take(t)`` at 
 step returns the step's evaluation seconds and starts the next window at ``t``. The hot path
 calls it only when ``pending`` (an evaluation signal since the last step); a signal clears
 ``progress.quiet`` so that the step takes the hot path's full path. Where training activity
-last stopped is the latest step's end, ``latest_end()`` (the step ring's), or ``step_end``,
-which the full path stores.
+last stopped is the latest step's end, ``latest_end()`` (the step ring's, which both the
+hot path's short and full paths write), or the end of the step ``take()`` last closed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ class EvalClock:
         "_progress",
         "pending",
         "spans",
-        "step_end",
     )
 
     def __init__(
@@ -47,7 +46,6 @@ class EvalClock:
         self._progress = progress or Progress()
         self._latest_end = latest_end  # the latest step's end, however it was recorded
         self._last_train = now
-        self.step_end = now  # the latest step's end, as the hot path's full path wrote it
         self.pending = False  # an evaluation signal came since the last take()
         self._eval_start: float | None = None  # the open span's start
         self._eval_end = 0.0
@@ -68,7 +66,7 @@ class EvalClock:
         self.pending = True
         self._progress.quiet = False
         if self._eval_start is None:
-            self._eval_start = max(self._last_train, self.step_end, self._latest_end())
+            self._eval_start = max(self._last_train, self._latest_end())
             self._eval_end = t
             self.spans += 1
         self._eval_end = max(self._eval_end, t)
@@ -79,7 +77,7 @@ class EvalClock:
             self._eval_end = min(self._eval_end, now)
             self._close()
         seconds, self._closed = self._closed, 0.0
-        self._last_train = self.step_end = now
+        self._last_train = now
         self.pending = False
         return seconds
 

@@ -286,7 +286,6 @@ class HotPath:
             evals = self._evals
             if evals.pending:
                 ring.eval_s[slot] = evals.take(now)
-            evals.step_end = now
             if self.sampling:
                 ring.marks.append((step, self._work.take_marks(now)))
             ring.written = step
