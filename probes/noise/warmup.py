@@ -8,9 +8,11 @@ every step after the 300th — and never less than ``WARMUP_FLOOR_S`` (a quarter
 where 300 steps take a few seconds, what the warm-up costs goes unnoticed, and the old dense
 warm-up is kept). While the allowance lasts it measures three steps in four (the
 fourth is left alone, so that the price of a measured step is taken against plain ones);
-once it is spent, the next measured step is the first the allowance covers. What it has spent
-is the number of steps it measured times the budget's current price of one, in plain
-step-times, so a price that turns out higher spaces them out at once.
+once it is spent, the next measured step is the first the allowance covers, or the warm-up's
+last if that comes first. What it has spent is the number of steps it measured times the
+budget's current price of one, in plain step-times, so a price that turns out higher spaces
+them out at once (a batch grown 8× makes every step it measured read 8× dearer: without the
+cap on its last step, the autopilot's ramp put the next measured step 9,000 steps away).
 
 It ends when the estimate reaches ±``WARMUP_RSE`` (20%), or ``WARMUP_LIMIT`` (500) steps after
 the start; from then on the cost budget alone decides. The run's first 300 steps (and first
@@ -98,9 +100,12 @@ class WarmUp:
         )
         if not self.limited:
             return 2 if (step + 1) % PLAIN_EVERY == 0 else 1
-        # the first step the allowance covers: 4% of the steps since the start pays for it
+        # the first step the allowance covers: 4% of the steps since the start pays for it;
+        # never past the warm-up's own end, where the budget takes over (what was spent is
+        # priced at the current step: after the batch grew 8×, its steps at the small size
+        # read 8× dearer, and the covering step could be thousands of steps away)
         covered = math.ceil((self.measured + 1) * price / self.share)  # type: ignore[operator]
-        return max(covered, WARMUP_STEPS, step + 1) - step
+        return min(max(covered, WARMUP_STEPS, step + 1), self.start + WARMUP_LIMIT) - step
 
     def describe(self) -> str:
         """What the warm-up is doing, or did when it ran out of steps, in a few words (the
@@ -125,7 +130,7 @@ def _relative(budget: Budget, step_time: float | None) -> tuple[float | None, fl
     price = budget.price
     if price is None:
         return None, None
-    base = budget.plain_times.median if len(budget.plain_times) >= budget.MIN_SAMPLES else None
+    base = budget.plain_step_s
     if base is None and step_time:
         measured = budget.measured_times.median if len(budget.measured_times) else None
         # the steps so far were mostly measured: take the price off their time

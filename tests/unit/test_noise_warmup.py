@@ -99,3 +99,17 @@ def test_it_says_what_a_measured_step_costs_when_that_limits_it():
     warmup = WarmUp()
     run(warmup, priced(0.01), 40)
     assert "3 steps in 4 measured" in warmup.describe()
+
+
+def test_a_dearer_step_never_puts_the_next_measured_one_past_the_warm_ups_end():
+    """The allowance spent early at a cheap price, then the price jumps (the batch grew 8×
+    under the autopilot, and what was spent is priced at the current step): the next measured
+    step is the warm-up's last, where the budget takes over, not thousands of steps on."""
+    warmup = WarmUp()
+    run(warmup, priced(0.01, step_s=0.001), 200)
+    assert warmup.measured > 100
+    step = 201
+    ahead = warmup.ahead(step, True, priced(3.0), None, False)
+    assert ahead is not None and 1 <= ahead <= WARMUP_LIMIT - step
+    assert warmup.ahead(WARMUP_LIMIT, True, priced(3.0), None, False) is None
+    assert warmup.ended == LIMIT
