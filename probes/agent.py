@@ -275,14 +275,17 @@ class Monitor:
             extensions.append(ranks)
         if self.batch_control is not None:
             extensions.append(BatchExtension(self.batch_control, self.telemetry))
+        sampler = PeriodicSampler(DeviceSampler(), sample_interval_s)
         self.autopilot = self._make_autopilot(rank, autopilot_half_batch)
         if self.autopilot is not None:
-            extensions.append(AutopilotExtension(self.autopilot))
+            extensions.append(
+                AutopilotExtension(self.autopilot, self.batch_control, sampler.sample_soon)
+            )
         self._service = AgentService(
             inbox=self._inbox,
             telemetry=self.telemetry,
             router=self.router,
-            sampler=PeriodicSampler(DeviceSampler(), sample_interval_s),
+            sampler=sampler,
             session=self.session,
             socket_path=self.socket_path,
             fault_count=lambda: self._guard.count,
@@ -370,6 +373,7 @@ class Monitor:
             emit=self._emit_event,
             step=self._progress,
             declared_half=declared_half,
+            plain_step_s=lambda: noise.budget.plain_step_s,
         )
         register_autopilot(self.router, autopilot)
         return autopilot

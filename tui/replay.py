@@ -24,6 +24,7 @@ from bsmon.probes.record import End, Header, Span, Status, conversions, open_rec
 from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
     PROTOCOL_VERSION,
+    AutopilotReading,
     Bye,
     Capability,
     Event,
@@ -195,6 +196,7 @@ class RecordSource(Source):
         self._span_i = self._event_i = self._status_i = 0
         self._status: Status | None = None
         self._bye = False
+        self._autopilot: AutopilotReading | None = None
         self.model.feed(self._hello())
 
     def _hello(self) -> Hello:
@@ -228,6 +230,7 @@ class RecordSource(Source):
         events = bisect.bisect_right(self._event_ts, position)
         for event in data.events[self._event_i : events]:
             model.feed(event)
+            self._autopilot = conversions.autopilot_after(self._autopilot, event)
         self._event_i = events
         if spans:
             model.feed(self._metrics(spans - 1, position))
@@ -265,6 +268,7 @@ class RecordSource(Source):
                 cpu_percent=host.cpu.mean if host and host.cpu else None,
                 rss_bytes=int(host.rss.max) if host and host.rss else None,
             ),
+            autopilot=self._autopilot,
         )
 
     def snapshot(self) -> Snapshot:

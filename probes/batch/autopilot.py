@@ -50,6 +50,7 @@ SOURCE = "autopilot"
 THRESHOLD = 1.05  # predicted gain that makes a change (AdaptDL's: re-choosing every time flaps)
 WARMUP_STEPS = 50  # steps before the first decision
 SETTLE_STEPS = 25  # steps at a size (and MIN_WINDOWS windows) before deciding again
+RAMP_STEPS = 40 * SETTLE_STEPS  # after switching on or its own change: looks paced by steps
 MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has many)
 DECISIONS_KEPT = 50
 
@@ -63,11 +64,11 @@ class Autopilot:
         emit: Callable[[Event], None],
         step: Callable[[], int],
         declared_half: float | None = None,
+        plain_step_s: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._control = controller
-        self._noise_refusal = noise_refusal
-        self._emit = emit
-        self._step = step
+        self._plain_step_s = plain_step_s  # an unmeasured step's time: the claim's base
+        self._noise_refusal, self._emit, self._step = noise_refusal, emit, step
         self._declared_half = declared_half
         self.start_size = controller.size
         self.state = "off"
@@ -82,6 +83,7 @@ class Autopilot:
         self._next_step: int | None = None
         self._last_change_step = 0
         self._last_look_step = -SETTLE_STEPS
+        self.ramp_until = 0  # before this step a look is wanted as soon as it is due
         self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self._lr_owner = LearningRateOwner(controller)
         self._ledger = GainLedger(controller.size)
@@ -119,6 +121,7 @@ class Autopilot:
                 self.state, self.why = "refused", why
                 raise CommandRefused(f"the autopilot cannot steer this job: {why}")
             self.state, self.why = "on", None
+            self.ramp_until = self._step() + RAMP_STEPS
             self._lr_owner.reset()
             self._say(f"autopilot on at batch {self._control.size}", level="info")
             return self._reading()
@@ -136,6 +139,8 @@ class Autopilot:
         """A batch change was applied: one from anywhere but the autopilot pauses it."""
         with self._lock:
             self._last_change_step = change.step
+            if change.source == SOURCE:
+                self.ramp_until = change.step + RAMP_STEPS
             if change.source == SOURCE or self.state != "on":
                 return
             self.state = "paused"
@@ -149,7 +154,7 @@ class Autopilot:
         """One metrics window: the ledger, the guards, and a decision when one is due."""
         with self._lock:
             estimate = resolved(metrics.noise)
-            self._ledger.add(metrics, estimate.point if estimate is not None else None)
+            self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())
             if self.state != "on":
                 return
             self._estimate = estimate
@@ -183,6 +188,7 @@ class Autopilot:
                 self._held = None
                 self._ask(kind, size, gain, estimate, half)
                 return
+        self.ramp_until = 0  # holding: looks at the agent's own pace again
         best = max((up, down), key=lambda choice: choice[1])
         if best[0] is None:
             self._held = f"holding at {current}: no size within 2× that fits and is allowed"
@@ -207,6 +213,8 @@ class Autopilot:
         windows = control.watch.sizes.get(control.size)
         if windows is None or windows.windows < MIN_WINDOWS:
             return f"measuring the step time at batch {control.size}"
+        if not control.sampled_since_switch:
+            return f"reading the memory at batch {control.size}"
         if self._estimate is None:
             return "waiting for the noise scale to resolve (B_simple with a bounded interval)"
         return None
@@ -357,7 +365,7 @@ class Autopilot:
                 f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
                 f"{len(self.decisions)} decisions; {said}",
                 level="info",
-                end={"end": True, "claimed_gain": claimed, "start_size": self.start_size},
+                end={"end": True, "claimed_gain": claimed},
             )
 
     # -- reading --------------------------------------------------------------------------------
@@ -392,7 +400,7 @@ class Autopilot:
 
     def _say(self, message: str, *, level: str, end: dict[str, object] | None = None) -> None:
         """An ``autopilot_state`` event; ``end``: the final claim's fields, at the job's end."""
-        data: dict[str, object] = {"state": self.state, "why": self.why, **(end or {})}
+        data = {"state": self.state, "why": self.why, "start_size": self.start_size, **(end or {})}
         self._emit(
             Event(
                 t=time.time(),

@@ -378,8 +378,10 @@ class BatchController:
 
     def observe_sample(self, sample: DeviceSample, step: int) -> None:
         """Each new sample once (every tick passes the sampler's latest: reading the host's
-        free memory at every tick was the agent's largest fixed cost)."""
-        if sample is self._sample_seen or sample.t <= self._switch_time:
+        free memory at every tick was the agent's largest fixed cost); one taken before a step
+        at the current size ran is not a reading of it."""
+        stale = sample.t <= self._switch_time or step <= self._switch_step
+        if sample is self._sample_seen or stale:
             return
         self._sample_seen = sample
         peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
@@ -389,6 +391,11 @@ class BatchController:
         elif (rss := sample.host.rss_bytes) is not None:  # the CPU: the process's memory
             self.host_memory.observe(self.loader_size, rss, step - self._switch_step)
             self.host_budget = rss + host_available()
+
+    @property
+    def sampled_since_switch(self) -> bool:
+        """Whether a device sample taken at the current size (after its switch) was seen."""
+        return self._sample_seen is not None and self._sample_seen.t > self._switch_time
 
     def reading(self) -> BatchReading:
         next_up = self.policy.next_size(self.size, "up")

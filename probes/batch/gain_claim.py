@@ -6,6 +6,12 @@ noise scale of that moment, ``(φ + B0)/(φ + B)`` (``goodput``): what they are 
 samples at the start size. The claim is the seconds a fixed start size would need for that
 worth, at its measured throughput, over the seconds taken. The start size must have run, so
 the claim is never against a batch that was not measured.
+
+The start size's throughput is taken from its steps the noise scale did not measure, when
+they are known (the budget's plain steps, before the batch first changed): a fixed batch
+without bsmon pays no measuring, and a fast ramp leaves the start size while the noise
+scale's warm-up still measures three steps in four, which would make the base slow and the
+claim high (by 30% on ``benchmarks/autopilot.py``'s T1).
 """
 
 from __future__ import annotations
@@ -25,12 +31,18 @@ class GainLedger:
         self._phi: float | None = None  # the latest resolved noise scale
         self._seconds = 0.0  # timed seconds in the windows counted
         self._worth = 0.0  # their samples, each weighted by its efficiency against the start
+        self._left_start = False
+        self._start_plain_s: float | None = None  # the start size's unmeasured step time
 
-    def add(self, metrics: Metrics, phi: float | None) -> None:
-        """One metrics window; ``phi``: the noise scale now (None: not resolved)."""
+    def add(self, metrics: Metrics, phi: float | None, plain_step_s: float | None = None) -> None:
+        """One metrics window; ``phi``: the noise scale now (None: not resolved);
+        ``plain_step_s``: a recent step's time the noise scale did not measure, if known."""
         if phi is not None:
             self._phi = phi
         size, step_time, steps = metrics.batch_size, metrics.step_time_s, metrics.steps_in_window
+        self._left_start = self._left_start or size != self.start_size
+        if not self._left_start and plain_step_s:
+            self._start_plain_s = plain_step_s
         rate = metrics.samples_per_s
         if not size or not step_time or not steps or not rate:
             return
@@ -52,6 +64,8 @@ class GainLedger:
             return None, f"the start batch {self.start_size} was not measured long enough"
         if not self._seconds:
             return None, "nothing measured yet"
-        return self._worth / start.mean / self._seconds, (
+        plain = self._start_plain_s
+        base = self.start_size / plain if plain else start.mean
+        return self._worth / base / self._seconds, (
             f"against a fixed batch of {self.start_size}: {HOW}"
         )

@@ -73,6 +73,12 @@ class Budget:
         return self.costs.median
 
     @property
+    def plain_step_s(self) -> float | None:
+        """A recent step's time when the estimator did not measure it (None: too few seen)."""
+        plain = self.plain_times
+        return plain.median if len(plain) >= self.MIN_SAMPLES else None
+
+    @property
     def price(self) -> float | None:
         cost = self.cost
         if cost is None:

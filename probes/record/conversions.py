@@ -1,8 +1,9 @@
 """Live readings and record spans, each turned into the other.
 
 Export (a summary made from what the dashboard holds) turns the dashboard's history points
-into spans; replay turns a record's spans back into the readings the dashboard shows. The
-recorder uses ``device_span`` for each device sample. A span keeps min/mean/max, not the live
+into spans; replay turns a record's spans back into the readings the dashboard shows, and its
+autopilot events into the autopilot's reading (``autopilot_after``). The recorder uses
+``device_span`` for each device sample. A span keeps min/mean/max, not the live
 reading's uncertainty, so a point made from a span says so where it matters.
 """
 
@@ -11,10 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import msgspec
+
 from ..anatomy.verdict import judged
 from ..anatomy.window import anatomy_of, totals_of
 from ..wire.protocol import (
+    AutopilotDecision,
+    AutopilotReading,
     DeviceReading,
+    Event,
     Metrics,
     MetricsPoint,
     NoiseScaleReading,
@@ -135,3 +141,40 @@ def run_anatomy(spans: Iterable[Span], world_size: int) -> StepAnatomy | None:
         if span.phases is not None:
             totals = span.phases if totals is None else totals.merged(span.phases)
     return judged(totals, world_size)
+
+
+AUTOPILOT_STATES = ("off", "on", "paused", "refused")
+
+
+def autopilot_after(reading: AutopilotReading | None, event: Event) -> AutopilotReading | None:
+    """The autopilot's reading as its events rebuild it (replay): the state and why from
+    ``autopilot_state``; each decision, the target, B½ and the claim so far from
+    ``autopilot``. An event whose data does not read as the protocol says leaves it as it was
+    (a record may be damaged)."""
+    data = event.data or {}
+    try:
+        if event.kind == "autopilot_state" and data.get("state") in AUTOPILOT_STATES:
+            base = reading or AutopilotReading()
+            return msgspec.structs.replace(
+                base,
+                state=data["state"],
+                why=data.get("why"),
+                start_size=data.get("start_size", base.start_size),
+                claimed_gain=data.get("claimed_gain", base.claimed_gain),
+            )
+        if event.kind == "autopilot":
+            decision = msgspec.convert(data["decision"], AutopilotDecision)
+            base = reading or AutopilotReading(state="on", start_size=decision.old)
+            half = decision.half_batch
+            return msgspec.structs.replace(
+                base,
+                size=decision.new,
+                decisions=[*base.decisions, decision],
+                target=decision.target if decision.target is not None else base.target,
+                half_batch=half if half is not None else base.half_batch,
+                half_batch_how="as recorded" if half is not None else base.half_batch_how,
+                claimed_gain=data.get("claimed_gain", base.claimed_gain),
+            )
+    except (KeyError, TypeError, msgspec.ValidationError):
+        return reading
+    return reading

@@ -38,13 +38,15 @@ HISTORY_CHUNK = 512
 
 
 class PeriodicSampler(threading.Thread):
-    """Samples devices every ``interval_s`` and keeps the latest reading."""
+    """Samples devices every ``interval_s`` (or sooner when asked) and keeps the latest
+    reading."""
 
     def __init__(self, sampler: DeviceSampler, interval_s: float) -> None:
         super().__init__(name="bsmon-sampler", daemon=True)
         self._sampler = sampler
         self._interval = interval_s
         self._stop_event = threading.Event()
+        self._due = threading.Event()  # a sample asked for before the interval ends
         self.latest = DeviceSample(
             devices=[], gpu=Capability(False, "not sampled yet"), host=HostReading()
         )
@@ -59,11 +61,17 @@ class PeriodicSampler(threading.Thread):
                     gpu=Capability(False, f"sampler: {exc}"),
                     host=HostReading(error=str(exc)),
                 )
-            self._stop_event.wait(self._interval)
+            self._due.wait(self._interval)
+            self._due.clear()
         self._sampler.close()
+
+    def sample_soon(self) -> None:
+        """Take the next sample now rather than at the end of the interval (any thread)."""
+        self._due.set()
 
     def stop(self) -> None:
         self._stop_event.set()
+        self._due.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,10 @@ class Extension:
     def after_tick(self, done: TickDone) -> None:
         """Called at the end of every tick, after its events and metrics were sent."""
 
+    def next_tick_s(self) -> float | None:
+        """How soon this extension needs the next tick, if sooner than ``TICK_S``."""
+        return None
+
 
 class AgentService(threading.Thread):
     def __init__(
@@ -138,6 +150,7 @@ class AgentService(threading.Thread):
         """``report``: where a failure of the agent's own code goes (the fault guard)."""
         super().__init__(name="bsmon-agent", daemon=True)
         self._inbox = inbox
+        self.tick_period = TICK_S  # seconds to the next tick unless woken
         self.telemetry = telemetry
         self.router = router
         self.sampler = sampler
@@ -226,7 +239,7 @@ class AgentService(threading.Thread):
                 next_check = time.monotonic() + SOCKET_CHECK_S
                 await self._rebind_if_deleted()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), TICK_S)
+                await asyncio.wait_for(self._woken.wait(), self.tick_period)
             self._woken.clear()
         self._guarded_tick(final=True)
         if self.server is not None:
@@ -257,6 +270,7 @@ class AgentService(threading.Thread):
         """Drain the inbox, aggregate, and broadcast what is new (agent thread only)."""
         telemetry = self.telemetry
         flushes: list[threading.Event] = []
+        self.tick_period = TICK_S  # unless the tick ends with an extension asking for sooner
         try:
             self._tick(telemetry, flushes, final)
         finally:  # a flush waits for what was drained, however the tick ended
@@ -294,6 +308,8 @@ class AgentService(threading.Thread):
         done_tick = TickDone(now, events, sample, self._noise_capability(), final)
         for extension in self.extensions:
             extension.after_tick(done_tick)
+        wanted = (extension.next_tick_s() for extension in self.extensions)
+        self.tick_period = min((TICK_S, *(period for period in wanted if period is not None)))
 
     def _to_extensions(self, record: object) -> None:
         for extension in self.extensions:

@@ -14,7 +14,7 @@ from bsmon.tui.session import ConnState
 from bsmon.tui.widgets.banner import StateBanner
 
 from ..records import START, two_phase
-from ..scripted import messages
+from ..scripted import autopilot_reading, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
 
@@ -193,3 +193,53 @@ async def test_e_on_a_running_job_writes_beside_its_record_and_says_it_runs(tmp_
     assert data["warnings"][0]["message"].startswith("the job is still running: this summary")
     text = (directory / "summary.md").read_text()
     assert "still running when this was exported" in text and "killed" not in text
+
+
+def with_autopilot(synthetic):
+    """``two_phase`` with the autopilot's events: switched on at batch 32, then its change to
+    64 where the record's second phase starts, and its claim at the end."""
+    from bsmon.probes.wire.protocol import Event
+
+    boundary = synthetic.spans[99].t1
+    decision = msgspec.structs.replace(
+        autopilot_reading().decisions[0],
+        step=1000,
+        t=boundary,
+        old=32,
+        new=64,
+        half_batch=64.0,
+        target=120,
+    )
+    on = {"state": "on", "why": None, "start_size": 32}
+    synthetic.events += [
+        Event(t=START + 1, step=20, kind="autopilot_state", message="autopilot on", data=on),
+        Event(
+            t=boundary,
+            step=1000,
+            kind="autopilot",
+            message="autopilot: batch 32 → 64",
+            data={"decision": msgspec.to_builtins(decision), "claimed_gain": 1.4},
+        ),
+        Event(  # a damaged line's worth: leaves the reading as it was
+            t=boundary + 1, step=1010, kind="autopilot", message="?", data={"decision": 3}
+        ),
+    ]
+    synthetic.events.sort(key=lambda e: e.t)
+    return synthetic
+
+
+async def test_replay_rebuilds_the_autopilots_line_from_its_events(tmp_path):
+    path = with_autopilot(two_phase()).write(tmp_path / "auto.jsonl")
+    app = replay_app(path, position=0.3, playing=False)  # 22 s in: on, not yet decided
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: "auto    on" in text_of(app, "#batch"), what="on")
+        assert "→" not in text_of(app, "#batch")
+        await pilot.press("end")
+        await wait_for(pilot, lambda: "→ 120" in text_of(app, "#batch"), what="the decision")
+        panel = text_of(app, "#batch")
+        assert "auto    on → 120 · 1.40× vs 32" in panel and "B½ 64" in panel
+        reading = app.screen.snapshot.latest.autopilot
+        assert [(d.old, d.new) for d in reading.decisions] == [(32, 64)]
+        await pilot.press("home")  # back to the start: rebuilt from nothing
+        await wait_for(pilot, lambda: "auto" not in text_of(app, "#batch"), what="not yet on")

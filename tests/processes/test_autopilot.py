@@ -102,6 +102,30 @@ def test_switched_on_over_the_socket_it_grows_the_batch_and_says_why(bsmon_dir):
     assert "## Autopilot" in summary and "8 → 16" in summary
 
 
+def test_on_a_fast_loop_the_agent_ticks_by_steps_while_it_ramps_and_at_its_pace_once_held(
+    bsmon_dir,
+):
+    """A step of a fraction of a millisecond: a tick of the agent's (a quarter second) is
+    hundreds of steps, so while the autopilot ramps the agent ticks every few steps; at the
+    policy's maximum it holds, and the agent is back at its own pace."""
+    from bsmon.probes.runtime.service import TICK_S
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    mon = attach(
+        model, optimizer, batch_size=8, max_batch_size=16, autopilot=True, serve=False, name="pace"
+    )
+    service = mon._service
+    loader = mon.dataloader(classification(), shuffle=True)
+    with mon:
+        train_until(mon, model, optimizer, loader, lambda: service.tick_period < TICK_S)
+        assert mon.autopilot.ramp_until > mon.step
+        train_until(mon, model, optimizer, loader, lambda: mon.batch_size == 16)
+        train_until(mon, model, optimizer, loader, lambda: mon.autopilot.ramp_until == 0)
+        assert "holding at 16" in mon.autopilot_reading().waiting
+        train_until(mon, model, optimizer, loader, lambda: service.tick_period == TICK_S)
+
+
 def test_a_scheduler_it_cannot_own_refuses_it_with_the_reason(bsmon_dir):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,8 @@ from torch import nn
 
 from bsmon.probes.batch.autopilot import SETTLE_STEPS, THRESHOLD, WARMUP_STEPS, Autopilot
 from bsmon.probes.batch.control import BatchController
+from bsmon.probes.batch.extension import AutopilotExtension
+from bsmon.probes.batch.gain_claim import GainLedger
 from bsmon.probes.batch.goodput import (
     fit_step_time,
     goodput_gain,
@@ -22,8 +25,17 @@ from bsmon.probes.batch.goodput import (
 )
 from bsmon.probes.batch.policy import BatchPolicy
 from bsmon.probes.batch.verdict import SizeThroughput
+from bsmon.probes.runtime.devices import DeviceSample
 from bsmon.probes.runtime.fault_guard import FaultGuard
-from bsmon.probes.wire.protocol import BatchChange, Event, Metrics, NoiseScaleReading
+from bsmon.probes.runtime.service import TICK_S
+from bsmon.probes.wire.protocol import (
+    BatchChange,
+    Capability,
+    Event,
+    HostReading,
+    Metrics,
+    NoiseScaleReading,
+)
 from bsmon.probes.wire.routing import CommandRefused
 
 Noise = Callable[[int], NoiseScaleReading]
@@ -37,13 +49,15 @@ def tight(phi: float, spread: float = 0.1) -> Noise:
 
 class Job:
     """A training job as the agent sees it: steps in windows, a batch size that changes at
-    step boundaries, the extensions' order (the batch watch first, then the autopilot)."""
+    step boundaries, the extensions' order (the batch watch first, then the autopilot's
+    extension, which asks for device samples into ``samples_asked``)."""
 
     def __init__(
         self,
         *,
         size: int = 16,
         half: float = 64.0,
+        c: float = 1e-5,
         noise: Noise | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         lr_scaling: str | None = "auto",
@@ -53,7 +67,7 @@ class Job:
         on: bool = True,
     ) -> None:
         self.step, self.t = 0, 1000.0
-        self.half, self.noise = half, noise or tight(1000.0)
+        self.half, self.c, self.noise = half, c, noise or tight(1000.0)
         self.events: list[Event] = []
         self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
         self.control = BatchController(
@@ -69,7 +83,10 @@ class Job:
             step=lambda: self.step,
             noise_scale=lambda: self.noise(self.step).b_simple,
         )
-        self.control.host_budget = 64 << 30
+        self.switched_at = time.time()  # the controller's start counts as a switch
+        self.stale_sample = DeviceSample(
+            devices=[], gpu=Capability(False, "no GPU"), host=HostReading(), t=0.0
+        )
         self.autopilot = Autopilot(
             self.control,
             noise_refusal=lambda: None,
@@ -77,24 +94,39 @@ class Job:
             step=lambda: self.step,
             declared_half=declared_half,
         )
+        self.samples_asked: list[int] = []
+        self.extension = AutopilotExtension(
+            self.autopilot, self.control, lambda: self.samples_asked.append(self.step)
+        )
         self.sizes: list[int] = []
         if on:
             self.autopilot.switch(True)
 
     def _applied(self, change: BatchChange) -> None:
+        self.switched_at = change.t
         self.control.add_change(change)
         self.autopilot.on_change(change)
 
     def step_time(self, size: int) -> float:
-        return 1e-5 * (self.half + size)
+        return self.c * (self.half + size)
 
-    def run(self, windows: int, steps: int = 10, loss: Callable[[int], float] = lambda _s: 1.0):
+    def run(
+        self,
+        windows: int,
+        steps: int = 10,
+        loss: Callable[[int], float] = lambda _s: 1.0,
+        sampled: bool = True,
+    ):
+        """``windows`` metrics windows of ``steps`` steps; ``sampled``: the device sampler's
+        reading of each window arrives with it (False: the sampler has not come round)."""
         for _ in range(windows):
             self.control.at_step_boundary()
             size = self.control.size
-            self.control.host_memory.observe(size, (100 << 20) + size * 1024, 10)
             step_time = self.step_time(size)
             self.step += steps
+            sample = self.sample(size) if sampled else self.stale_sample
+            self.control.observe_sample(sample, self.step)
+            self.extension.on_tick(sample)
             self.t += step_time * steps
             metrics = Metrics(
                 t=self.t,
@@ -108,9 +140,16 @@ class Job:
                 noise=self.noise(self.step),
             )
             self.events.extend(self.control.observe_metrics(metrics))
-            self.autopilot.on_metrics(metrics)
+            self.extension.metrics_part(metrics)
             self.sizes.append(size)
         return self
+
+    def sample(self, size: int) -> DeviceSample:
+        """The sampler's reading of the process after steps at ``size``: taken after the
+        switch (a microsecond after it at least, as a real sampler's comes well after)."""
+        host = HostReading(rss_bytes=(100 << 20) + size * 1024)
+        t = max(time.time(), self.switched_at) + 1e-6
+        return DeviceSample(devices=[], gpu=Capability(False, "no GPU"), host=host, t=t)
 
     def decisions(self, kind: str | None = None) -> list:
         return [d for d in self.autopilot.decisions if kind is None or d.kind == kind]
@@ -172,6 +211,40 @@ def test_it_grows_at_most_2x_a_decision_to_near_the_optimum_and_holds_there():
     assert job.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 256 / 16)
     steps = [d.step for d in job.decisions()]
     assert all(b - a >= SETTLE_STEPS for a, b in itertools.pairwise(steps))
+
+
+def test_no_look_before_the_memory_is_read_at_the_size_it_runs_and_the_ramp_then_holds():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(10, sampled=False)
+    assert job.decisions() == [] and job.control.size == 16
+    assert job.autopilot.waiting == "reading the memory at batch 16"
+    assert job.autopilot.ramp_until > job.step  # still ramping: looks come as soon as due
+    while not job.decisions():
+        job.run(1)
+    assert [d.new for d in job.decisions()] == [32]
+    job.run(10, sampled=False)  # the new size runs, but no sample is taken after its switch
+    assert job.control.size == 32 and job.autopilot.waiting == "reading the memory at batch 32"
+    assert job.samples_asked[-1] == job.step  # ... so the extension asks for one at once
+    asked = len(job.samples_asked)
+    job.run(120)
+    assert job.control.size == 256
+    assert job.autopilot.ramp_until == 0  # holding: looks at the agent's own pace again
+    assert len(job.samples_asked) == asked  # every window had its sample: none asked
+
+
+def test_while_it_ramps_on_a_fast_loop_the_agent_ticks_every_few_steps():
+    """1 ms steps: a look due every SETTLE_STEPS steps wants a tick every half that many,
+    not the agent's quarter second (250 steps); once it holds, or on a loop of 100 ms steps,
+    the agent's own pace."""
+    job = Job(size=16, half=64, c=1e-3 / 80, noise=tight(1000.0, spread=0.05))
+    assert job.extension.next_tick_s() is None  # no step time measured yet
+    job.run(1)
+    assert job.extension.next_tick_s() == pytest.approx(1e-3 * SETTLE_STEPS / 2)
+    job.run(120)
+    assert job.control.size == 256 and job.extension.next_tick_s() is None
+    slow = Job(size=16, half=64, c=0.1 / 80, noise=tight(1000.0, spread=0.05)).run(1)
+    assert slow.extension.next_tick_s() >= TICK_S
+    off = Job(size=16, half=64, c=1e-3 / 80, on=False).run(3)
+    assert off.extension.next_tick_s() is None and off.samples_asked == []
 
 
 def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing():
@@ -304,6 +377,30 @@ def test_the_claimed_gain_is_measured_throughput_times_efficiency_against_the_st
     assert claimed > 1.5  # 16 → 256 with B½ = 64 and φ = 1000
     last = [e for e in job.events if e.kind == "autopilot"][-1]
     assert last.data["claimed_gain"] is not None and "vs batch 16" in last.message
+
+
+def test_the_claims_base_is_the_start_sizes_unmeasured_steps_before_the_batch_first_changed():
+    """A fixed batch without bsmon pays no measuring: at the start the noise scale's warm-up
+    measures three steps in four, so the start size's windows read slower than its plain
+    steps; the base is the plain steps' rate, as the batch began (not one read later)."""
+    plain = {"s": 0.5e-3}  # the budget's recent unmeasured step at 16: 32k samples/s
+    ledger = GainLedger(16)
+    window = {"step_time_s": 1e-3, "steps_in_window": 100, "b_simple": None}
+    at_16 = Metrics(t=1.0, step=100, batch_size=16, samples_per_s=16e3, **window)
+    ledger.add(at_16, 1000.0, plain["s"])
+    sizes = {16: SizeThroughput()}
+    sizes[16].add(16e3 * 0.1, 0.1)  # samples, seconds: 16k samples/s
+    claimed, how = ledger.claim(sizes)
+    assert claimed == pytest.approx(0.5) and "against a fixed batch of 16" in how
+    at_32 = Metrics(t=2.0, step=200, batch_size=32, samples_per_s=32e3, **window)
+    ledger.add(at_32, 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
+    efficiency = (1000 + 16) / (1000 + 32)
+    assert ledger.claim(sizes)[0] == pytest.approx(
+        (16e3 * 0.1 + 32e3 * 0.1 * efficiency) / 32e3 / 0.2
+    )
+    unknown = GainLedger(16)  # no plain steps known (every step measured): the windows' rate
+    unknown.add(at_16, 1000.0, None)
+    assert unknown.claim(sizes)[0] == pytest.approx(1.0)
 
 
 def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():

@@ -129,3 +129,23 @@ def test_the_cpu_share_is_read_over_half_a_second_or_more(monkeypatch):
     assert first is not None and first >= 0.0
     now[0] += 0.05  # too soon to read again: the last share stays
     assert sampler.sample().host.cpu_percent == first
+
+
+def test_the_periodic_sampler_samples_at_once_when_asked_and_stops():
+    """Its interval is a minute here: a second sample within the deadline is the one asked
+    for (the autopilot asks as soon as a new batch size has run)."""
+    from bsmon.probes.runtime.service import PeriodicSampler
+
+    from ..helpers import wait_until
+
+    sampler = PeriodicSampler(DeviceSampler(), interval_s=60.0)
+    sampler.start()
+    try:
+        first = wait_until(lambda: sampler.latest.host.rss_bytes and sampler.latest, 10)
+        sampler.sample_soon()
+        wait_until(lambda: sampler.latest is not first, 10, message="the sample asked for")
+        assert sampler.latest.t > first.t and sampler.latest.host.rss_bytes
+    finally:
+        sampler.stop()
+        sampler.join(10)
+    assert not sampler.is_alive()

@@ -125,8 +125,8 @@ class BatchPanel(Static):
             lines.append(memory_line(batch, gpu=bool(m.devices)))
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
-            lines.extend(autopilot_lines(m.autopilot))
-            lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
+        lines.extend(autopilot_lines(m.autopilot))  # a replay rebuilds it from the events
+        lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
         if (line := off_line(snap)) is not None:
             lines.append(line)
         self.update("\n".join(lines))
