@@ -1,11 +1,14 @@
 """One rank of a two-process DDP job (gloo, CPU) for the batch-control tests.
 
 Rank 0 asks for a new batch size at step 5; every rank writes (step, batch size, loader batch
-length) per step to OUT as JSON.
+length) per step to OUT as JSON. With ``autopilot`` as a fifth argument, the autopilot steers
+instead (switched on at every rank: rank 0's decides), on ten noisy classes until a change it
+asked for has been applied and 20 steps more, and every rank writes its learning rate too.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
@@ -46,5 +49,50 @@ def main(rank: int, world: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def autopilot(rank: int, world: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(20_000, 20, generator=generator)
+    weights = torch.randn(20, 10, generator=generator)
+    y = (x @ weights + 2 * torch.randn(20_000, 10, generator=generator)).argmax(1)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset)
+    log: list[dict] = []
+    with attach(
+        model, optimizer, batch_size=8, max_batch_size=32, autopilot=True, name=f"ap{rank}"
+    ) as mon:
+        loader = mon.dataloader(dataset, sampler=sampler)
+        changed_at: int | None = None
+
+        def done() -> bool:
+            return mon.step > 20_000 or (changed_at is not None and mon.step >= changed_at + 20)
+
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            for inputs, labels in loader:
+                loss = nn.functional.cross_entropy(model(inputs), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                mon.log(loss=loss)
+                lr = optimizer.param_groups[0]["lr"]
+                log.append({"step": mon.step, "batch_size": mon.batch_size, "lr": lr})
+                if changed_at is None and mon.batch_size != 8:
+                    changed_at = mon.step
+                if done():
+                    break
+            if done():
+                break
+        reading = mon.autopilot_reading()
+        decisions = [d.new for d in reading.decisions] if reading is not None else None
+    with open(out, "w") as f:
+        json.dump({"rank": rank, "log": log, "decisions": decisions}, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    run = autopilot if sys.argv[5:] == ["autopilot"] else main
+    run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
