@@ -49,6 +49,7 @@ Goals (met / not met; research/autopilot.md §7's C1–C4):
     python benchmarks/autopilot.py --lr-table /tmp/lr.json          # ... and skip it next time
     python benchmarks/autopilot.py --tasks charlm --seeds 3
     python benchmarks/autopilot.py --cost                           # goal C5 alone (~1 min)
+    python benchmarks/autopilot.py --lag                            # the noise scale's lag
 
 Progress goes to stderr, the tables and verdicts to stdout. Figures are printed, never
 asserted (docs/benchmarks.md keeps them).
@@ -636,6 +637,26 @@ def cost(names: Sequence[str]) -> int:
     return 0
 
 
+LAG_CHECKPOINTS = [100, 200, 400, 800, 1600, 3200]
+
+
+def lag(names: Sequence[str]) -> int:
+    """How far behind the truth the live noise scale is on runs this short: each task's 4·B0,
+    fixed, its own tuned rate, seed 10."""
+    from autopilot_tasks import TASKS, noise_lag
+
+    for name in names:
+        task = TASKS[name]
+        batch = 4 * task.start_batch
+        rows = noise_lag(task, batch, task.lr_centre[batch], FIRST_EVAL_SEED, LAG_CHECKPOINTS)
+        print(f"{name} at batch {batch}: B_simple exact (32,768 examples) / the live estimate")
+        for step, exact, live in rows:
+            shown = f"{live:,.0f}" if live is not None else "none"
+            ratio = f" ({live / exact:.2f}×)" if live else ""
+            print(f"  step {step:>5,}: {exact:>7,.0f} / {shown}{ratio}", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["synthetic", "charlm"])
@@ -648,6 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only the autopilot's own cost (its estimate and decisions) at 4·B0, per task",
     )
+    parser.add_argument(
+        "--lag",
+        action="store_true",
+        help="only the live noise scale against the exact one at checkpoints of a fixed 4·B0",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -659,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown task(s) {unknown}; choose from {sorted(TASKS)}")
     if args.cost:
         return cost(args.tasks)
+    if args.lag:
+        return lag(args.tasks)
     seeds = args.seeds or (2 if args.quick else 5)
     reused = json.loads(args.lr_table.read_text()) if args.lr_table else {}
     table_out: dict[str, Any] = {}

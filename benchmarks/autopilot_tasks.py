@@ -476,6 +476,74 @@ def _read_autopilot(mon: Any, log: RunLog) -> None:
     log.decisions = [msgspec.to_builtins(d) for d in reading.decisions]
 
 
+# -- how far behind the live noise scale is ------------------------------------------------------
+
+
+def exact_noise_scale(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+    """B_simple = tr Σ / |G|² of the model as it is, from every example's own gradient
+    (``torch.func``) over ``inputs``, both unbiased, in chunks of 256 examples."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss_of(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+    per_example = vmap(grad(loss_of), in_dims=(None, 0, 0))
+    total: torch.Tensor | float = 0.0
+    squares = 0.0
+    for start in range(0, len(inputs), 256):
+        grads = per_example(params, inputs[start : start + 256], labels[start : start + 256])
+        flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], 1).double()
+        total = total + flat.sum(0)
+        squares += float(flat.pow(2).sum())
+    n = len(inputs)
+    mean_sq = float((total / n).pow(2).sum())  # type: ignore[union-attr]
+    trace = (squares - n * mean_sq) / (n - 1)
+    return trace / (mean_sq - trace / n)
+
+
+def noise_lag(
+    task: Task, batch: int, lr: float, seed: int, checkpoints: list[int], examples: int = 32_768
+) -> list[tuple[int, float, float | None]]:
+    """Train ``batch`` fixed under bsmon (its noise scale at the defaults) and, at each
+    checkpoint step: (step, the exact B_simple then on ``examples`` training examples (a fixed
+    draw: with φ near their count the estimate of |G|² is noisy), the
+    monitor's live estimate)."""
+    from bsmon.probes import attach
+
+    data = task.data()
+    draw = torch.Generator().manual_seed(DATA_SEED)
+    probe = DataLoader(
+        data.train, batch_size=examples, shuffle=True, generator=draw, collate_fn=whole_batch
+    )
+    probe_inputs, probe_labels = next(iter(probe))
+    torch.manual_seed(seed)
+    model = task.model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    mon = attach(model, optimizer, batch_size=batch, record=False, serve=False)
+    order = torch.Generator().manual_seed(seed)
+    loader = mon.dataloader(data.train, shuffle=True, generator=order, collate_fn=whole_batch)
+    rows: list[tuple[int, float, float | None]] = []
+    try:
+        while mon.step < max(checkpoints):
+            for inputs, labels in loader:
+                loss = nn.functional.cross_entropy(model(inputs), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                mon.log(loss=loss)
+                if mon.step in checkpoints:
+                    mon.flush()
+                    exact = exact_noise_scale(model, probe_inputs, probe_labels)
+                    rows.append((mon.step, exact, mon.noise_scale))
+                if mon.step >= max(checkpoints):
+                    break
+    finally:
+        mon.close()
+    return rows
+
+
 # -- this machine's step time ----------------------------------------------------------------
 
 

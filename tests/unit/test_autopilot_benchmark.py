@@ -163,3 +163,24 @@ def test_the_table_prints_ratios_against_the_best_fixed_batch():
     # at B½=16 the best fixed is 256: 16·400 + 100k = 106.4k; fixed 16: 16·4000 + 64k = 128k
     assert "0.83×" in fixed_16
     assert "5/5" in fixed_16
+
+
+def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gradient():
+    """Against per-example gradients taken one example at a time by autograd (300 examples:
+    the chunks of 256 meet)."""
+    import torch
+    from torch import nn
+
+    tasks = importlib.import_module("autopilot_tasks")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    inputs, labels = torch.randn(300, 5), torch.randint(0, 3, (300,))
+    grads = []
+    for x, y in zip(inputs, labels, strict=True):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[None]), y[None]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+    flat = torch.stack(grads)
+    trace = float(flat.var(0, unbiased=True).sum())
+    g2 = float(flat.mean(0).pow(2).sum()) - trace / len(flat)
+    assert tasks.exact_noise_scale(model, inputs, labels) == pytest.approx(trace / g2, rel=1e-6)
