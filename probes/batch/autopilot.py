@@ -396,7 +396,7 @@ class Autopilot:
         )
 
     def _claim(self) -> tuple[float | None, str]:
-        return self._ledger.claim(self._control.watch.sizes)
+        return self._ledger.claim()
 
     def _say(self, message: str, *, level: str, end: dict[str, object] | None = None) -> None:
         """An ``autopilot_state`` event; ``end``: the final claim's fields, at the job's end."""

@@ -7,20 +7,19 @@ samples at the start size. The claim is the seconds a fixed start size would nee
 worth, at its measured throughput, over the seconds taken. The start size must have run, so
 the claim is never against a batch that was not measured.
 
-The start size's throughput is taken from its steps the noise scale did not measure, when
-they are known (the budget's plain steps, before the batch first changed): a fixed batch
-without bsmon pays no measuring, and a fast ramp leaves the start size while the noise
-scale's warm-up still measures three steps in four, which would make the base slow and the
-claim high (by 30% on ``benchmarks/autopilot.py``'s T1).
+The start size's throughput is what bsmon costs it as usual: its windows once the noise
+scale's warm-up is over. The warm-up measures three steps in four, so its windows at the
+start size are left out of the claim. A fast ramp leaves the start size during the warm-up;
+then the base is the start size's steps the noise scale did not measure (the budget's plain
+steps, before the batch first changed). Against the warm-up's windows the claim read +30% on
+``benchmarks/autopilot.py``'s T1, and a run that never changed size claimed 0.91×.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+from ..noise.controller import WARMING_UP
 from ..wire.protocol import Metrics
-from .goodput import MIN_WINDOWS, efficiency_ratio
-from .verdict import SizeThroughput
+from .goodput import efficiency_ratio
 
 HOW = "measured throughput at each size × the noise scale's efficiency, over the run's timed steps"
 
@@ -31,6 +30,8 @@ class GainLedger:
         self._phi: float | None = None  # the latest resolved noise scale
         self._seconds = 0.0  # timed seconds in the windows counted
         self._worth = 0.0  # their samples, each weighted by its efficiency against the start
+        self._start_samples = 0.0  # the start size's windows after the warm-up
+        self._start_seconds = 0.0
         self._left_start = False
         self._start_plain_s: float | None = None  # the start size's unmeasured step time
 
@@ -41,31 +42,35 @@ class GainLedger:
             self._phi = phi
         size, step_time, steps = metrics.batch_size, metrics.step_time_s, metrics.steps_in_window
         self._left_start = self._left_start or size != self.start_size
-        if not self._left_start and plain_step_s:
-            self._start_plain_s = plain_step_s
         rate = metrics.samples_per_s
         if not size or not step_time or not steps or not rate:
             return
+        seconds = step_time * steps
         if size == self.start_size:
+            if metrics.noise is not None and metrics.noise.phase == WARMING_UP:
+                if not self._left_start and plain_step_s:
+                    self._start_plain_s = plain_step_s
+                return
             efficiency = 1.0
+            self._start_samples += rate * seconds
+            self._start_seconds += seconds
         elif self._phi is None:
             return  # no noise scale yet: a window at another size cannot be weighed
         else:
             efficiency = efficiency_ratio(size, self.start_size, self._phi)
-        seconds = step_time * steps
         self._seconds += seconds
         self._worth += rate * seconds * efficiency
 
-    def claim(self, sizes: Mapping[int, SizeThroughput]) -> tuple[float | None, str]:
-        """The gain against a fixed start size, and how it was made (or why there is none);
-        ``sizes``: the measured throughput at each size (the start size's is the base)."""
-        start = sizes.get(self.start_size)
-        if start is None or start.windows < MIN_WINDOWS or not start.mean:
+    def claim(self) -> tuple[float | None, str]:
+        """The gain against a fixed start size, and how it was made (or why there is none)."""
+        if self._start_seconds:
+            base = self._start_samples / self._start_seconds
+        elif self._start_plain_s:
+            base = self.start_size / self._start_plain_s
+        else:
             return None, f"the start batch {self.start_size} was not measured long enough"
         if not self._seconds:
             return None, "nothing measured yet"
-        plain = self._start_plain_s
-        base = self.start_size / plain if plain else start.mean
         return self._worth / base / self._seconds, (
             f"against a fixed batch of {self.start_size}: {HOW}"
         )

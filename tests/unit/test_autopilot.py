@@ -379,28 +379,27 @@ def test_the_claimed_gain_is_measured_throughput_times_efficiency_against_the_st
     assert last.data["claimed_gain"] is not None and "vs batch 16" in last.message
 
 
-def test_the_claims_base_is_the_start_sizes_unmeasured_steps_before_the_batch_first_changed():
-    """A fixed batch without bsmon pays no measuring: at the start the noise scale's warm-up
-    measures three steps in four, so the start size's windows read slower than its plain
-    steps; the base is the plain steps' rate, as the batch began (not one read later)."""
-    plain = {"s": 0.5e-3}  # the budget's recent unmeasured step at 16: 32k samples/s
-    ledger = GainLedger(16)
+def test_the_claims_base_is_the_start_size_as_bsmon_runs_it_after_the_noise_scales_warm_up():
+    """The warm-up measures three steps in four, so the start size's windows then read slow:
+    they are left out. A run that never changed claims 1.00×; a ramp that left during the
+    warm-up is measured against the start size's unmeasured steps, as the batch began."""
     window = {"step_time_s": 1e-3, "steps_in_window": 100, "b_simple": None}
-    at_16 = Metrics(t=1.0, step=100, batch_size=16, samples_per_s=16e3, **window)
-    ledger.add(at_16, 1000.0, plain["s"])
-    sizes = {16: SizeThroughput()}
-    sizes[16].add(16e3 * 0.1, 0.1)  # samples, seconds: 16k samples/s
-    claimed, how = ledger.claim(sizes)
-    assert claimed == pytest.approx(0.5) and "against a fixed batch of 16" in how
-    at_32 = Metrics(t=2.0, step=200, batch_size=32, samples_per_s=32e3, **window)
-    ledger.add(at_32, 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
+    warming, tracking = NoiseScaleReading(phase="warming up"), NoiseScaleReading(phase="tracking")
+
+    def at(size: int, rate: float, noise: NoiseScaleReading) -> Metrics:
+        return Metrics(t=1.0, step=100, batch_size=size, samples_per_s=rate, noise=noise, **window)
+
+    held = GainLedger(16)
+    held.add(at(16, 8e3, warming), 1000.0, 0.5e-3)
+    assert held.claim()[0] is None  # only the warm-up's window: nothing counted yet
+    held.add(at(16, 16e3, tracking), 1000.0, 0.5e-3)
+    claimed, how = held.claim()
+    assert claimed == pytest.approx(1.0) and "against a fixed batch of 16" in how
+    ramp = GainLedger(16)
+    ramp.add(at(16, 8e3, warming), 1000.0, 0.5e-3)  # plain steps: 32k samples/s
+    ramp.add(at(32, 32e3, warming), 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
     efficiency = (1000 + 16) / (1000 + 32)
-    assert ledger.claim(sizes)[0] == pytest.approx(
-        (16e3 * 0.1 + 32e3 * 0.1 * efficiency) / 32e3 / 0.2
-    )
-    unknown = GainLedger(16)  # no plain steps known (every step measured): the windows' rate
-    unknown.add(at_16, 1000.0, None)
-    assert unknown.claim(sizes)[0] == pytest.approx(1.0)
+    assert ramp.claim()[0] == pytest.approx(32e3 * efficiency / 32e3)
 
 
 def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():
