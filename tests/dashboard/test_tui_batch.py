@@ -228,3 +228,29 @@ async def test_a_switches_the_autopilot_on_a_key_press_pauses_it_and_a_again_res
         await wait_for(pilot, lambda: "auto    paused" in text_of(app, "#batch"), what="shown")
         await pilot.press("a")  # on again, from the size the user chose
         await wait_for(pilot, lambda: mon.autopilot.state == "on", what="on again")
+
+
+def test_the_autopilot_lines_fit_the_batch_panel_at_80_columns():
+    """The Batch panel is 32 columns inside at 80×24: with the demo's sizes, an assumed B½ and
+    a six-figure step of the next look fit on the second line ('~' says assumed, the help
+    says so; 'B½ 64 assumed · next s7,797' wrapped its step onto a line of its own). Sizes of
+    four figures wrap the first line at a space."""
+    import msgspec
+    from rich.text import Text
+
+    from bsmon.tui.widgets.batch import autopilot_lines
+
+    from ..scripted import autopilot_reading
+
+    reading = msgspec.structs.replace(
+        autopilot_reading(),
+        half_batch=64.0,
+        half_batch_how="assumed equal to the one size measured",
+        next_decision_step=123_456,
+        claimed_gain=2.46,
+        start_size=64,
+        target=512,
+    )
+    lines = [Text.from_markup(line.replace("$", "")).plain for line in autopilot_lines(reading)]
+    assert lines[1].strip() == "B½ ~64 · next s123,456"
+    assert all(len(line) <= 32 for line in lines), lines

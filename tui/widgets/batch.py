@@ -85,7 +85,8 @@ def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
     model = []
     if reading.half_batch_how is not None:
         half = fmt.count(reading.half_batch) if reading.half_batch is not None else "∞"
-        model.append(f"B½ {half}" + (" assumed" if "assumed" in reading.half_batch_how else ""))
+        assumed = "~" if "assumed" in reading.half_batch_how else ""  # fits 80 columns
+        model.append(f"B½ {assumed}{half}")
     if reading.next_decision_step is not None:
         model.append(f"next s{reading.next_decision_step:,}")
     first = " · ".join(steer) if steer else f"[$text-muted]{reading.waiting or ''}[/]"
