@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import get_args
 
 import msgspec
 
@@ -19,6 +20,7 @@ from ..anatomy.window import anatomy_of, totals_of
 from ..wire.protocol import (
     AutopilotDecision,
     AutopilotReading,
+    AutopilotState,
     DeviceReading,
     Event,
     Metrics,
@@ -143,9 +145,6 @@ def run_anatomy(spans: Iterable[Span], world_size: int) -> StepAnatomy | None:
     return judged(totals, world_size)
 
 
-AUTOPILOT_STATES = ("off", "on", "paused", "refused")
-
-
 def autopilot_after(reading: AutopilotReading | None, event: Event) -> AutopilotReading | None:
     """The autopilot's reading as its events rebuild it (replay): the state and why from
     ``autopilot_state``; each decision, the target, B½ and the claim so far from
@@ -153,7 +152,7 @@ def autopilot_after(reading: AutopilotReading | None, event: Event) -> Autopilot
     (a record may be damaged)."""
     data = event.data or {}
     try:
-        if event.kind == "autopilot_state" and data.get("state") in AUTOPILOT_STATES:
+        if event.kind == "autopilot_state" and data.get("state") in get_args(AutopilotState):
             base = reading or AutopilotReading()
             return msgspec.structs.replace(
                 base,

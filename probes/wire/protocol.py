@@ -194,13 +194,16 @@ class AutopilotDecision(msgspec.Struct, omit_defaults=True):
     note: str = ""
 
 
+AutopilotState = Literal["off", "on", "paused", "refused"]
+
+
 class AutopilotReading(msgspec.Struct, omit_defaults=True):
     """The autopilot (docs/autopilot.md): whether it steers, what it sees and why it holds.
 
     ``claimed_gain`` is this run's progress per second against the fixed ``start_size``
     (measured there), from measured throughput and the noise scale's efficiency."""
 
-    state: Literal["off", "on", "paused", "refused"] = "off"
+    state: AutopilotState = "off"
     why: str | None = None  # why it is paused or refused
     waiting: str | None = None  # what the next decision waits for, or what it decided last
     start_size: int | None = None
