@@ -360,6 +360,18 @@ class RunLog:
         return None
 
 
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """One optimizer step on a batch, as the arms without a per-step schedule take it; the
+    loss, for ``mon.log``."""
+    loss = nn.functional.cross_entropy(model(inputs), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 @torch.no_grad()
 def held_out_loss(model: nn.Module, data: Data) -> float:
     model.eval()
@@ -528,11 +540,7 @@ def noise_lag(
     try:
         while mon.step < max(checkpoints):
             for inputs, labels in loader:
-                loss = nn.functional.cross_entropy(model(inputs), labels)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                mon.log(loss=loss)
+                mon.log(loss=train_step(model, optimizer, inputs, labels))
                 if mon.step in checkpoints:
                     mon.flush()
                     exact = exact_noise_scale(model, probe_inputs, probe_labels)
@@ -556,7 +564,6 @@ def step_times(
     torch.manual_seed(0)
     model = task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    loss_fn = nn.functional.cross_entropy
     result = {}
     for size in sizes:
         loader = DataLoader(
@@ -576,10 +583,7 @@ def step_times(
             except StopIteration:
                 batches = iter(loader)
                 inputs, labels = next(batches)
-            loss = loss_fn(model(inputs), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(model, optimizer, inputs, labels)
 
         for _ in range(10):
             one_step()
@@ -620,7 +624,6 @@ def autopilot_cost(
     from bsmon.probes import attach
 
     data = task.data()
-    loss_fn = nn.functional.cross_entropy
     result: dict[str, list[float]] = {name: [] for name in COST_CONFIGS}
     names = list(COST_CONFIGS)
     for block in range(rounds):
@@ -635,11 +638,7 @@ def autopilot_cost(
             try:
                 while started == 0.0 or time.perf_counter() - started < seconds:
                     for inputs, labels in loader:
-                        loss = loss_fn(model(inputs), labels)
-                        optimizer.zero_grad()
-                        loss.backward()
-                        optimizer.step()
-                        mon.log(loss=loss)
+                        mon.log(loss=train_step(model, optimizer, inputs, labels))
                         steps += 1
                         if steps == warmup:
                             started, timed = time.perf_counter(), steps
