@@ -299,14 +299,19 @@ def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
         budget = 700 * MiB
         result = mon.probe(memory_budget=budget, timeout=180)
         assert result.status == "ok", result.error
-        *trials, confirmation = result.points
+        trials = [p for p in result.points if not p.confirmation]
         sizes = [p.batch_size for p in trials]
         assert 2 <= len(sizes) <= plan.MAX_SIZES and sizes[0] == 32 and sizes == sorted(sizes)
-        assert all(p.fits for p in result.points) and confirmation.confirmation
-        assert confirmation.batch_size == result.predicted_max == result.confirmed_max
+        assert all(p.fits for p in result.points)
         assert all(p.peak_bytes <= budget and p.step_time_s > 0 for p in result.points)
-        assert result.max_batch_size == confirmation.batch_size  # the largest that ran
-        assert result.predicted_max is not None and result.predicted_max >= result.max_batch_size
+        assert result.confirmation is not None and result.confirmation.startswith("confirmed")
+        assert result.predicted_max is not None and result.predicted_max == result.confirmed_max
+        if result.predicted_max > max(sizes):  # the prediction is run once more, last
+            assert result.points[-1].confirmation and len(result.points) == len(trials) + 1
+            assert result.points[-1].batch_size == result.predicted_max == result.max_batch_size
+        else:  # a trial already ran a full step at or above it: nothing more to run
+            assert len(result.points) == len(trials)
+            assert result.max_batch_size == max(sizes)
         assert result.extrapolation is not None and result.budget_bytes == budget
         assert result.recommendation is not None
         assert result.recommendation.batch_size <= result.predicted_max
