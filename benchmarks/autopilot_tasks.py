@@ -536,19 +536,27 @@ def noise_lag(
     mon = attach(model, optimizer, batch_size=batch, record=False, serve=False)
     order = torch.Generator().manual_seed(seed)
     loader = mon.dataloader(data.train, shuffle=True, generator=order, collate_fn=whole_batch)
-    rows: list[tuple[int, float, float | None]] = []
+    seen: list[tuple[int, dict[str, torch.Tensor], float | None]] = []
     try:
         while mon.step < max(checkpoints):
             for inputs, labels in loader:
                 mon.log(loss=train_step(model, optimizer, inputs, labels))
                 if mon.step in checkpoints:
                     mon.flush()
-                    exact = exact_noise_scale(model, probe_inputs, probe_labels)
-                    rows.append((mon.step, exact, mon.noise_scale))
+                    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                    seen.append((mon.step, weights, mon.noise_scale))
                 if mon.step >= max(checkpoints):
                     break
     finally:
         mon.close()
+    # the exact values come afterwards, on a twin: run on the monitored model, every
+    # example's forward would pass through bsmon's hooks, and minutes between two steps
+    # would read as one step's time
+    twin = task.model()
+    rows = []
+    for step, weights, live in seen:
+        twin.load_state_dict(weights)
+        rows.append((step, exact_noise_scale(twin, probe_inputs, probe_labels), live))
     return rows
 
 

@@ -15,7 +15,15 @@ tr Σ / (|G|² + z·se), i.e. "B_simple is at least this".
 When a cost budget measures few steps, a horizon in training steps alone would hold too few
 measured ones; the averages then remember as many measured steps as keep the relative
 standard error near ``TRACKING_RSE`` (many when the per-step values are noisy), never fewer
-than ``MIN_MEMORY``. Following a drift is drift.py's job.
+than ``MIN_MEMORY``.
+
+Early in a run B_simple moves on the time scale of the run itself (it grew 30× over the first
+3,000 steps of a small character model), while |G|² falls: averages reaching back to the
+first steps then read far below it, since those steps' large |G|² dominates the mean. So the
+horizon never reaches back more than ``AGE_SHARE`` of the training steps the averages have
+been fed, nor holds fewer than ``AGED_MEMORY`` measured steps (which keeps about 39 effective
+steps, above the 30 an estimate needs): precision is given up only while the run is young.
+Following a later drift is drift.py's job.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ Z95 = 1.959963984540054
 MIN_EFFECTIVE_STEPS = 30
 TRACKING_RSE = 0.15  # the precision a sparsely measured estimate keeps (warm-up ends at 20%)
 MIN_MEMORY, MAX_MEMORY = 100, 1000  # measured steps the averages remember, at least / at most
+AGE_SHARE = 0.25  # the horizon reaches back at most this share of the steps fed so far ...
+AGED_MEMORY = 20  # ... holding at least this many measured steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,7 @@ class RatioEMA:
 
     def reset(self) -> None:
         self.steps = 0
+        self.elapsed = 0  # training steps since the first update
         self.memory = MIN_MEMORY * self.memory_scale
         self.w = 0.0  # Σ w
         self.w2 = 0.0  # Σ w²
@@ -86,8 +97,10 @@ class RatioEMA:
         the horizon stays ``window`` training steps when not every step is measured (and at
         least ``memory`` measured steps)."""
         steps = max(1, steps)
+        self.elapsed += steps
         slowest = 1.0 - 1.0 / self.memory  # the least decay per measured step
         beta = max(self.beta**steps, min(self.beta, slowest))
+        beta = max(min(beta, self._young_decay(steps)), min(beta, 1.0 - 1.0 / AGED_MEMORY))
         self.steps += 1
         self.age = beta * (self.age + steps * self.w)
         self.w = beta * self.w + 1.0
@@ -104,6 +117,12 @@ class RatioEMA:
         if self.relative is not None:
             self._follow_spread(self.relative)
 
+    def _young_decay(self, steps: int) -> float:
+        """The decay over ``steps`` training steps of a horizon of ``AGE_SHARE`` of the steps
+        fed so far (0: so young that nothing before this step is kept)."""
+        horizon = AGE_SHARE * self.elapsed
+        return (1.0 - 1.0 / horizon) ** steps if horizon > 1 else 0.0
+
     def _follow_spread(self, relative: float) -> None:
         """Remember as many measured steps as keep the relative standard error at
         ``TRACKING_RSE``: (per-step relative variance) / TRACKING_RSE² effective steps, which
@@ -114,9 +133,9 @@ class RatioEMA:
 
     def forget(self) -> None:
         """Drop what the averages hold, keeping their horizon and count of steps."""
-        steps, memory = self.steps, self.memory
+        steps, memory, elapsed = self.steps, self.memory, self.elapsed
         self.reset()
-        self.steps, self.memory = steps, memory
+        self.steps, self.memory, self.elapsed = steps, memory, elapsed
 
     def log_ratio(self) -> tuple[float, float] | None:
         """ln B_simple and its variance as of the latest update, once there is an estimate;
