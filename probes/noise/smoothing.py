@@ -21,8 +21,8 @@ Early in a run B_simple moves on the time scale of the run itself (it grew 30× 
 3,000 steps of a small character model), while |G|² falls: averages reaching back to the
 first steps then read far below it, since those steps' large |G|² dominates the mean. So the
 horizon never reaches back more than ``AGE_SHARE`` of the training steps the averages have
-been fed, nor holds fewer than ``AGED_MEMORY`` measured steps (which keeps about 39 effective
-steps, above the 30 an estimate needs): precision is given up only while the run is young.
+been fed, nor keeps fewer than ``AGED_EFFECTIVE`` effective steps (an estimate needs 30, and
+the first one comes as early as before): precision is given up only while the run is young.
 Following a later drift is drift.py's job.
 """
 
@@ -36,7 +36,7 @@ MIN_EFFECTIVE_STEPS = 30
 TRACKING_RSE = 0.15  # the precision a sparsely measured estimate keeps (warm-up ends at 20%)
 MIN_MEMORY, MAX_MEMORY = 100, 1000  # measured steps the averages remember, at least / at most
 AGE_SHARE = 0.25  # the horizon reaches back at most this share of the steps fed so far ...
-AGED_MEMORY = 20  # ... holding at least this many measured steps
+AGED_EFFECTIVE = 40  # ... keeping at least this many effective steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class RatioEMA:
         self.elapsed += steps
         slowest = 1.0 - 1.0 / self.memory  # the least decay per measured step
         beta = max(self.beta**steps, min(self.beta, slowest))
-        beta = max(min(beta, self._young_decay(steps)), min(beta, 1.0 - 1.0 / AGED_MEMORY))
+        beta = max(min(beta, self._young_decay(steps)), min(beta, self._least_decay()))
         self.steps += 1
         self.age = beta * (self.age + steps * self.w)
         self.w = beta * self.w + 1.0
@@ -122,6 +122,16 @@ class RatioEMA:
         fed so far (0: so young that nothing before this step is kept)."""
         horizon = AGE_SHARE * self.elapsed
         return (1.0 - 1.0 / horizon) ** steps if horizon > 1 else 0.0
+
+    def _least_decay(self) -> float:
+        """The smallest decay that leaves the averages ``AGED_EFFECTIVE`` effective steps
+        after this update (1: they hold no more than that yet, so nothing is let go). The
+        root of (βw + 1)² = F(β²w₂ + 1)."""
+        w, w2, floor = self.w, self.w2, AGED_EFFECTIVE
+        a = w * w - floor * w2
+        if a <= 0:
+            return 1.0
+        return (math.sqrt(w * w + a * (floor - 1)) - w) / a
 
     def _follow_spread(self, relative: float) -> None:
         """Remember as many measured steps as keep the relative standard error at

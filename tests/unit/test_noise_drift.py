@@ -64,12 +64,12 @@ def test_a_steady_drift_is_followed_closer_than_by_the_slow_averages():
     assert follower_error < slow_error / 2
 
 
-@pytest.mark.parametrize(("gap", "least"), [(1, 0.6), (10, 0.5)])
-def test_a_young_runs_falling_gradient_is_followed(gap, least):
+@pytest.mark.parametrize("gap", [1, 10])
+def test_a_young_runs_falling_gradient_is_followed(gap):
     """|G|² falling as 1/t (B_simple = 50·t, 30× over the run), every step measured for the
     first 300 and then one in ``gap``: averages reaching back to the first steps read a
     fifth of B_simple or less (their large |G|² dominates the mean); the horizon bounded by
-    the run's age reads most of it at every checkpoint."""
+    the run's age reads at least half of it at every checkpoint."""
     rng = np.random.default_rng(0)
     follower, last = DriftFollowingRatio(window=1000), 0
     for step in range(1, 3001):
@@ -78,4 +78,4 @@ def test_a_young_runs_falling_gradient_is_followed(gap, least):
             follower.update((1 + 0.5 * a) / step, 50.0 * (1 + 0.3 * b), steps=step - last)
             last = step
         if step in (100, 400, 1000, 3000):
-            assert least <= follower.estimate().b_simple / (50.0 * step) <= 1.3, step
+            assert 0.5 <= follower.estimate().b_simple / (50.0 * step) <= 1.3, step
