@@ -100,7 +100,7 @@ class RatioEMA:
         self.elapsed += steps
         slowest = 1.0 - 1.0 / self.memory  # the least decay per measured step
         beta = max(self.beta**steps, min(self.beta, slowest))
-        beta = max(min(beta, self._young_decay(steps)), min(beta, self._least_decay()))
+        beta = min(beta, max(self._young_decay(steps), self._least_decay()))
         self.steps += 1
         self.age = beta * (self.age + steps * self.w)
         self.w = beta * self.w + 1.0
