@@ -620,43 +620,88 @@ COST_CONFIGS = {
 }
 
 
+@dataclass
+class CostRounds:
+    """``autopilot_cost``'s measurements: each configuration's mean step time per round (the
+    rounds in the same order for every configuration, so they pair), and per round the agent
+    thread's CPU time in the autopilot's looks over the wall time of that block's timed part."""
+
+    step_s: dict[str, list[float]]
+    looks_share: list[float]
+
+
+class LookClock:
+    """The CPU time the agent thread spends in ``Autopilot.on_metrics`` (its looks), summed
+    while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> LookClock:
+        from bsmon.probes.batch.autopilot import Autopilot
+
+        self._original = original = Autopilot.on_metrics
+        clock = self
+
+        def timed(autopilot: Any, metrics: Any) -> None:
+            began = time.thread_time()
+            try:
+                original(autopilot, metrics)
+            finally:
+                clock.seconds += time.thread_time() - began
+
+        Autopilot.on_metrics = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from bsmon.probes.batch.autopilot import Autopilot
+
+        Autopilot.on_metrics = self._original  # type: ignore[method-assign]
+
+
 def autopilot_cost(
-    task: Task, size: int, *, rounds: int = 4, warmup: int = 600, seconds: float = 2.0
-) -> dict[str, list[float]]:
+    task: Task, size: int, *, rounds: int = 12, warmup: int = 1500, seconds: float = 1.5
+) -> CostRounds:
     """The autopilot's own cost, its estimate (the noise scale on its budget) and its
     decisions together: the mean step time at a fixed ``size`` under bsmon with the noise
     scale off, with it on, and with it on and the autopilot steering (held at ``size`` by
     ``max_batch_size``, so every look decides to stay), one fresh job per block, the order
-    reversed every other round, each timed for ``seconds`` after ``warmup`` steps (the noise scale's
-    warm-up is then over)."""
+    rotated every round, each timed for ``seconds`` after ``warmup`` steps (the noise scale's
+    warm-up and the autopilot's fast-paced first looks are then over)."""
     from bsmon.probes import attach
 
     data = task.data()
-    result: dict[str, list[float]] = {name: [] for name in COST_CONFIGS}
+    result = CostRounds({name: [] for name in COST_CONFIGS}, [])
     names = list(COST_CONFIGS)
     for block in range(rounds):
-        for name in names if block % 2 == 0 else names[::-1]:
+        shift = block % len(names)
+        for name in (names[shift:] + names[:shift])[:: 1 if block % 2 == 0 else -1]:
             torch.manual_seed(block)
             model = task.model()
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
             options = {"record": False, "serve": False, "max_batch_size": size}
-            mon = attach(model, optimizer, batch_size=size, **options, **COST_CONFIGS[name])
-            loader = mon.dataloader(data.train, shuffle=True, collate_fn=whole_batch)
-            steps, started = 0, 0.0
-            try:
-                while started == 0.0 or time.perf_counter() - started < seconds:
-                    for inputs, labels in loader:
-                        mon.log(loss=train_step(model, optimizer, inputs, labels))
-                        steps += 1
-                        if steps == warmup:
-                            started, timed = time.perf_counter(), steps
-                        if started and time.perf_counter() - started >= seconds:
-                            break
-                result[name].append((time.perf_counter() - started) / (steps - timed))
-            finally:
-                mon.close()
+            with LookClock() as looks:
+                mon = attach(model, optimizer, batch_size=size, **options, **COST_CONFIGS[name])
+                loader = mon.dataloader(data.train, shuffle=True, collate_fn=whole_batch)
+                steps, started, looked = 0, 0.0, 0.0
+                try:
+                    while started == 0.0 or time.perf_counter() - started < seconds:
+                        for inputs, labels in loader:
+                            mon.log(loss=train_step(model, optimizer, inputs, labels))
+                            steps += 1
+                            if steps == warmup:
+                                started, timed, looked = time.perf_counter(), steps, looks.seconds
+                            if started and time.perf_counter() - started >= seconds:
+                                break
+                    wall = time.perf_counter() - started
+                    result.step_s[name].append(wall / (steps - timed))
+                    if COST_CONFIGS[name].get("autopilot"):
+                        result.looks_share.append((looks.seconds - looked) / wall)
+                finally:
+                    mon.close()
+            step_ms = result.step_s[name][-1] * 1e3
             print(
-                f"  [{task.name}] cost block {block}: {name} {result[name][-1] * 1e3:.3f} ms",
+                f"  [{task.name}] cost block {block}: {name} {step_ms:.3f} ms",
                 file=sys.stderr,
             )
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import time
 
 import pytest
 
@@ -184,3 +185,34 @@ def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gra
     trace = float(flat.var(0, unbiased=True).sum())
     g2 = float(flat.mean(0).pow(2).sum()) - trace / len(flat)
     assert tasks.exact_noise_scale(model, inputs, labels) == pytest.approx(trace / g2, rel=1e-6)
+
+
+def test_the_cost_is_the_median_of_each_rounds_paired_change_with_its_quartiles():
+    changes = bench._paired([2.04, 1.12, 0.98, 1.04], [2.0, 1.0, 1.0, 1.0])
+    assert changes == pytest.approx([0.02, 0.12, -0.02, 0.04])
+    assert bench._share(changes) == "+3.0% [+1.0%…+6.0%]"
+
+
+def test_the_look_clock_times_the_autopilots_looks_and_puts_the_method_back():
+    from bsmon.probes.batch.autopilot import Autopilot
+
+    tasks = importlib.import_module("autopilot_tasks")
+    original = Autopilot.on_metrics
+    calls = []
+
+    class Busy:
+        def on_metrics(self, metrics: object) -> None:
+            calls.append(metrics)
+            deadline = time.thread_time() + 0.02
+            while time.thread_time() < deadline:
+                pass
+
+    try:
+        Autopilot.on_metrics = Busy.on_metrics  # what the clock wraps
+        with tasks.LookClock() as clock:
+            Autopilot.on_metrics(Busy(), "metrics")
+        assert calls == ["metrics"]
+        assert clock.seconds >= 0.02
+        assert Autopilot.on_metrics is Busy.on_metrics
+    finally:
+        Autopilot.on_metrics = original
