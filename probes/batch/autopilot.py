@@ -3,8 +3,8 @@
 At each decision point it predicts, for the sizes within 2× of the current one, the progress
 per second they would make (``goodput``: the job's measured step time at each size, fitted by
 a line, and the noise scale's efficiency), and asks for the best one when it predicts more
-than ``THRESHOLD`` over staying. Growth reads the low end of B_simple's 95% interval and
-shrinking the high end, so an uncertain estimate holds the size; never below the size the
+than ``THRESHOLD`` over staying. Growth reads B_simple discounted by half its 95% interval
+(``Estimate.for_growth``), shrinking the interval's high end; never below the size the
 run started at (early in training an LM's B_simple can read below one sequence). The change
 goes through the controller like a key press: at a step boundary, the learning rate moved by
 the job's rule (linear for SGD, square root for Adam-type), an event for each.
@@ -75,6 +75,7 @@ class Autopilot:
         self.why: str | None = None
         self.waiting: str | None = None
         self.decisions: deque[AutopilotDecision] = deque(maxlen=DECISIONS_KEPT)
+        self.decided = 0  # decisions made (``decisions`` keeps the latest ``DECISIONS_KEPT``)
         self._lock = threading.Lock()
         self._estimate: Estimate | None = None
         self._model: StepTimeModel | None = None
@@ -180,8 +181,8 @@ class Autopilot:
         self._last_look_step = step
         half = model.half_batch
         current = control.size
-        self._target = self._clamp(optimum(estimate.low, half))
-        up = self._best(self._candidates(current, "up"), current, estimate.low, half)
+        self._target = self._clamp(optimum(estimate.for_growth, half))
+        up = self._best(self._candidates(current, "up"), current, estimate.for_growth, half)
         down = self._best(self._candidates(current, "down"), current, estimate.high, half)
         for kind, (size, gain) in (("grow", up), ("shrink", down)):
             if size is not None and gain > THRESHOLD:
@@ -287,7 +288,8 @@ class Autopilot:
 
     def _record(self, decision: AutopilotDecision) -> None:
         self.decisions.append(decision)
-        claimed = self._claim()[0]
+        self.decided += 1
+        claimed = self._ledger.claim()[0]
         so_far = f"; {claimed:.2f}× vs batch {self.start_size} so far" if claimed else ""
         if decision.kind == "revert":
             text = f"autopilot: batch {decision.old} → {decision.new} at step {decision.step:,}"
@@ -359,11 +361,11 @@ class Autopilot:
         with self._lock:
             if self.state == "off" and not self.decisions:
                 return
-            claimed, note = self._claim()
+            claimed, note = self._ledger.claim()
             said = f"{claimed:.2f}× claimed {note}" if claimed is not None else f"no claim: {note}"
             self._say(
                 f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
-                f"{len(self.decisions)} decisions; {said}",
+                f"{self.decided} decision{'' if self.decided == 1 else 's'}; {said}",
                 level="info",
                 end={"end": True, "claimed_gain": claimed},
             )
@@ -372,7 +374,7 @@ class Autopilot:
 
     def _reading(self) -> AutopilotReading:
         estimate, model = self._estimate, self._model
-        claimed, note = self._claim()
+        claimed, note = self._ledger.claim()
         ceiling, ceiling_why = self._control.memory_ceiling()
         half = model.half_batch if model is not None else None
         return AutopilotReading(
@@ -394,9 +396,6 @@ class Autopilot:
             claimed_note=note,
             decisions=list(self.decisions),
         )
-
-    def _claim(self) -> tuple[float | None, str]:
-        return self._ledger.claim()
 
     def _say(self, message: str, *, level: str, end: dict[str, object] | None = None) -> None:
         """An ``autopilot_state`` event; ``end``: the final claim's fields, at the job's end."""

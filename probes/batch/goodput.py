@@ -116,6 +116,14 @@ class Estimate:
     low: float
     high: float
 
+    @property
+    def for_growth(self) -> float:
+        """What growth steers by: √(point · low), about a one-sided 84% lower bound (z ≈ 1 on
+        the log scale on which the interval's low end is z = 1.96). The low end itself
+        discounted twice on a young run, whose live estimate already lags a rising B_simple
+        (docs/autopilot.md)."""
+        return math.sqrt(self.point * self.low)
+
 
 def resolved(noise: NoiseScaleReading) -> Estimate | None:
     """The estimate when it can steer: a point and a bounded 95% interval above zero."""

@@ -186,8 +186,8 @@ class AutopilotDecision(msgspec.Struct, omit_defaults=True):
     new: int
     kind: Literal["grow", "shrink", "revert"]
     b_simple: float | None = None  # the noise scale's estimate then ...
-    b_simple_low: float | None = None  # ... and its 95% interval: growth reads the low end,
-    b_simple_high: float | None = None  # shrinking the high one
+    b_simple_low: float | None = None  # ... and its 95% interval: growth reads √(point·low),
+    b_simple_high: float | None = None  # shrinking the high end
     half_batch: float | None = None  # B½ of the step-time model (None: unbounded)
     target: int | None = None  # √(B½·φ), within the limits
     predicted_gain: float | None = None  # progress per second at new over old, predicted

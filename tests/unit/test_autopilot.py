@@ -195,7 +195,7 @@ def test_the_step_time_line_is_recovered_from_measured_sizes():
 
 def test_it_grows_at_most_2x_a_decision_to_near_the_optimum_and_holds_there():
     job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(120)
-    target = optimum(950, 64)  # the low end of the interval: ≈ 247
+    target = optimum(math.sqrt(1000 * 950), 64)  # growth's read, √(point · low end): ≈ 250
     assert job.control.size == 256, job.sizes
     for decision in job.decisions():
         assert decision.kind == "grow" and decision.new == 2 * decision.old
@@ -211,6 +211,30 @@ def test_it_grows_at_most_2x_a_decision_to_near_the_optimum_and_holds_there():
     assert job.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 256 / 16)
     steps = [d.step for d in job.decisions()]
     assert all(b - a >= SETTLE_STEPS for a, b in itertools.pairwise(steps))
+
+
+@pytest.mark.parametrize(("point", "low", "grows"), [(1200, 600, True), (1000, 400, False)])
+def test_growth_reads_the_noise_scale_between_its_point_and_its_intervals_low_end(
+    point, low, grows
+):
+    """At 128 with B½ = 64 a doubling pays 1.05× once φ ≥ 768: √(1200·600) = 849 grows where
+    the low end alone (600) would hold; √(1000·400) = 632 holds where the point would grow."""
+    reading = NoiseScaleReading(b_simple=point, ci_low=low, ci_high=2 * point)
+    job = Job(size=128, half=64, declared_half=64, noise=lambda _step: reading).run(40)
+    assert [(d.old, d.new) for d in job.decisions()] == ([(128, 256)] if grows else [])
+    if grows:
+        assert job.decisions()[0].target == round(optimum(math.sqrt(point * low), 64))
+
+
+@pytest.mark.parametrize(
+    ("phi", "end", "said"), [(20.0, 32, "1 decision;"), (1000.0, 256, "4 decisions;")]
+)
+def test_the_end_event_counts_its_decisions(phi, end, said):
+    job = Job(size=16, half=64, declared_half=64, noise=tight(phi, spread=0.05)).run(120)
+    job.autopilot.finish()
+    assert job.control.size == end
+    message = job.events[-1].message
+    assert message.startswith(f"autopilot at the end: batch 16 → {end} in {said}"), message
 
 
 def test_no_look_before_the_memory_is_read_at_the_size_it_runs_and_the_ramp_then_holds():

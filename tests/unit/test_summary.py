@@ -438,7 +438,7 @@ def test_the_autopilots_decisions_and_final_claim_are_summarized(tmp_path):
             t=START + 74,
             step=1500,
             kind="autopilot_state",
-            message="autopilot at the end: batch 32 → 64 in 1 decisions; 1.31× claimed ...",
+            message="autopilot at the end: batch 32 → 64 in 1 decision; 1.31× claimed ...",
             data={"end": True, "claimed_gain": 1.31, "start_size": 32},
         ),
     ]
