@@ -41,14 +41,15 @@ Goals (met / not met; research/autopilot.md §7's C1–C4):
   over the autopilot's);
 - **own cost** (``--cost``, apart): the noise scale on its budget and the autopilot's looks
   together ≤ 3% of the step time at 4·B0 (bsmon with both, held at that size, against bsmon
-  with the noise scale off; fresh jobs in rotated blocks, the median of the paired ratios).
+  with the noise scale off; the three jobs in one process taking turns, 100 steps at a time;
+  the median of 12 rounds' paired ratios).
 
     python benchmarks/autopilot.py                                  # both tasks, 5 seeds (~28 min)
     python benchmarks/autopilot.py --quick                          # a smoke run (~3 min)
     python benchmarks/autopilot.py --write-lr-table /tmp/lr.json    # keep the tuning ...
     python benchmarks/autopilot.py --lr-table /tmp/lr.json          # ... and skip it next time
     python benchmarks/autopilot.py --tasks charlm --seeds 3
-    python benchmarks/autopilot.py --cost                           # goal C5 alone (~3 min)
+    python benchmarks/autopilot.py --cost                           # goal C5 alone (~2 min)
     python benchmarks/autopilot.py --lag                            # the noise scale's lag
 
 Progress goes to stderr, the tables and verdicts to stdout. Figures are printed, never

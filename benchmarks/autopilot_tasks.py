@@ -623,8 +623,8 @@ COST_CONFIGS = {
 @dataclass
 class CostRounds:
     """``autopilot_cost``'s measurements: each configuration's mean step time per round (the
-    rounds in the same order for every configuration, so they pair), and per round the agent
-    thread's CPU time in the autopilot's looks over the wall time of that block's timed part."""
+    same rounds for every configuration, so they pair), and per round the agent thread's CPU
+    time in the autopilot's looks over the round's wall time."""
 
     step_s: dict[str, list[float]]
     looks_share: list[float]
@@ -659,49 +659,71 @@ class LookClock:
         Autopilot.on_metrics = self._original  # type: ignore[method-assign]
 
 
+class CostJob:
+    """One configuration's training job: its own model, optimizer, monitor and batches."""
+
+    def __init__(self, task: Task, size: int, config: dict[str, Any]) -> None:
+        from bsmon.probes import attach
+
+        torch.manual_seed(0)
+        self.model = task.model()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4, momentum=0.9)
+        options = {"record": False, "serve": False, "max_batch_size": size}
+        self.mon = attach(self.model, self.optimizer, batch_size=size, **options, **config)
+        self._loader = self.mon.dataloader(task.data().train, shuffle=True, collate_fn=whole_batch)
+        self._batches = iter(self._loader)
+
+    def run(self, steps: int) -> float:
+        """``steps`` training steps; their wall time."""
+        started = time.perf_counter()
+        for _ in range(steps):
+            try:
+                inputs, labels = next(self._batches)
+            except StopIteration:
+                self._batches = iter(self._loader)
+                inputs, labels = next(self._batches)
+            self.mon.log(loss=train_step(self.model, self.optimizer, inputs, labels))
+        return time.perf_counter() - started
+
+
 def autopilot_cost(
-    task: Task, size: int, *, rounds: int = 12, warmup: int = 1500, seconds: float = 1.5
+    task: Task,
+    size: int,
+    *,
+    rounds: int = 12,
+    turns: int = 10,
+    block: int = 100,
+    warmup: int = 1500,
 ) -> CostRounds:
     """The autopilot's own cost, its estimate (the noise scale on its budget) and its
     decisions together: the mean step time at a fixed ``size`` under bsmon with the noise
     scale off, with it on, and with it on and the autopilot steering (held at ``size`` by
-    ``max_batch_size``, so every look decides to stay), one fresh job per block, the order
-    rotated every round, each timed for ``seconds`` after ``warmup`` steps (the noise scale's
-    warm-up and the autopilot's fast-paced first looks are then over)."""
-    from bsmon.probes import attach
-
-    data = task.data()
-    result = CostRounds({name: [] for name in COST_CONFIGS}, [])
+    ``max_batch_size``, so every look decides to stay). The three jobs live in one process
+    and take turns, ``block`` steps at a time in an order rotated every turn, so that the
+    machine's drift (here ±20% between fresh jobs a few seconds apart) falls on the three
+    alike; a round is ``turns`` turns, after ``warmup`` steps each (the noise scale's warm-up
+    and the autopilot's fast-paced first looks are then over)."""
     names = list(COST_CONFIGS)
-    for block in range(rounds):
-        shift = block % len(names)
-        for name in (names[shift:] + names[:shift])[:: 1 if block % 2 == 0 else -1]:
-            torch.manual_seed(block)
-            model = task.model()
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-            options = {"record": False, "serve": False, "max_batch_size": size}
-            with LookClock() as looks:
-                mon = attach(model, optimizer, batch_size=size, **options, **COST_CONFIGS[name])
-                loader = mon.dataloader(data.train, shuffle=True, collate_fn=whole_batch)
-                steps, started, looked = 0, 0.0, 0.0
-                try:
-                    while started == 0.0 or time.perf_counter() - started < seconds:
-                        for inputs, labels in loader:
-                            mon.log(loss=train_step(model, optimizer, inputs, labels))
-                            steps += 1
-                            if steps == warmup:
-                                started, timed, looked = time.perf_counter(), steps, looks.seconds
-                            if started and time.perf_counter() - started >= seconds:
-                                break
-                    wall = time.perf_counter() - started
-                    result.step_s[name].append(wall / (steps - timed))
-                    if COST_CONFIGS[name].get("autopilot"):
-                        result.looks_share.append((looks.seconds - looked) / wall)
-                finally:
-                    mon.close()
-            step_ms = result.step_s[name][-1] * 1e3
-            print(
-                f"  [{task.name}] cost block {block}: {name} {step_ms:.3f} ms",
-                file=sys.stderr,
-            )
+    result = CostRounds({name: [] for name in names}, [])
+    with LookClock() as looks:
+        jobs = {name: CostJob(task, size, COST_CONFIGS[name]) for name in names}
+        try:
+            for _ in range(warmup // block):
+                for job in jobs.values():
+                    job.run(block)
+            for round_ in range(rounds):
+                spent = dict.fromkeys(names, 0.0)
+                looked, began = looks.seconds, time.perf_counter()
+                for turn in range(turns):
+                    shift = (round_ * turns + turn) % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        spent[name] += jobs[name].run(block)
+                result.looks_share.append((looks.seconds - looked) / (time.perf_counter() - began))
+                for name in names:
+                    result.step_s[name].append(spent[name] / (turns * block))
+                shown = ", ".join(f"{spent[n] / (turns * block) * 1e3:.3f}" for n in names)
+                print(f"  [{task.name}] cost round {round_}: {shown} ms", file=sys.stderr)
+        finally:
+            for job in jobs.values():
+                job.mon.close()
     return result
