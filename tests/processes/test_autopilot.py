@@ -76,7 +76,8 @@ def test_switched_on_over_the_socket_it_grows_the_batch_and_says_why(bsmon_dir):
         first = reading.decisions[0]
         assert (first.old, first.new, first.kind) == (8, 16, "grow")
         assert first.b_simple_low > 0 and first.predicted_gain > 1.05
-        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04)  # linear, for SGD
+        # linear, for SGD (by the time the check comes round it may have grown again)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.02 * mon.batch_size / 8)
         assert mon.flush()  # the change's record reaches the agent
         change = mon.batch_control.changes[-1]
         assert change.source == "autopilot" and "linear rule for SGD" in change.lr_note
