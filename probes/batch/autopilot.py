@@ -17,6 +17,10 @@ rate or see the loss; any other batch change pauses it (the user's keys win).
 
 ``claimed_gain`` (``gain_claim``) is the run's progress per second against a fixed
 ``start_size``, from measured throughput and the noise scale's efficiency.
+
+Why one module: the decisions, the guards and the reading share one lock and one state (on,
+paused, refused; the target, the next look, a size out of reach); the model they use
+(``goodput``), the claim (``gain_claim``) and the learning rate's owner are apart already.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from ..wire.protocol import (
     Metrics,
 )
 from ..wire.routing import CommandRefused
-from .control import BatchController
+from .control import BatchController, Pending
 from .gain_claim import GainLedger
 from .goodput import MIN_WINDOWS, Estimate, StepTimeModel, fit_step_time, optimum, resolved
 from .goodput import goodput_gain as gain_of
@@ -88,6 +92,7 @@ class Autopilot:
         self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self._lr_owner = LearningRateOwner(controller)
         self._ledger = GainLedger(controller.size)
+        controller.request_listeners.append(self.on_request)
 
     # -- switching on and off (agent thread, or the job's thread through the router) ---------
 
@@ -142,12 +147,20 @@ class Autopilot:
             self._last_change_step = change.step
             if change.source == SOURCE:
                 self.ramp_until = change.step + RAMP_STEPS
-            if change.source == SOURCE or self.state != "on":
+        self.on_request(Pending(change.new, "", change.source))
+
+    def on_request(self, request: Pending) -> None:
+        """A change asked for: one from anywhere but the autopilot pauses it at once (a key
+        that undoes its change before a step applied it changes nothing, and still wins)."""
+        if request.source == SOURCE:
+            return  # its own request, made holding the lock
+        with self._lock:
+            if self.state != "on":
                 return
             self.state = "paused"
             self.why = (
-                f"the batch was set to {change.new} by {change.source} at step "
-                f"{change.step:,}: the user's keys win (a switches the autopilot on again)"
+                f"the batch was set to {request.value} by {request.source} at step "
+                f"{self._step():,}: the user's keys win (a switches the autopilot on again)"
             )
             self._say(f"autopilot paused: {self.why}", level="info")
 

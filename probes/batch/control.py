@@ -113,6 +113,7 @@ class BatchController:
         self._rank = rank
         self._in_flight: Pending | None = None
         self._callbacks: list[BatchCallback] = []
+        self.request_listeners: list[Callable[[Pending], None]] = []  # told after each request
         self._lock = threading.Lock()
         self._switch_time = time.time()
         self._switch_step = 0
@@ -157,7 +158,7 @@ class BatchController:
                 raise CommandRefused(f"the batch size is already {value}")
             if not confirm and (why := self.confirmation_reason(value)) is not None:
                 raise NeedsConfirmation(why, value)
-            self.pending = Pending(value, reason or "requested", source)
+            self.pending = pending = Pending(value, reason or "requested", source)
             self._wake()
             step = self._step()
             result = BatchSizeResult(old=self.size, new=value, step=step)
@@ -165,7 +166,9 @@ class BatchController:
                 result.applies_after_step = self._applies_after(step)
             else:
                 result.applies_at = self.apply_at
-            return result.as_result()
+        for listener in self.request_listeners:  # outside the lock: a listener takes its own
+            listener(pending)
+        return result.as_result()
 
     @property
     def upcoming(self) -> Pending | None:

@@ -356,6 +356,24 @@ def test_the_users_keys_win_and_pause_it():
     assert job.control.size > 8
 
 
+def test_a_key_that_undoes_its_change_before_a_step_applied_it_still_pauses_it():
+    """``-`` pressed while its grow to 32 waits for the step boundary: the key asks for 16,
+    the size the job already runs, so no change is applied; the key still wins."""
+    job = Job(size=16, half=64, noise=tight(1000.0))
+    for _ in range(100):
+        job.run(1)
+        if (upcoming := job.control.upcoming) is not None:
+            break
+    assert upcoming is not None and upcoming.source == "autopilot" and upcoming.value == 32
+    job.control.request_step("down", confirm=True, source="monitor")
+    reading = job.autopilot.reading()
+    assert reading.state == "paused" and "set to 16 by monitor" in reading.why
+    decided = len(job.decisions())
+    job.run(80)
+    assert job.control.size == 16 and len(job.decisions()) == decided
+    assert not any(change.source == "autopilot" for change in job.control.changes)
+
+
 @pytest.mark.parametrize(
     ("lr_scaling", "words"),
     [(None, "lr_scaling=None"), ("auto", "scheduler")],
