@@ -721,7 +721,7 @@ def autopilot_cost(
                 result.looks_share.append((looks.seconds - looked) / (time.perf_counter() - began))
                 for name in names:
                     result.step_s[name].append(spent[name] / (turns * block))
-                shown = ", ".join(f"{spent[n] / (turns * block) * 1e3:.3f}" for n in names)
+                shown = ", ".join(f"{result.step_s[n][-1] * 1e3:.3f}" for n in names)
                 print(f"  [{task.name}] cost round {round_}: {shown} ms", file=sys.stderr)
         finally:
             for job in jobs.values():

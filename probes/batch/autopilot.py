@@ -147,20 +147,23 @@ class Autopilot:
             self._last_change_step = change.step
             if change.source == SOURCE:
                 self.ramp_until = change.step + RAMP_STEPS
-        self.on_request(Pending(change.new, "", change.source))
+        self._pause_for(change.new, change.source, change.step)  # the OOM guard asks for none
 
     def on_request(self, request: Pending) -> None:
         """A change asked for: one from anywhere but the autopilot pauses it at once (a key
         that undoes its change before a step applied it changes nothing, and still wins)."""
-        if request.source == SOURCE:
-            return  # its own request, made holding the lock
+        self._pause_for(request.value, request.source, self._step())
+
+    def _pause_for(self, size: int, source: str, step: int) -> None:
+        if source == SOURCE:
+            return  # its own change (a request of its own is made holding the lock)
         with self._lock:
             if self.state != "on":
                 return
             self.state = "paused"
             self.why = (
-                f"the batch was set to {request.value} by {request.source} at step "
-                f"{self._step():,}: the user's keys win (a switches the autopilot on again)"
+                f"the batch was set to {size} by {source} at step {step:,}: the user's keys "
+                "win (a switches the autopilot on again)"
             )
             self._say(f"autopilot paused: {self.why}", level="info")
 
@@ -194,8 +197,9 @@ class Autopilot:
         self._last_look_step = step
         half = model.half_batch
         current = control.size
-        self._target = self._clamp(optimum(estimate.for_growth, half))
-        up = self._best(self._candidates(current, "up"), current, estimate.for_growth, half)
+        grown_on = estimate.for_growth
+        self._target = self._clamp(optimum(grown_on, half))
+        up = self._best(self._candidates(current, "up"), current, grown_on, half)
         down = self._best(self._candidates(current, "down"), current, estimate.high, half)
         for kind, (size, gain) in (("grow", up), ("shrink", down)):
             if size is not None and gain > THRESHOLD:
