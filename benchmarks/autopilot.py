@@ -17,6 +17,12 @@ library's own sources; no download, SGD with momentum 0.9, one thread):
    max_batch_size=64·B0)`` with B0's tuned rate only, batches from ``mon.dataloader``; once
    with B½ fitted from the job's own step times (the wall-clock row) and once for each
    declared B½ ∈ {16, 64, 256, 1024} (the simulated columns).
+5. **The fastest ramps** (a bound, not a goal): no monitor, the batch B0 for the autopilot's
+   first ``WARMUP_STEPS`` steps, then doubled every ``SETTLE_STEPS`` (its fastest legal
+   pace, 2× per decision) up to 8·B0 … 64·B0 and held there, B0's rate moved linearly with
+   it. A ramp to S is the best any autopilot with these guards could do had it known from
+   the start that S is the size to steer to; B_simple's model picks S = the doubling where
+   the goodput gain stops paying (docs/benchmarks.md reads it with the exact B_simple).
 
 Every arm runs on each evaluation seed (arms interleaved within a seed) until the held-out
 loss reaches the task's last target. Time to a target is interpolated linearly between the
@@ -44,7 +50,7 @@ Goals (met / not met; research/autopilot.md §7's C1–C4):
   with the noise scale off; the three jobs in one process taking turns, 100 steps at a time;
   the median of 12 rounds' paired ratios).
 
-    python benchmarks/autopilot.py                                  # both tasks, 5 seeds (~28 min)
+    python benchmarks/autopilot.py                                  # both tasks, 5 seeds (~32 min)
     python benchmarks/autopilot.py --quick                          # a smoke run (~3 min)
     python benchmarks/autopilot.py --write-lr-table /tmp/lr.json    # keep the tuning ...
     python benchmarks/autopilot.py --lr-table /tmp/lr.json          # ... and skip it next time
@@ -169,8 +175,9 @@ class Run:
 
 @dataclass
 class ArmResult:
-    """One arm over the evaluation seeds. ``kind``: ``fixed``, ``warmup`` or ``auto``; for the
-    autopilot ``half`` is the declared B½ (None: fitted from its own step times)."""
+    """One arm over the evaluation seeds. ``kind``: ``fixed``, ``warmup``, ``auto`` or
+    ``ramp`` (the fastest ramp to ``batch``, a bound: never a "best fixed" baseline); for
+    the autopilot ``half`` is the declared B½ (None: fitted from its own step times)."""
 
     label: str
     kind: str
@@ -452,6 +459,7 @@ class Settings:
     warmup_factors: tuple[float, ...]
     extensions: int
     halves: tuple[float | None, ...]
+    ramp_tops: tuple[int, ...]
 
 
 def run_once(task: Any, arm: Any, seed: int, settings: Settings) -> Any:
@@ -608,6 +616,9 @@ def evaluate(task: Any, table_entry: Mapping[str, Any], settings: Settings) -> l
             arm = Arm(batch, lr, warmup_examples=examples)
             arms.append((ArmResult(arm.label, "warmup", batch, lr), arm))
     lr0 = fixed[task.start_batch]
+    for top in settings.ramp_tops:
+        arm = Arm(task.start_batch, lr0, ramp_to=top)
+        arms.append((ArmResult(arm.label, "ramp", top, lr0), arm))
     for half in settings.halves:
         arm = Arm(task.start_batch, lr0, autopilot=True, half=half)
         arms.append((ArmResult(arm.label, "auto", task.start_batch, lr0, half), arm))
@@ -664,11 +675,17 @@ def lag(names: Sequence[str]) -> int:
         task = TASKS[name]
         batch = 4 * task.start_batch
         rows = noise_lag(task, batch, task.lr_centre[batch], FIRST_EVAL_SEED, LAG_CHECKPOINTS)
-        print(f"{name} at batch {batch}: B_simple exact (32,768 examples) / the live estimate")
-        for step, exact, live in rows:
-            shown = f"{live:,.0f}" if live is not None else "none"
-            ratio = f" ({live / exact:.2f}×)" if live else ""
-            print(f"  step {step:>5,}: {exact:>7,.0f} / {shown}{ratio}", flush=True)
+        print(
+            f"{name} at batch {batch}: B_simple exact (16,384 examples) at the step / over the "
+            "last quarter of the run (the ratio of the means at 8 steps) / the live estimate"
+        )
+        for row in rows:
+            shown = f"{row.live:,.0f}" if row.live is not None else "none"
+            ratio = f" ({row.live / row.window:.2f}× the window's)" if row.live else ""
+            print(
+                f"  step {row.step:>5,}: {row.point:>7,.0f} / {row.window:>7,.0f} / {shown}{ratio}",
+                flush=True,
+            )
     return 0
 
 
@@ -687,7 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--lag",
         action="store_true",
-        help="only the live noise scale against the exact one at checkpoints of a fixed 4·B0",
+        help="only the live noise scale against the exact one at checkpoints of a fixed 4·B0 "
+        "(at the checkpoint, and over the last quarter of the run before it)",
     )
     args = parser.parse_args(argv)
 
@@ -718,6 +736,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             warmup_factors=(1.0, 2.0) if args.quick else WARMUP_FACTORS,
             extensions=0 if args.quick else EXTENSIONS,
             halves=(None, 64) if args.quick else (None, *HALVES),
+            ramp_tops=tuple(
+                task.start_batch * 2**k for k in ((4,) if args.quick else (3, 4, 5, 6))
+            ),
         )
         say(f"{task.title}: targets {settings.targets}, B0 {task.start_batch}")
         t0, c = calibrate(task)

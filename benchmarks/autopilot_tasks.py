@@ -33,7 +33,7 @@ import statistics
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -306,18 +306,24 @@ TASKS: dict[str, Task] = {
 @dataclass(frozen=True)
 class Arm:
     """What a run trains with. ``autopilot``: bsmon steers from ``batch`` (the start batch)
-    with ``half`` declared as B½ (None: fitted from the job's own step times)."""
+    with ``half`` declared as B½ (None: fitted from the job's own step times). ``ramp_to``:
+    no monitor; the batch follows ``ramp_size``, the fastest ramp from ``batch`` to this size
+    that the autopilot's guards allow, the learning rate moved with it by the autopilot's
+    rule for SGD (linear)."""
 
     batch: int
     lr: float
     warmup_examples: int = 0
     autopilot: bool = False
     half: float | None = None
+    ramp_to: int = 0
 
     @property
     def label(self) -> str:
         if self.autopilot:
             return "auto, measured B½" if self.half is None else f"auto, B½={self.half:g} declared"
+        if self.ramp_to:
+            return f"fastest ramp to {self.ramp_to}"
         if self.warmup_examples:
             return f"fixed {self.batch} + warm-up {self.warmup_examples // 1024}k ex"
         return f"fixed {self.batch}"
@@ -358,6 +364,37 @@ class RunLog:
                 return seen
             seen += examples
         return None
+
+
+def ramp_size(step: int, start: int, top: int) -> int:
+    """The batch of the 0-based ``step`` on the fastest ramp from ``start`` to ``top`` that
+    the autopilot's guards allow: ``start`` until its first decision (``WARMUP_STEPS``),
+    then twice the size (its most per decision) every ``SETTLE_STEPS`` steps."""
+    from bsmon.probes.batch.autopilot import SETTLE_STEPS, WARMUP_STEPS
+
+    if step < WARMUP_STEPS:
+        return start
+    doublings = 1 + (step - WARMUP_STEPS) // SETTLE_STEPS
+    return min(top, start << min(doublings, top.bit_length()))
+
+
+class RampSampler:
+    """Batches of indices in a seeded random order, each step's size from ``ramp_size``; the
+    step count carries over from one epoch to the next (an epoch's last batch may be short,
+    as a DataLoader's without ``drop_last``)."""
+
+    def __init__(self, length: int, start: int, top: int, generator: torch.Generator) -> None:
+        self.length, self.start, self.top, self.generator = length, start, top, generator
+        self.steps = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = torch.randperm(self.length, generator=self.generator).tolist()
+        at = 0
+        while at < self.length:
+            size = ramp_size(self.steps, self.start, self.top)
+            yield order[at : at + size]
+            at += size
+            self.steps += 1
 
 
 def train_step(
@@ -416,6 +453,9 @@ def train(
         loader: DataLoader = mon.dataloader(
             data.train, shuffle=True, generator=order, collate_fn=whole_batch
         )
+    elif arm.ramp_to:
+        sampler = RampSampler(len(data.train), arm.batch, arm.ramp_to, order)  # type: ignore[arg-type]
+        loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=whole_batch)
     else:
         loader = DataLoader(
             data.train, batch_size=arm.batch, shuffle=True, generator=order, collate_fn=whole_batch
@@ -435,6 +475,8 @@ def train(
                 count = len(labels)
                 if arm.warmup_examples:
                     group["lr"] = arm.lr * min(1.0, (examples + count) / arm.warmup_examples)
+                elif arm.ramp_to:
+                    group["lr"] = arm.lr * ramp_size(steps, arm.batch, arm.ramp_to) / arm.batch
                 loss = loss_fn(model(inputs), labels)
                 optimizer.zero_grad()
                 loss.backward()
@@ -492,7 +534,15 @@ def _read_autopilot(mon: Any, log: RunLog) -> None:
 
 
 def exact_noise_scale(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
-    """B_simple = tr Σ / |G|² of the model as it is, from every example's own gradient
+    """B_simple = tr Σ / |G|² of the model as it is (``exact_parts``)."""
+    trace, g2 = exact_parts(model, inputs, labels)
+    return trace / g2
+
+
+def exact_parts(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[float, float]:
+    """tr Σ and |G|² of the model as it is, from every example's own gradient
     (``torch.func``) over ``inputs``, both unbiased, in chunks of 256 examples."""
     from torch.func import functional_call, grad, vmap
 
@@ -512,16 +562,43 @@ def exact_noise_scale(model: nn.Module, inputs: torch.Tensor, labels: torch.Tens
     n = len(inputs)
     mean_sq = float((total / n).pow(2).sum())  # type: ignore[union-attr]
     trace = (squares - n * mean_sq) / (n - 1)
-    return trace / (mean_sq - trace / n)
+    return trace, mean_sq - trace / n
+
+
+@dataclass(frozen=True)
+class LagRow:
+    """At a checkpoint step: the exact B_simple of the weights then (``point``), the exact
+    ratio of the means of tr Σ and |G|² over ``WINDOW_POINTS`` weights evenly spread over the
+    last ``AGE_SHARE`` of the steps so far (``window``: what averages reaching back that far
+    would read, were every step measured), and the monitor's live estimate."""
+
+    step: int
+    point: float
+    window: float
+    live: float | None
+
+
+WINDOW_POINTS = 8
+
+
+def window_steps(checkpoint: int) -> list[int]:
+    """The steps whose weights make a checkpoint's window: ``WINDOW_POINTS`` steps evenly
+    spread over the last quarter of the run (the noise scale's young-run horizon), ending at
+    the checkpoint."""
+    from bsmon.probes.noise.smoothing import AGE_SHARE
+
+    span = AGE_SHARE * checkpoint
+    return sorted(
+        {max(1, round(checkpoint - span * k / WINDOW_POINTS)) for k in range(WINDOW_POINTS)}
+    )
 
 
 def noise_lag(
-    task: Task, batch: int, lr: float, seed: int, checkpoints: list[int], examples: int = 32_768
-) -> list[tuple[int, float, float | None]]:
+    task: Task, batch: int, lr: float, seed: int, checkpoints: list[int], examples: int = 16_384
+) -> list[LagRow]:
     """Train ``batch`` fixed under bsmon (its noise scale at the defaults) and, at each
-    checkpoint step: (step, the exact B_simple then on ``examples`` training examples (a fixed
-    draw: with φ near their count the estimate of |G|² is noisy), the
-    monitor's live estimate)."""
+    checkpoint step, a ``LagRow``: the exact values on ``examples`` training examples (a fixed
+    draw: with φ near their count the estimate of |G|² is noisy)."""
     from bsmon.probes import attach
 
     data = task.data()
@@ -536,15 +613,20 @@ def noise_lag(
     mon = attach(model, optimizer, batch_size=batch, record=False, serve=False)
     order = torch.Generator().manual_seed(seed)
     loader = mon.dataloader(data.train, shuffle=True, generator=order, collate_fn=whole_batch)
-    seen: list[tuple[int, dict[str, torch.Tensor], float | None]] = []
+    wanted = {step for checkpoint in checkpoints for step in window_steps(checkpoint)}
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+    live: dict[int, float | None] = {}
     try:
         while mon.step < max(checkpoints):
             for inputs, labels in loader:
                 mon.log(loss=train_step(model, optimizer, inputs, labels))
+                if mon.step in wanted:
+                    weights[mon.step] = {
+                        k: v.detach().clone() for k, v in model.state_dict().items()
+                    }
                 if mon.step in checkpoints:
                     mon.flush()
-                    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                    seen.append((mon.step, weights, mon.noise_scale))
+                    live[mon.step] = mon.noise_scale
                 if mon.step >= max(checkpoints):
                     break
     finally:
@@ -553,10 +635,17 @@ def noise_lag(
     # example's forward would pass through bsmon's hooks, and minutes between two steps
     # would read as one step's time
     twin = task.model()
+    parts = {}
+    for step, state in sorted(weights.items()):
+        twin.load_state_dict(state)
+        parts[step] = exact_parts(twin, probe_inputs, probe_labels)
     rows = []
-    for step, weights, live in seen:
-        twin.load_state_dict(weights)
-        rows.append((step, exact_noise_scale(twin, probe_inputs, probe_labels), live))
+    for checkpoint in checkpoints:
+        trace, g2 = parts[checkpoint]
+        window = [parts[step] for step in window_steps(checkpoint)]
+        mean_trace = statistics.fmean(t for t, _ in window)
+        mean_g2 = statistics.fmean(g for _, g in window)
+        rows.append(LagRow(checkpoint, trace / g2, mean_trace / mean_g2, live[checkpoint]))
     return rows
 
 

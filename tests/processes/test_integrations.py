@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -152,6 +153,76 @@ def test_lightning_without_a_batch_size_attribute_says_why_control_is_off(bsmon_
     fit(Regression(), Data(batch_size=None), bsmon, Peek(), epochs=1)
     assert seen["step"] == 8
     assert not seen["cap"].available and "'batch_size' attribute" in seen["cap"].reason
+
+
+class NoisyClasses(pl.LightningDataModule):
+    """Ten noisy classes in 20 dimensions (a noise scale in the hundreds), 2,048 examples:
+    256 steps an epoch at the start batch of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_size = 8
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(2048, 20, generator=generator)
+        w = torch.randn(20, 10, generator=generator)
+        y = (x @ w + 2.0 * torch.randn(2048, 10, generator=generator)).argmax(1)
+        self.dataset = torch.utils.data.TensorDataset(x, y)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, shuffle=True)
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.seen: list[tuple[int, int, float]] = []  # (epoch, batch length, lr) per step
+
+    def training_step(self, batch, _index):
+        x, y = batch
+        lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+        self.seen.append((self.current_epoch, len(x), lr))
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.02, momentum=0.9)
+
+
+class StopOnceGrown(pl.Callback):
+    """Stops the fit after the first whole epoch at a larger batch, keeping the autopilot's
+    reading from before the monitor closes; fails past ``deadline_s``."""
+
+    def __init__(self, bsmon: lightning.BsmonCallback, deadline_s: float = 90.0) -> None:
+        self.bsmon, self.deadline = bsmon, time.monotonic() + deadline_s
+        self.reading: protocol.AutopilotReading | None = None
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if pl_module.seen[-1][1] > 8:
+            self.reading = self.bsmon.monitor.autopilot_reading()
+            trainer.should_stop = True
+        elif time.monotonic() > self.deadline:
+            reading = self.bsmon.monitor.autopilot_reading()
+            pytest.fail(f"no growth by epoch {trainer.current_epoch}: {reading.waiting}")
+
+
+def test_lightning_autopilot_grows_the_batch_at_an_epoch_end_with_the_learning_rate(bsmon_dir):
+    bsmon = lightning.BsmonCallback(name="pl-auto", autopilot=True, max_batch_size=64)
+    stop = StopOnceGrown(bsmon)
+    module, data = Classifier(), NoisyClasses()
+    fit(module, data, bsmon, stop, epochs=1000)
+
+    first = stop.reading.decisions[0]
+    assert (first.old, first.new, first.kind) == (8, 16, "grow")
+    assert first.b_simple_low > 0 and first.predicted_gain > 1.05
+    epochs = sorted({epoch for epoch, _, _ in module.seen})
+    before = [(size, lr) for epoch, size, lr in module.seen if epoch < epochs[-1]]
+    last = [(size, lr) for epoch, size, lr in module.seen if epoch == epochs[-1]]
+    assert set(before) == {(8, 0.02)}  # the change waited for the epoch's end
+    sizes, rates = {size for size, _ in last}, {lr for _, lr in last}
+    assert sizes == {16} and len(last) == 2048 // 16  # a whole epoch (the next may be 32)
+    assert sorted(rates) == pytest.approx([0.04])  # linear, for SGD
+    assert stop.reading.state == "on" and stop.reading.start_size == 8
 
 
 # -- Hugging Face Trainer -----------------------------------------------------------------------

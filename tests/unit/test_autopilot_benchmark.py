@@ -216,3 +216,50 @@ def test_the_look_clock_times_the_autopilots_looks_and_puts_the_method_back():
         assert Autopilot.on_metrics is Busy.on_metrics
     finally:
         Autopilot.on_metrics = original
+
+
+def test_the_fastest_ramp_holds_the_start_then_doubles_at_the_autopilots_own_pace():
+    from bsmon.probes.batch.autopilot import SETTLE_STEPS, WARMUP_STEPS
+
+    tasks = importlib.import_module("autopilot_tasks")
+    sizes = [tasks.ramp_size(step, 16, 256) for step in range(WARMUP_STEPS + 6 * SETTLE_STEPS)]
+    assert sizes[:WARMUP_STEPS] == [16] * WARMUP_STEPS
+    doubled = sizes[WARMUP_STEPS::SETTLE_STEPS]
+    assert doubled == [32, 64, 128, 256, 256, 256]
+    for start in range(WARMUP_STEPS, len(sizes), SETTLE_STEPS):  # one size per decision
+        assert len(set(sizes[start : start + SETTLE_STEPS])) == 1
+    assert tasks.ramp_size(10**6, 16, 1024) == 1024
+
+
+def test_the_ramp_sampler_deals_every_example_once_an_epoch_and_keeps_counting_steps():
+    import torch
+
+    tasks = importlib.import_module("autopilot_tasks")
+    sampler = tasks.RampSampler(3000, 4, 64, torch.Generator().manual_seed(0))
+    for _epoch in range(2):
+        first_step = sampler.steps
+        batches = list(sampler)
+        assert sorted(i for batch in batches for i in batch) == list(range(3000))
+        expected = [tasks.ramp_size(first_step + k, 4, 64) for k in range(len(batches))]
+        assert [len(b) for b in batches[:-1]] == expected[:-1]
+        assert 0 < len(batches[-1]) <= expected[-1]  # an epoch's last batch may be short
+    assert sampler.steps > 50 + 4 * 25  # the second epoch went on from where the first ended
+    assert len(batches[0]) == 64
+
+
+def test_a_ramp_is_a_bound_never_the_best_fixed_batch():
+    task = outcome()
+    before = {half: task.best_simulated(1.0, half) for half in (16, 64, 256)}
+    task.arms.append(arm("fastest ramp to 256", "ramp", 256, [run(50_000, 250, 1.0)] * 5))
+    assert {half: task.best_simulated(1.0, half) for half in (16, 64, 256)} == before
+    ramp_row = next(line for line in table(task, 1.0) if "fastest ramp to 256" in line)
+    # at B½=64 the best fixed (256: 64·400 + 100k = 125.6k) over the ramp's 64·250 + 50k = 66k
+    assert "1.90×" in ramp_row
+
+
+def test_the_lag_window_spreads_eight_steps_over_the_last_quarter_of_the_run():
+    tasks = importlib.import_module("autopilot_tasks")
+    assert tasks.window_steps(800) == [625, 650, 675, 700, 725, 750, 775, 800]
+    steps = tasks.window_steps(3200)
+    assert len(steps) == tasks.WINDOW_POINTS and steps[0] == 2500 and steps[-1] == 3200
+    assert tasks.window_steps(4) == [3, 4]  # a run this young has fewer distinct steps
