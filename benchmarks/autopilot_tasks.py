@@ -533,12 +533,6 @@ def _read_autopilot(mon: Any, log: RunLog) -> None:
 # -- how far behind the live noise scale is ------------------------------------------------------
 
 
-def exact_noise_scale(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> float:
-    """B_simple = tr Σ / |G|² of the model as it is (``exact_parts``)."""
-    trace, g2 = exact_parts(model, inputs, labels)
-    return trace / g2
-
-
 def exact_parts(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 ) -> tuple[float, float]:

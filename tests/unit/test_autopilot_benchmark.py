@@ -184,7 +184,9 @@ def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gra
     flat = torch.stack(grads)
     trace = float(flat.var(0, unbiased=True).sum())
     g2 = float(flat.mean(0).pow(2).sum()) - trace / len(flat)
-    assert tasks.exact_noise_scale(model, inputs, labels) == pytest.approx(trace / g2, rel=1e-6)
+    exact_trace, exact_g2 = tasks.exact_parts(model, inputs, labels)
+    assert (exact_trace, exact_g2) == pytest.approx((trace, g2), rel=1e-6)
+    assert exact_trace / exact_g2 == pytest.approx(trace / g2, rel=1e-6)
 
 
 def test_the_cost_is_the_median_of_each_rounds_paired_change_with_its_quartiles():
