@@ -40,11 +40,20 @@ from ..wire.protocol import (
     BatchChange,
     Event,
     Metrics,
+    NoiseScaleReading,
 )
 from ..wire.routing import CommandRefused
 from .control import BatchController, Pending
 from .gain_claim import GainLedger
-from .goodput import MIN_WINDOWS, Estimate, StepTimeModel, fit_step_time, optimum, resolved
+from .goodput import (
+    MIN_WINDOWS,
+    Estimate,
+    StepTimeModel,
+    fit_step_time,
+    optimum,
+    resolved,
+    unresolved_reason,
+)
 from .goodput import goodput_gain as gain_of
 from .loss_watch import DIVERGED
 from .lr_owner import LearningRateOwner
@@ -82,6 +91,7 @@ class Autopilot:
         self.decided = 0  # decisions made (``decisions`` keeps the latest ``DECISIONS_KEPT``)
         self._lock = threading.Lock()
         self._estimate: Estimate | None = None
+        self._noise: NoiseScaleReading | None = None  # the latest reading, for why it waits
         self._model: StepTimeModel | None = None
         self._target: int | None = None
         self._held: str | None = None  # why the last look kept the size
@@ -174,7 +184,7 @@ class Autopilot:
             self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())
             if self.state != "on":
                 return
-            self._estimate = estimate
+            self._estimate, self._noise = estimate, metrics.noise
             self._revert_a_divergence()
             if self.state == "on" and not self._refused_now():
                 self._decide(metrics.step)
@@ -234,7 +244,7 @@ class Autopilot:
         if not control.sampled_since_switch:
             return f"reading the memory at batch {control.size}"
         if self._estimate is None:
-            return "waiting for the noise scale to resolve (B_simple with a bounded interval)"
+            return unresolved_reason(self._noise)
         return None
 
     def _candidates(self, current: int, direction: str) -> list[int]:

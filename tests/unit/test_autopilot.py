@@ -271,13 +271,25 @@ def test_while_it_ramps_on_a_fast_loop_the_agent_ticks_every_few_steps():
     assert off.extension.next_tick_s() is None and off.samples_asked == []
 
 
-def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing():
-    unbounded = NoiseScaleReading(b_simple=900.0, ci_low=300.0, ci_high=None)
-    below_zero = NoiseScaleReading(b_simple=None, lower_bound=200.0)  # |G|² not above zero
-    for reading in (unbounded, below_zero, NoiseScaleReading()):
+def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_says_why():
+    """Waiting, it says what the estimate does tell: a batch far below B_simple may read
+    only a lower bound for thousands of steps, and the user sees that this is the wait."""
+    enough = {"needed": 30, "effective": 45.0}
+    cases = {
+        ": B_simple ≈ 900 has no bounded interval yet": NoiseScaleReading(
+            b_simple=900.0, ci_low=300.0, ci_high=None, **enough
+        ),
+        ": |G|² not yet above its noise (B_simple ≥ 200)": NoiseScaleReading(
+            lower_bound=200.0, **enough
+        ),
+        ": |G|² not above zero beyond its error": NoiseScaleReading(**enough),
+        " (12 of 30 effective steps)": NoiseScaleReading(needed=30, effective=12.0),
+        " (B_simple with a bounded interval)": NoiseScaleReading(),
+    }
+    for said, reading in cases.items():
         job = Job(noise=lambda _s, r=reading: r).run(60)
         assert job.decisions() == [] and job.control.size == 16
-        assert "noise scale to resolve" in job.autopilot.reading().waiting
+        assert job.autopilot.reading().waiting == f"waiting for the noise scale to resolve{said}"
 
 
 def falling(after: int, phi: float, spread: float) -> Noise:
