@@ -238,6 +238,7 @@ class Autopilot:
         if step < due:
             held = f"{self._held}; " if self._held else ""
             return f"{held}next decision at step {due:,}"
+        self._next_step = None  # due, but what it waits for has no step of its own
         windows = control.watch.sizes.get(control.size)
         if windows is None or windows.windows < MIN_WINDOWS:
             return f"measuring the step time at batch {control.size}"

@@ -139,13 +139,13 @@ def unresolved_reason(noise: NoiseScaleReading | None) -> str:
     """Why the estimate cannot steer yet, with what it does say: at a batch far below
     B_simple each measured step reads |G|² with a spread several times its mean, and the
     estimate may show only its lower bound for thousands of steps (docs/autopilot.md)."""
-    wait = "waiting for the noise scale to resolve"
+    wait = "waiting for B_simple to resolve"
     if noise is None or not noise.needed:  # nothing measured yet
-        return f"{wait} (B_simple with a bounded interval)"
+        return f"{wait} (a bounded interval)"
     if noise.effective < noise.needed:
         return f"{wait} ({noise.effective:.0f} of {noise.needed} effective steps)"
     if noise.b_simple is None and noise.lower_bound is not None:
-        return f"{wait}: |G|² not yet above its noise (B_simple ≥ {count(noise.lower_bound)})"
+        return f"{wait}: ≥ {count(noise.lower_bound)}, |G|² within its noise"
     if noise.b_simple is None:
         return f"{wait}: |G|² not above zero beyond its error"
-    return f"{wait}: B_simple ≈ {count(noise.b_simple)} has no bounded interval yet"
+    return f"{wait}: ≈ {count(noise.b_simple)}, its interval unbounded"

@@ -276,20 +276,20 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_s
     only a lower bound for thousands of steps, and the user sees that this is the wait."""
     enough = {"needed": 30, "effective": 45.0}
     cases = {
-        ": B_simple ≈ 900 has no bounded interval yet": NoiseScaleReading(
+        ": ≈ 900, its interval unbounded": NoiseScaleReading(
             b_simple=900.0, ci_low=300.0, ci_high=None, **enough
         ),
-        ": |G|² not yet above its noise (B_simple ≥ 200)": NoiseScaleReading(
-            lower_bound=200.0, **enough
-        ),
+        ": ≥ 200, |G|² within its noise": NoiseScaleReading(lower_bound=200.0, **enough),
         ": |G|² not above zero beyond its error": NoiseScaleReading(**enough),
         " (12 of 30 effective steps)": NoiseScaleReading(needed=30, effective=12.0),
-        " (B_simple with a bounded interval)": NoiseScaleReading(),
+        " (a bounded interval)": NoiseScaleReading(),
     }
     for said, reading in cases.items():
         job = Job(noise=lambda _s, r=reading: r).run(60)
         assert job.decisions() == [] and job.control.size == 16
-        assert job.autopilot.reading().waiting == f"waiting for the noise scale to resolve{said}"
+        shown = job.autopilot.reading()
+        assert shown.waiting == f"waiting for B_simple to resolve{said}"
+        assert shown.next_decision_step is None  # due at step 50, but waiting on the estimate
 
 
 def falling(after: int, phi: float, spread: float) -> Noise:
