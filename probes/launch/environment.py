@@ -39,12 +39,15 @@ def child_environment(
 ) -> dict[str, str]:
     """``base`` plus what the agent in the child needs: the boot directory first on
     ``PYTHONPATH``, the job's name, the socket directory this ``bsmon run`` watches, the
-    run's id (the processes' notes carry it, see ``run_notes``) and, with ``resizable``, that
-    the script's DataLoader may be resized (with ``autopilot``, by the autopilot too)."""
+    records directory ``base`` names (not the socket directory's, which logout or a reboot
+    may empty), the run's id (the processes' notes carry it, see ``run_notes``) and, with
+    ``resizable``, that the script's DataLoader may be resized (with ``autopilot``, by the
+    autopilot too)."""
     env = dict(base)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *rest])
     env[ENV_RUN] = name
+    env[discovery.ENV_RECORDS] = str(discovery.records_dir(base))  # before the socket dir's
     env[discovery.ENV_DIR] = str(directory)
     env[run_notes.ENV_RUN_ID] = run_id
     for variable, wanted in ((ENV_RESIZABLE, resizable or autopilot), (ENV_AUTOPILOT, autopilot)):

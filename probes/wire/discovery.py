@@ -15,11 +15,12 @@ import os
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 ENV_DIR = "BSMON_DIR"
+ENV_RECORDS = "BSMON_RECORDS_DIR"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, one of them the terminating NUL
 
 
@@ -36,14 +37,21 @@ def default_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"bsmon-{os.getuid()}"
 
 
-def records_dir() -> Path:
-    """Where session records are kept: ``$BSMON_DIR/records``, else
-    ``$XDG_DATA_HOME/bsmon/records`` (``~/.local/share/bsmon/records``) — a data directory that
-    survives logout and reboot, unlike the socket directory (``$XDG_RUNTIME_DIR`` is a tmpfs the
-    system may clear at logout; ``/tmp`` is cleared at reboot)."""
-    if explicit := os.environ.get(ENV_DIR):
+def records_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where session records are kept: ``$BSMON_RECORDS_DIR`` (what ``bsmon run`` hands its
+    job: the directory of the shell that ran it, since the job's ``BSMON_DIR`` is pointed at
+    the socket directory), else ``$BSMON_DIR/records``, else ``$XDG_DATA_HOME/bsmon/records``
+    (``~/.local/share/bsmon/records``) — a data directory that survives logout and reboot,
+    unlike the socket directory (``$XDG_RUNTIME_DIR`` is a tmpfs the system may clear at
+    logout; ``/tmp`` is cleared at reboot). ``environ``: read these from it, not the
+    process's own environment."""
+    env = os.environ if environ is None else environ
+    if records := env.get(ENV_RECORDS):
+        return Path(records).expanduser()
+    if explicit := env.get(ENV_DIR):
         return Path(explicit).expanduser() / "records"
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    home = env.get("HOME") or str(Path.home())
+    data = env.get("XDG_DATA_HOME") or str(Path(home) / ".local" / "share")
     return Path(data).expanduser() / "bsmon" / "records"
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from bsmon.probes.launch import autoattach
 from bsmon.probes.launch import environment as launch
 from bsmon.probes.launch import notes as run_notes
-from bsmon.probes.wire import protocol
+from bsmon.probes.wire import discovery, protocol
 from bsmon.probes.wire.client import JobConnection
 from bsmon.tui.cli.run import exit_status
 
@@ -206,6 +207,45 @@ def test_the_child_environment_puts_the_hook_first(tmp_path):
     assert (launch.BOOT_DIR / "sitecustomize.py").is_file()
     assert env[launch.ENV_RUN] == "n" and env["BSMON_DIR"] == str(tmp_path) and env["HOME"] == "/h"
     assert launch.log_name("a/b c") == "a_b_c"
+
+
+def test_the_child_keeps_its_records_where_the_shell_would_not_in_the_socket_directory(tmp_path):
+    """The job's BSMON_DIR is the socket directory (a tmpfs emptied at logout, or /tmp); its
+    records go where the shell that ran bsmon run keeps them."""
+    sockets = tmp_path / "sockets"
+    env = launch.child_environment({"HOME": "/h"}, "n", sockets, "r")
+    assert env["BSMON_RECORDS_DIR"] == "/h/.local/share/bsmon/records"
+    assert discovery.records_dir(env) == Path("/h/.local/share/bsmon/records")
+    env = launch.child_environment({"HOME": "/h", "XDG_DATA_HOME": "/d"}, "n", sockets, "r")
+    assert discovery.records_dir(env) == Path("/d/bsmon/records")
+    env = launch.child_environment({"HOME": "/h", "BSMON_DIR": "/mine"}, "n", sockets, "r")
+    assert discovery.records_dir(env) == Path("/mine/records")
+    assert env["BSMON_DIR"] == str(sockets)
+
+
+def test_a_job_under_bsmon_run_leaves_its_record_in_the_data_directory(
+    bsmon_dir, processes, tmp_path, monkeypatch
+):
+    """No BSMON_DIR, sockets in $XDG_RUNTIME_DIR (emptied at logout): the record is written to
+    $XDG_DATA_HOME/bsmon/records, where `bsmon records` in the same shell finds it."""
+    monkeypatch.delenv("BSMON_DIR")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(bsmon_dir))  # short: socket paths are limited
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out:
+        run = processes.start(
+            [*BSMON, "run", "--name", "kept", "--", sys.executable, JOB, "5", "0"],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        assert run.wait(120) == 0
+    (record,) = (tmp_path / "data" / "bsmon" / "records").glob("*-kept-*.jsonl")
+    assert log.read_text().splitlines()[-1].startswith(f"bsmon: the record of kept: {record} ")
+    assert not list(bsmon_dir.rglob("*.jsonl"))
+    listed = subprocess.run([*BSMON, "records"], capture_output=True, text=True, timeout=60)
+    assert record.name in listed.stdout
 
 
 def test_exit_status_is_what_a_shell_shows():
