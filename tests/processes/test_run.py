@@ -231,18 +231,9 @@ def test_a_job_under_bsmon_run_leaves_its_record_in_the_data_directory(
     monkeypatch.delenv("BSMON_DIR")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(bsmon_dir))  # short: socket paths are limited
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    log = tmp_path / "out.txt"
-    with open(log, "w") as out:
-        run = processes.start(
-            [*BSMON, "run", "--name", "kept", "--", sys.executable, JOB, "5", "0"],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        assert run.wait(120) == 0
+    lines = run_to_a_file(processes, tmp_path / "out.txt", "kept", "5", "0", code=0)
     (record,) = (tmp_path / "data" / "bsmon" / "records").glob("*-kept-*.jsonl")
-    assert log.read_text().splitlines()[-1].startswith(f"bsmon: the record of kept: {record} ")
+    assert lines[-1].startswith(f"bsmon: the record of kept: {record} ")
     assert not list(bsmon_dir.rglob("*.jsonl"))
     listed = subprocess.run([*BSMON, "records"], capture_output=True, text=True, timeout=60)
     assert record.name in listed.stdout
@@ -278,24 +269,29 @@ def test_a_job_killed_after_attaching_is_not_called_unmonitored(bsmon_dir, proce
     assert "not monitored" not in run.stderr.read()
 
 
-def test_without_a_terminal_it_runs_headless_says_so_and_ends_with_the_job(
-    bsmon_dir, processes, tmp_path
-):
-    """nohup, sbatch, CI, `> log`: no screen codes in the log, and bsmon run ends when the job
-    does, with its code and where its record is."""
-    log = tmp_path / "out.txt"
+def run_to_a_file(processes, log, name: str, *job_args: str, code: int) -> list[str]:
+    """``bsmon run --name NAME -- python JOB ARGS`` with stdout and stderr to ``log`` (no
+    terminal): it ends with the job's ``code``, and not one escape code is in the log."""
     with open(log, "w") as out:
         run = processes.start(
-            [*BSMON, "run", "--name", "nt", "--", sys.executable, JOB, "5", "3"],
+            [*BSMON, "run", "--name", name, "--", sys.executable, JOB, *job_args],
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        assert run.wait(120) == 3
+        assert run.wait(120) == code
     text = log.read_text()
-    assert "\x1b" not in text  # not one escape code
-    lines = text.splitlines()
+    assert "\x1b" not in text
+    return text.splitlines()
+
+
+def test_without_a_terminal_it_runs_headless_says_so_and_ends_with_the_job(
+    bsmon_dir, processes, tmp_path
+):
+    """nohup, sbatch, CI, `> log`: no screen codes in the log, and bsmon run ends when the job
+    does, with its code and where its record is."""
+    lines = run_to_a_file(processes, tmp_path / "out.txt", "nt", "5", "3", code=3)
     assert (
         lines[0]
         == "bsmon: stdout is not a terminal: running nt headless (`bsmon attach nt` shows it)"
