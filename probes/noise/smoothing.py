@@ -125,13 +125,18 @@ class RatioEMA:
 
     def _least_decay(self) -> float:
         """The smallest decay that leaves the averages ``AGED_EFFECTIVE`` effective steps
-        after this update (1: they hold no more than that yet, so nothing is let go). The
-        root of (βw + 1)² = F(β²w₂ + 1)."""
+        after this update and keeps them at the next ones (1: they hold no more than that
+        yet, so nothing is let go). The root of (βw + 1)² = F(β²w₂ + 1) keeps F now; but a
+        mass of weight below (F + 1)/2, an EMA's at F effective steps, would let each later
+        step weigh more than an EMA's, and the count sink below F (at 4·B0 on the autopilot
+        benchmark's T1 it fell to 29.7, and the estimate, which needs 30, vanished for 400
+        steps), so the mass is kept at (F + 1)/2 at least."""
         w, w2, floor = self.w, self.w2, AGED_EFFECTIVE
         a = w * w - floor * w2
         if a <= 0:
             return 1.0
-        return (math.sqrt(w * w + a * (floor - 1)) - w) / a
+        root = (math.sqrt(w * w + a * (floor - 1)) - w) / a
+        return min(max(root, (floor - 1) / (2 * w)), 1.0)
 
     def _follow_spread(self, relative: float) -> None:
         """Remember as many measured steps as keep the relative standard error at

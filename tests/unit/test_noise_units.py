@@ -14,7 +14,7 @@ from bsmon.probes.noise import ddp, estimators
 from bsmon.probes.noise.budget import Budget
 from bsmon.probes.noise.estimators import EstimateError, Units, components
 from bsmon.probes.noise.sequential import pair_terms
-from bsmon.probes.noise.smoothing import MIN_MEMORY, TRACKING_RSE, RatioEMA
+from bsmon.probes.noise.smoothing import AGED_EFFECTIVE, MIN_MEMORY, TRACKING_RSE, RatioEMA
 from bsmon.probes.noise.step_record import capture, read
 
 
@@ -160,6 +160,22 @@ def sparse_stream(ema: RatioEMA, steps: int, g2: float, noise: float, rng) -> No
     """``steps`` measured steps, one in 50 training steps, of B_simple 50 at |G|² ``g2``."""
     for _ in range(steps):
         ema.update(g2 * (1 + noise * rng.standard_normal()), 50.0 * g2, steps=50)
+
+
+def test_a_young_horizon_keeps_its_effective_steps_when_measuring_turns_sparse():
+    """Every step measured for 500 steps, then one in 100 (the warm-up, then the budget): as
+    the horizon (a quarter of the run's steps) lets the dense steps go, the averages keep
+    AGED_EFFECTIVE effective steps at every update, so the estimate, which needs 30, stays.
+    Cut to a mass too light to hold them, they sank to about 30 and it vanished."""
+    rng = np.random.default_rng(2)
+    ema, counts = RatioEMA(window=1000), []
+    for _ in range(500):
+        ema.update(1.0 + 0.5 * rng.standard_normal(), 50.0 * (1 + 0.3 * rng.standard_normal()))
+    for _ in range(60):
+        ema.update(1.0 + 0.5 * rng.standard_normal(), 50.0 * (1 + 0.3 * rng.standard_normal()), 100)
+        counts.append(ema.effective_steps)
+        assert ema.estimate().b_simple == pytest.approx(50, rel=0.25)
+    assert min(counts) >= AGED_EFFECTIVE - 1e-9
 
 
 @pytest.mark.parametrize("noise", [0.5, 2.0, 4.0])
