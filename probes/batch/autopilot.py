@@ -204,7 +204,7 @@ class Autopilot:
             return
         estimate, model = self._estimate, self._model
         assert estimate is not None and model is not None
-        self._last_look_step = step
+        self._last_look_step, self._next_step = step, step + SETTLE_STEPS
         half = model.half_batch
         current = control.size
         grown_on = estimate.for_growth

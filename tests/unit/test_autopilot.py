@@ -213,6 +213,15 @@ def test_it_grows_at_most_2x_a_decision_to_near_the_optimum_and_holds_there():
     assert all(b - a >= SETTLE_STEPS for a, b in itertools.pairwise(steps))
 
 
+def test_holding_on_a_loop_faster_than_its_looks_it_still_names_the_next_one():
+    """Windows of 40 steps, more than the 25 between looks: every window is a look, and the
+    panel shows the step of the next, not none and not a step gone by."""
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05)).run(60, steps=40)
+    reading = job.autopilot.reading()
+    assert reading.waiting.startswith("holding at 256: ")
+    assert reading.next_decision_step == job.step + SETTLE_STEPS
+
+
 @pytest.mark.parametrize(("point", "low", "grows"), [(1200, 600, True), (1000, 400, False)])
 def test_growth_reads_the_noise_scale_between_its_point_and_its_intervals_low_end(
     point, low, grows
