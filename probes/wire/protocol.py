@@ -527,11 +527,12 @@ def encode(message: msgspec.Struct) -> bytes:
 
 def decode_json(line: bytes | str) -> Any:
     """Any JSON value, or ProtocolError. msgspec raises more than DecodeError on hostile input:
-    UnicodeDecodeError for a string that is not UTF-8, RecursionError for deep nesting."""
+    RecursionError for deep nesting, and before 0.23 UnicodeDecodeError for a string that is
+    not UTF-8 (0.23 raises a DecodeError of its own wording, so the bytes are checked here)."""
     try:
         return msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"not valid JSON: {_describe_decode_error(exc)}") from None
+        raise ProtocolError(f"not valid JSON: {_describe_decode_error(line, exc)}") from None
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"not valid JSON: not UTF-8 ({exc.reason})") from None
     except RecursionError:
@@ -652,5 +653,10 @@ def _literal_values(cls: type, field_name: str) -> tuple[Any, ...]:
     return ()
 
 
-def _describe_decode_error(exc: msgspec.DecodeError) -> str:
+def _describe_decode_error(line: bytes | str, exc: msgspec.DecodeError) -> str:
+    if isinstance(line, bytes):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return f"not UTF-8 ({bad.reason})"
     return str(exc).removeprefix("JSON is malformed: ") or "malformed"
