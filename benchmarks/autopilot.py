@@ -460,6 +460,7 @@ class Settings:
     extensions: int
     halves: tuple[float | None, ...]
     ramp_tops: tuple[int, ...]
+    noise_budget: float | None = None  # a what-if for the autopilot's arms (None: bsmon's)
 
 
 def run_once(task: Any, arm: Any, seed: int, settings: Settings) -> Any:
@@ -620,7 +621,9 @@ def evaluate(task: Any, table_entry: Mapping[str, Any], settings: Settings) -> l
         arm = Arm(task.start_batch, lr0, ramp_to=top)
         arms.append((ArmResult(arm.label, "ramp", top, lr0), arm))
     for half in settings.halves:
-        arm = Arm(task.start_batch, lr0, autopilot=True, half=half)
+        arm = Arm(
+            task.start_batch, lr0, autopilot=True, half=half, noise_budget=settings.noise_budget
+        )
         arms.append((ArmResult(arm.label, "auto", task.start_batch, lr0, half), arm))
     for seed in settings.eval_seeds:
         for result, arm in arms:
@@ -707,7 +710,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only the live noise scale against the exact one at checkpoints of a fixed 4·B0 "
         "(at the checkpoint, and over the last quarter of the run before it)",
     )
+    parser.add_argument(
+        "--noise-budget",
+        type=float,
+        metavar="SHARE",
+        help="a what-if: the autopilot's noise-scale budget as a share of the step (bsmon's "
+        "default is 0.01); the simulated time leaves the measuring's cost out, wall-clock keeps it",
+    )
     args = parser.parse_args(argv)
+    if args.noise_budget is not None and not 0 < args.noise_budget <= 1:
+        parser.error(f"--noise-budget must be a share in (0, 1], got {args.noise_budget:g}")
 
     import torch
     from autopilot_tasks import TASKS
@@ -739,6 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ramp_tops=tuple(
                 task.start_batch * 2**k for k in ((4,) if args.quick else (3, 4, 5, 6))
             ),
+            noise_budget=args.noise_budget,
         )
         say(f"{task.title}: targets {settings.targets}, B0 {task.start_batch}")
         t0, c = calibrate(task)

@@ -317,11 +317,13 @@ class Arm:
     autopilot: bool = False
     half: float | None = None
     ramp_to: int = 0
+    noise_budget: float | None = None  # the autopilot's noise-scale budget (None: bsmon's)
 
     @property
     def label(self) -> str:
         if self.autopilot:
-            return "auto, measured B½" if self.half is None else f"auto, B½={self.half:g} declared"
+            label = "auto, measured B½" if self.half is None else f"auto, B½={self.half:g} declared"
+            return label if self.noise_budget is None else f"{label}, noise {self.noise_budget:g}"
         if self.ramp_to:
             return f"fastest ramp to {self.ramp_to}"
         if self.warmup_examples:
@@ -449,6 +451,7 @@ def train(
             serve=False,
             noise_scale="auto",
             name=f"autopilot-{task.name}-{seed}",
+            **({} if arm.noise_budget is None else {"noise_budget": arm.noise_budget}),
         )
         loader: DataLoader = mon.dataloader(
             data.train, shuffle=True, generator=order, collate_fn=whole_batch

@@ -265,3 +265,36 @@ def test_the_lag_window_spreads_eight_steps_over_the_last_quarter_of_the_run():
     steps = tasks.window_steps(3200)
     assert len(steps) == tasks.WINDOW_POINTS and steps[0] == 2500 and steps[-1] == 3200
     assert tasks.window_steps(4) == [3, 4]  # a run this young has fewer distinct steps
+
+
+def test_a_noise_budget_what_if_reaches_the_autopilots_attach_and_says_so(monkeypatch):
+    import bsmon.probes
+
+    tasks = importlib.import_module("autopilot_tasks")
+    options: list[dict] = []
+
+    class Attached(Exception):
+        pass
+
+    def attach(*_args: object, **kwargs: object) -> None:
+        options.append(kwargs)
+        raise Attached
+
+    monkeypatch.setattr(bsmon.probes, "attach", attach)
+    task = tasks.TASKS["synthetic"]
+    what_if = tasks.Arm(16, 0.01, autopilot=True, half=64, noise_budget=0.1)
+    assert what_if.label == "auto, B½=64 declared, noise 0.1"
+    assert tasks.Arm(16, 0.01, autopilot=True, half=64).label == "auto, B½=64 declared"
+    for arm in (what_if, tasks.Arm(16, 0.01, autopilot=True)):
+        with pytest.raises(Attached):
+            tasks.train(task, arm, 10, target=0.85, budget_examples=1024)
+    assert options[0]["noise_budget"] == 0.1
+    assert "noise_budget" not in options[1]  # bsmon's own default
+
+
+@pytest.mark.parametrize("share", ["0", "-0.1", "1.5"])
+def test_a_noise_budget_outside_a_share_is_refused(share, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--noise-budget", share])
+    assert exit_info.value.code == 2
+    assert "--noise-budget must be a share in (0, 1]" in capsys.readouterr().err
