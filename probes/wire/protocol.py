@@ -534,7 +534,7 @@ def decode_json(line: bytes | str) -> Any:
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"not valid JSON: {_describe_decode_error(line, exc)}") from None
     except UnicodeDecodeError as exc:
-        raise ProtocolError(f"not valid JSON: not UTF-8 ({exc.reason})") from None
+        raise ProtocolError(f"not valid JSON: {_not_utf8(exc)}") from None
     except RecursionError:
         raise ProtocolError("not valid JSON: nested too deeply") from None
 
@@ -658,5 +658,9 @@ def _describe_decode_error(line: bytes | str, exc: msgspec.DecodeError) -> str:
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as bad:
-            return f"not UTF-8 ({bad.reason})"
+            return _not_utf8(bad)
     return str(exc).removeprefix("JSON is malformed: ") or "malformed"
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not UTF-8 ({exc.reason})"
