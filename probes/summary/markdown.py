@@ -11,7 +11,7 @@ import plotext
 from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
-from .schema import Note, Point, Summary
+from .schema import BatchSegment, Note, Point, Summary
 
 CHART_WIDTH = 76
 CHART_HEIGHT = 13
@@ -219,7 +219,22 @@ def _batch_sizes(s: Summary) -> str:
         ],
         ("batch size", "steps", "time", "samples/s (± SE)", "best samples/s", "step time p50"),
     )
-    return f"## Batch size\n\nIn order:\n\n{history}\nWhat each size reached:\n\n{by_size}"
+    return (
+        f"## Batch size\n\nIn order:\n\n{history}{_first_step_note(s.batch_size_history)}"
+        f"\nWhat each size reached:\n\n{by_size}"
+    )
+
+
+def _first_step_note(history: list[BatchSegment]) -> str:
+    """Why the first step's size is n/a when the steps after it have one: a job that cuts its
+    batches by hand is counted from its second step (docs/zero-code.md)."""
+    first = history[0]
+    if len(history) == 1 or (first.batch_size, first.from_step, first.to_step) != (None, 1, 1):
+        return ""
+    return (
+        "\nStep 1 is n/a: a job that makes its batches itself (no DataLoader) has its samples "
+        "counted from the model's input from the second step on.\n"
+    )
 
 
 def _autopilot(s: Summary) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 
 import msgspec
@@ -370,8 +371,6 @@ def noisy_spans(rng, size: int, rate: float, spans: int, first: int) -> list[Spa
 
 
 def test_each_sizes_throughput_has_its_standard_error_and_noise_names_no_fastest(tmp_path):
-    import random
-
     rng = random.Random(7)
     spans = noisy_spans(rng, 32, 1000.0, 50, 0) + noisy_spans(rng, 64, 1000.0, 50, 50)
     summary = write_record(tmp_path / "r.jsonl", [header_for(session(), 32, START), *spans])
@@ -453,3 +452,27 @@ def test_the_autopilots_decisions_and_final_claim_are_summarized(tmp_path):
     assert "**1.31×** the progress per second of a fixed batch of 32" in section
     assert "| 1,000 | 32 → 64 | grow | 240 | [200, 290] | 30 | 77 | 1.18× |" in section
     assert summarize_record(two_phase().write(tmp_path / "plain.jsonl")).autopilot is None
+
+
+FIRST_STEP_NOTE = "Step 1 is n/a: a job that makes its batches itself"
+
+
+def test_a_hand_cut_jobs_uncounted_first_step_is_explained_under_the_history(tmp_path):
+    """A job with no DataLoader (nanoGPT's get_batch) is counted from its second step: its
+    record opens with a span of step 1 alone, untimed and with no size (as nanoGPT's under
+    ``bsmon run`` did). The history keeps that row and says why it is n/a; a job whose first
+    step has a size gets no such line."""
+    rng = random.Random(3)
+    first = Span(t0=START, t1=START + 0.3, step=1, steps=1, timed_s=0.0)
+    later = [msgspec.structs.replace(s, step=s.step + 1) for s in noisy_spans(rng, 12, 190.0, 5, 0)]
+    summary = write_record(
+        tmp_path / "r.jsonl", [header_for(session(), None, START), first, *later]
+    )
+    history = [(s.batch_size, s.from_step, s.to_step) for s in summary.batch_size_history]
+    assert history == [(None, 1, 1), (12, 2, 51)]
+    markdown = (tmp_path / "summary.md").read_text()
+    in_order = markdown[markdown.index("In order:") : markdown.index("What each size reached")]
+    assert "| n/a | 1–1 |" in in_order and FIRST_STEP_NOTE in in_order
+
+    write_record(tmp_path / "counted.jsonl", [header_for(session(), 12, START), *later])
+    assert FIRST_STEP_NOTE not in (tmp_path / "summary.md").read_text()
