@@ -52,6 +52,21 @@ def test_no_number_before_there_is_one():
     text = words(bound)
     assert "B_simple > 5.3k (lower bound)" in text and "worth ≤2%" in text
     assert "estimate: micro-batches" in text
+    assert "raising the batch toward 5.3k" in text
+
+
+def test_a_lower_bound_under_the_batch_gives_no_advice_yet():
+    """nanoGPT at batch 12 read 'B_simple > 3.28 (lower bound)': B_simple may be far above 12
+    or below it, so 'raising the batch toward 3.28' (what the panel said) was wrong. Later
+    it read > 16.3: B_simple is then above 12 for sure, and raising toward 16.3 is right."""
+    bound = NoiseScaleReading(estimator="per_example", lower_bound=3.28, samples=80)
+    text = words(bound, batch=12)
+    assert "at batch 12 a step is worth ≤79% of a noiseless step" in text
+    assert "too early to say whether a larger batch pays" in text and "raising" not in text
+    assert "B=12 step worth ≤79%: too early" in words(bound, batch=12, compact=True)
+    risen = NoiseScaleReading(estimator="per_example", lower_bound=16.3, samples=200)
+    assert "raising the batch toward 16.3" in words(risen, batch=12)  # 12 < B_simple for sure
+    assert "B=12 step worth ≤42%: raise B" in words(risen, batch=12, compact=True)
     off = words(None, capability=Capability(False, "turned off: attach(noise_scale=None)"))
     assert off == "B_simple: n/a — turned off: attach(noise_scale=None)"
     assert words(None, capability=None) == "waiting for the job…"

@@ -84,24 +84,31 @@ def estimator_text(reading: NoiseScaleReading) -> str:
 
 
 def meaning(batch: int | None, b: float, bound: bool = False, compact: bool = False) -> list[Line]:
-    """What B_simple = b says about a batch of ``batch`` (the paper's eqs. 2.7 and 2.11)."""
+    """What B_simple = b says about a batch of ``batch`` (the paper's eqs. 2.7 and 2.11);
+    ``bound``: b is only a lower bound, which says to raise a batch below it and nothing yet
+    about one above it."""
     if not batch:
         return [Line("a batch near B_simple balances steps against samples", priority=2)]
     worth = batch / (batch + b)
     relation = "≤" if bound else "≈"
+    below = batch < (b if bound else b / 2)  # a bound above the batch, an estimate over twice it
     if compact:
-        if bound or batch < b / 2:
+        if below:
             verdict = "raise B"
+        elif bound:
+            verdict = "too early"
         elif batch > 2 * b:
             verdict = "B too big"
         else:
             verdict = "balanced"
         return [Line(f"B={batch:,} step worth {relation}{worth:.0%}: {verdict}")]
     lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
-    if bound or batch < b / 2:
+    if below:
         advice = (
             f"raising the batch toward {value(b)} cuts steps with little loss of sample efficiency"
         )
+    elif bound:  # B_simple is somewhere above b: above the batch or below it, not known yet
+        advice = "too early to say whether a larger batch pays"
     elif batch > 2 * b:
         advice = "the batch is far above B_simple: a larger one wastes compute"
     else:
