@@ -91,28 +91,21 @@ def meaning(batch: int | None, b: float, bound: bool = False, compact: bool = Fa
         return [Line("a batch near B_simple balances steps against samples", priority=2)]
     worth = batch / (batch + b)
     relation = "≤" if bound else "≈"
-    below = batch < (b if bound else b / 2)  # a bound above the batch, an estimate over twice it
-    if compact:
-        if below:
-            verdict = "raise B"
-        elif bound:
-            verdict = "too early"
-        elif batch > 2 * b:
-            verdict = "B too big"
-        else:
-            verdict = "balanced"
-        return [Line(f"B={batch:,} step worth {relation}{worth:.0%}: {verdict}")]
-    lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
-    if below:
+    if batch < (b if bound else b / 2):  # a bound above the batch, an estimate over twice it
+        verdict = "raise B"
         advice = (
             f"raising the batch toward {value(b)} cuts steps with little loss of sample efficiency"
         )
     elif bound:  # B_simple is somewhere above b: above the batch or below it, not known yet
-        advice = "too early to say whether a larger batch pays"
+        verdict, advice = "too early", "too early to say whether a larger batch pays"
     elif batch > 2 * b:
+        verdict = "B too big"
         advice = "the batch is far above B_simple: a larger one wastes compute"
     else:
-        advice = "the batch is near B_simple: a balance of steps and samples"
+        verdict, advice = "balanced", "the batch is near B_simple: a balance of steps and samples"
+    if compact:
+        return [Line(f"B={batch:,} step worth {relation}{worth:.0%}: {verdict}")]
+    lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
     lines.append(Line(advice, priority=1))
     if not bound:
         steps, samples = 1 + b / batch, 1 + batch / b
