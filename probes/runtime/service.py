@@ -21,7 +21,7 @@ import msgspec
 from ..wire import discovery, protocol
 from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
-from ..wire.server import AgentServer
+from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
 from .inbox import Inbox
 from .telemetry import Telemetry
@@ -212,14 +212,22 @@ class AgentService(threading.Thread):
 
     def run(self) -> None:
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(self._loop_exception)
         self._loop = loop
         try:
-            loop.run_until_complete(self._main())
+            with asyncio_logs_kept_from_the_job():
+                loop.run_until_complete(self._main())
         except BaseException as exc:
             self.startup_error = self.startup_error or exc
         finally:
             self.ready.set()
             loop.close()
+
+    def _loop_exception(self, _loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        """What asyncio would log (a task's unretrieved exception, a failed callback) is
+        reported as bsmon's own error instead of printed into the job's stderr."""
+        exc = context.get("exception")
+        self._report("the agent's event loop", exc or RuntimeError(context.get("message")))
 
     async def _main(self) -> None:
         self._stopping = asyncio.Event()

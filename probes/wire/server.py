@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import struct
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +55,13 @@ class ClientConnection:
     def pending_bytes(self) -> int:
         return self.writer.transport.get_write_buffer_size()
 
+    def gone(self) -> bool:
+        """Closed by us, or the peer went away (a write failed, the connection was lost)."""
+        return self.closed or self.writer.transport.is_closing()
+
     def send(self, line: bytes) -> None:
-        if not self.closed:
+        # A write to a lost connection is dropped by asyncio with a logged warning each time.
+        if not self.gone():
             self.writer.write(line)
             self.sent_lines += 1
 
@@ -86,6 +93,29 @@ async def close_with_notice(
 async def _discard(reader: asyncio.StreamReader) -> None:
     while await reader.read(1 << 16):
         pass
+
+
+class _NotFromThread(logging.Filter):
+    def __init__(self, thread_id: int) -> None:
+        super().__init__()
+        self.thread_id = thread_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread_id
+
+
+@contextlib.contextmanager
+def asyncio_logs_kept_from_the_job() -> Iterator[None]:
+    """Nothing the ``asyncio`` logger logs on this thread (bsmon's agent thread) gets out while
+    inside. With no logging configured, the logging module's last resort prints on the
+    process's stderr, the job's; a job that configured logging would get it in its own log."""
+    logger = logging.getLogger("asyncio")
+    quiet = _NotFromThread(threading.get_ident())
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 LineHandler = Callable[[bytes], bytes]
@@ -267,7 +297,7 @@ class AgentServer:
             client.close()
 
     async def _read_commands(self, reader: asyncio.StreamReader, client: ClientConnection) -> None:
-        while not client.closed:
+        while not client.gone():  # lines a gone peer left buffered are not answered
             try:
                 line = await reader.readuntil(b"\n")
             except asyncio.IncompleteReadError:

@@ -3,18 +3,22 @@ The server keeps no trace of the gone, leaks no file descriptor, and the job ste
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
+import subprocess
+import threading
 
 import pytest
 
 from bsmon.probes import attach
-from bsmon.probes.wire import pacing, protocol
+from bsmon.probes.wire import pacing, protocol, server
 from bsmon.probes.wire.client import JobConnection
 
 from ..helpers import wait_until
 from ..jobs import TinyJob
-from ..reliability_kit import raw_client, read_to_eof
+from ..reliability_kit import JobProcess, raw_client, read_to_eof
 
 
 @pytest.fixture
@@ -136,3 +140,60 @@ def test_a_flood_of_bad_lines_is_paced_and_every_line_still_answered(served):
     assert answered == 20_000
     assert budget.paces >= 20_001  # before every line, the ping included
     steps_and_pings(job, mon)
+
+
+def open_sockets(pid: int) -> int:
+    """How many sockets process ``pid`` holds open (its listener, its loop's, its clients')."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed in between
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return count
+
+
+def test_a_client_that_closes_with_replies_unread_prints_nothing_into_the_job(bsmon_dir, processes):
+    """2,000 pings sent and the socket closed at once: the replies meet a gone peer. Writing
+    them made asyncio log 'socket.send() raised exception.' on the job's stderr (1,995 lines,
+    one per write after the fifth). The server now stops answering a peer that is gone, and
+    nothing asyncio logs on bsmon's thread reaches the job."""
+    job = JobProcess(lambda args: processes.start(args, stdin=subprocess.PIPE, text=True), "unread")
+    path = job.wait_ready()
+    before = open_sockets(job.process.pid)
+    sock = raw_client(path)
+    seen = b""
+    while b'"type":"metrics"' not in seen:
+        seen = seen[-64:] + sock.recv(1 << 16)
+    sock.sendall(b'{"type":"ping","id":1}\n' * 2000)
+    sock.close()
+    wait_until(
+        lambda: open_sockets(job.process.pid) == before,
+        timeout=60,
+        message="the job to be done with the gone client",
+    )
+    with JobConnection(path) as later:
+        assert later.request(protocol.Ping()).ok
+    done = job.stop()
+    assert job.process.returncode == 0 and done.steps > 0
+    assert done.bsmon_samples == done.samples and done.bsmon_errors == 0
+    assert job.process.stderr.read() == ""
+
+
+def test_asyncio_logs_on_bsmons_thread_never_reach_the_jobs_stderr():
+    """With no logging configured, the logging module's last resort prints on the process's
+    stderr, and a job's own handlers would get it: inside, what the ``asyncio`` logger says on
+    this thread (the agent's) reaches no handler; other threads and later keep theirs."""
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        with server.asyncio_logs_kept_from_the_job():
+            logger.warning("socket.send() raised exception.")
+            other = threading.Thread(target=logger.warning, args=("the job's own",))
+            other.start()
+            other.join()
+        logger.warning("after")
+    finally:
+        logger.removeHandler(handler)
+    assert heard == ["the job's own", "after"]
