@@ -44,8 +44,7 @@ def child_environment(
     ``resizable``, that the script's DataLoader may be resized (with ``autopilot``, by the
     autopilot too)."""
     env = dict(base)
-    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOT_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *rest])
+    env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *_user_python_path(env)])
     env[ENV_RUN] = name
     env[discovery.ENV_RECORDS] = str(discovery.records_dir(base))  # before the socket dir's
     env[discovery.ENV_DIR] = str(directory)
@@ -56,6 +55,14 @@ def child_environment(
         else:
             env.pop(variable, None)
     return env
+
+
+def _user_python_path(env: Mapping[str, str]) -> list[str]:
+    """The entries of the user's ``PYTHONPATH`` (none when unset or empty), without bsmon's own.
+    An empty entry is kept: Python reads it as the working directory, and the shell's
+    ``PYTHONPATH=$PYTHONPATH:/x`` makes one when ``PYTHONPATH`` was empty."""
+    value = env.get("PYTHONPATH", "")
+    return [p for p in value.split(os.pathsep) if p != str(BOOT_DIR)] if value else []
 
 
 def job_name(command: Sequence[str]) -> str:
