@@ -20,6 +20,10 @@ import msgspec
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # a longer line from a client closes that connection
 MAX_BATCH_SIZE = 1 << 31  # far above any real batch; a bigger value is a typo or an attack
+# A string a client sends (a command's ``id`` or ``reason``) is kept: in replies, events, the
+# record and every new client's greeting. Longer ones are refused, so a client cannot grow them.
+MAX_TEXT_CHARS = 200
+ECHO_CHARS = 40  # what a reply quotes of a value it refuses
 
 CommandId = int | str | None
 
@@ -473,7 +477,7 @@ class Ping(Command, tag="ping"):
 class SetBatchSize(Command, tag="set_batch_size", kw_only=True):
     value: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH_SIZE)]
     confirm: bool = False
-    reason: str = ""
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)] = ""
 
 
 class StepBatchSize(Command, tag="step_batch_size", kw_only=True):
@@ -558,6 +562,8 @@ def command_of(obj: dict[str, Any]) -> Command:
     valid_id = isinstance(command_id, (int, str)) and not isinstance(command_id, bool)
     if command_id is not None and not valid_id:
         raise ProtocolError("`id` must be an integer or a string", None)
+    if isinstance(command_id, str) and len(command_id) > MAX_TEXT_CHARS:
+        raise ProtocolError(f"`id` must be at most {MAX_TEXT_CHARS} characters long", None)
     kind = obj.get("type")
     if kind is None:
         raise ProtocolError("missing field `type`", command_id)
@@ -566,8 +572,7 @@ def command_of(obj: dict[str, Any]) -> Command:
     cls = CLIENT_COMMANDS.get(kind)
     if cls is None:
         known = ", ".join(sorted(CLIENT_COMMANDS))
-        shown = kind if len(kind) <= 40 else kind[:40] + "…"  # a reply never echoes a megabyte
-        raise ProtocolError(f"unknown command type {shown!r}; known: {known}", command_id)
+        raise ProtocolError(f"unknown command type {_shown(kind)!r}; known: {known}", command_id)
     try:
         return msgspec.convert(obj, type=cls)
     except msgspec.ValidationError as exc:
@@ -623,12 +628,15 @@ _EXPECTED = re.compile(
 _BOUND = re.compile(
     r"Expected `(?P<want>\w+)` (?P<op>[<>]=?) (?P<bound>[-\d.e]+)(?: - at `\$\.(?P<at>[^`]+)`)?"
 )
+_LENGTH = re.compile(r"Expected `str` of length <= (?P<bound>\d+)(?: - at `\$\.(?P<at>[^`]+)`)?")
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`")
 _INVALID = re.compile(r"Invalid enum value (?P<value>.+?)(?: - at `\$\.(?P<at>[^`]+)`)?$")
 
 
 def _describe_validation_error(exc: msgspec.ValidationError, cls: type) -> str:
     text = str(exc)
+    if m := _LENGTH.match(text):
+        return f"`{m['at']}` must be at most {m['bound']} characters long"
     if m := _BOUND.match(text):
         words = {">=": "at least", ">": "greater than", "<=": "at most", "<": "less than"}
         return f"`{m['at']}` must be {words[m['op']]} {m['bound']}"
@@ -640,10 +648,16 @@ def _describe_validation_error(exc: msgspec.ValidationError, cls: type) -> str:
         return f"missing field `{m['field']}`"
     if m := _INVALID.match(text):
         allowed = _literal_values(cls, m["at"])
+        value = _shown(m["value"])
         if allowed:
-            return f"`{m['at']}` must be one of {', '.join(map(repr, allowed))}, got {m['value']}"
-        return f"`{m['at']}` has an invalid value {m['value']}"
+            return f"`{m['at']}` must be one of {', '.join(map(repr, allowed))}, got {value}"
+        return f"`{m['at']}` has an invalid value {value}"
     return text
+
+
+def _shown(text: str) -> str:
+    """``text`` as a reply quotes it: a reply never echoes a megabyte."""
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + "…"
 
 
 def _literal_values(cls: type, field_name: str) -> tuple[Any, ...]:

@@ -143,3 +143,39 @@ def test_binary_garbage_gets_a_reply_per_line_and_the_connection_stays_open(bsmo
         assert replies and all(not r.ok and r.error for r in replies)
         job.step(mon)
         assert mon.flush() and mon.stats()["errors"] == 0
+
+
+def test_free_text_from_a_client_is_refused_past_its_limit_so_it_cannot_grow_the_job(
+    bsmon_dir, tmp_path
+):
+    """300 `set_batch_size` with a 900 KiB `reason` grew a job by 1 GB and its record by
+    264 MB: the reason went whole into the change, its event, the record and every greeting.
+    A string a client sends is now refused past ``MAX_TEXT_CHARS`` with a reply naming it."""
+    limit = protocol.MAX_TEXT_CHARS
+    job = TinyJob()
+    record = tmp_path / "text.jsonl"
+    mon = attach(job.model, job.optimizer, batch_size=8, name="text", record=record)
+    with mon, JobConnection(mon.socket_path) as conn:
+        conn.hello()
+        huge = "x" * (900 << 10)
+        for value in (16, 32) * 10:
+            reply = conn.request(protocol.SetBatchSize(value=value, confirm=True, reason=huge))
+            assert not reply.ok
+            assert (
+                reply.error == f"set_batch_size: `reason` must be at most {limit} characters long"
+            )
+        conn.send_raw(b'{"type":"ping","id":"%s"}\n' % (b"i" * (limit + 1)))
+        refused = conn.wait_for(protocol.Reply)
+        assert refused.id is None and f"`id` must be at most {limit} characters" in refused.error
+        conn.send_raw(b'{"type":"step_batch_size","id":9,"direction":"%s"}\n' % huge.encode())
+        refused = conn.wait_matching(lambda m: isinstance(m, protocol.Reply) and m.id == 9, "9")
+        assert "must be one of 'up', 'down'" in refused.error and len(refused.error) < 200
+        at_limit = "y" * limit
+        assert conn.request(protocol.SetBatchSize(value=16, confirm=True, reason=at_limit)).ok
+        job.step(mon)
+        event = conn.wait_matching(
+            lambda m: isinstance(m, protocol.Event) and m.kind == "batch_size", "its event"
+        )
+        assert at_limit in event.message and len(event.message) < 2 * limit
+        assert mon.batch_size == 16
+    assert record.stat().st_size < 100_000

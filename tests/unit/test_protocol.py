@@ -118,6 +118,16 @@ def test_unknown_server_message_type_is_ignored_by_clients():
             7,
         ),
         (b'{"type": "step_batch_size", "id": 8}', "missing field `direction`", 8),
+        (
+            b'{"type": "set_batch_size", "id": 9, "value": 8, "reason": "%s"}' % (b"r" * 201),
+            "set_batch_size: `reason` must be at most 200 characters long",
+            9,
+        ),
+        (
+            b'{"type": "ping", "id": "%s"}' % (b"i" * 201),
+            "`id` must be at most 200 characters",
+            None,
+        ),
         (b'{"type": "ping", "id": [1]}', "`id` must be an integer or a string", None),
         (b'{"type": "ping", "id": false}', "`id` must be an integer or a string", None),
         (b"\xff\xfe\x00", "not valid JSON", None),
@@ -136,6 +146,21 @@ def test_an_unknown_type_is_echoed_short_not_whole():
     with pytest.raises(ProtocolError) as info:
         protocol.decode_command(b'{"type": "%s"}' % (b"x" * 100_000))
     assert len(str(info.value)) < 200 and "xxx…'" in str(info.value)
+
+
+def test_a_refused_value_is_echoed_short_not_whole():
+    line = b'{"type": "step_batch_size", "id": 1, "direction": "%s"}' % (b"x" * 100_000)
+    with pytest.raises(ProtocolError) as info:
+        protocol.decode_command(line)
+    assert len(str(info.value)) < 200 and "got 'xxx" in str(info.value)
+
+
+def test_free_text_up_to_its_limit_is_a_command():
+    at_limit = "r" * protocol.MAX_TEXT_CHARS
+    line = protocol.encode(protocol.SetBatchSize(id=at_limit, value=8, reason=at_limit))
+    assert protocol.decode_command(line) == protocol.SetBatchSize(
+        id=at_limit, value=8, reason=at_limit
+    )
 
 
 def test_a_server_line_with_a_type_that_is_not_a_string_is_not_a_message():
