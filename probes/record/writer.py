@@ -174,10 +174,10 @@ class RecordWriter(threading.Thread):
         """Rewrite the record with old spans merged, then go on appending to the new file."""
         self._spans_since_compaction = 0
         self._file.flush()
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd, tmp = discovery.create_temp_beside(self.path)
+        dst = os.fdopen(fd, "wb")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with open(self.path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            with open(self.path, "rb") as src:
                 items = compact(
                     _own_lines(src),
                     start=self._start,
@@ -187,15 +187,17 @@ class RecordWriter(threading.Thread):
                 )
                 for item in items:
                     dst.write(item if isinstance(item, bytes) else encode_line(item))  # type: ignore[arg-type]
-                dst.flush()
-                os.fsync(dst.fileno())
+            dst.flush()
+            os.fsync(dst.fileno())
             os.replace(tmp, self.path)
         except BaseException:
+            with contextlib.suppress(OSError):
+                dst.close()
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
         self._file.close()
-        self._file = open(self.path, "ab")  # noqa: SIM115 - kept open across batches
+        self._file = dst  # appended to from here: the path is never opened again to write
         self.compactions += 1
 
     def _close_file(self, sync: bool = False) -> None:

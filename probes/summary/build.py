@@ -12,7 +12,6 @@ spans' counts); split, that state would be handed around instead.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from ..record.format import (
 )
 from ..record.history import DecimatingHistory
 from ..record.reader import RecordReader, open_record
+from ..wire.discovery import replace_atomically
 from ..wire.protocol import Event, StepAnatomy
 from .recommend import recommendations
 from .schema import (
@@ -602,17 +602,6 @@ def summarize_record(path: Path | str) -> Summary:
         return summarize(reader)
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_summary(
     summary: Summary, json_path: Path, md_path: Path, private: bool = False
 ) -> tuple[Path, Path]:
@@ -622,8 +611,8 @@ def write_summary(
     mode = 0o600 if private else 0o666  # less the umask
     json_path.parent.mkdir(parents=True, exist_ok=True)
     encoded = msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
-    _write_atomic(json_path, encoded, mode)
-    _write_atomic(md_path, render_markdown(summary).encode(), mode)
+    replace_atomically(json_path, encoded, mode)
+    replace_atomically(md_path, render_markdown(summary).encode(), mode)
     return json_path, md_path
 
 

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import socket
 import stat
 import tempfile
@@ -56,13 +57,26 @@ def records_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` as a 0700 directory, or check that an existing one is safe to use."""
+    """Create ``path`` as a 0700 directory, or check that an existing one is safe to use.
+    Missing parents are made 0700 too, whatever the umask: under umask 000, ``~/.local/share``
+    made world-writable would let another user swap the directories below it."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_private_dirs(path)
     except OSError as exc:
         raise BsmonDirError(f"cannot create bsmon directory {path}: {exc.strerror}") from None
     check_private_dir(path)
     return path
+
+
+def _make_private_dirs(path: Path) -> None:
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked like any other
+            os.mkdir(directory, 0o700)
+            os.chmod(directory, 0o700)  # the umask took bits away; it may have taken ours
 
 
 def check_private_dir(path: Path) -> None:
@@ -116,18 +130,47 @@ def pid_of_socket(path: Path) -> int | None:
         return None
 
 
+TEMP_NAME_TRIES = 16
+
+
+def create_temp_beside(path: Path, mode: int = 0o600) -> tuple[int, Path]:
+    """A new file beside ``path``, open for writing, under a name nobody can guess: created
+    with ``O_EXCL|O_NOFOLLOW``, so a file or link planted there is never opened, let alone
+    written through. ``os.replace`` of it onto ``path`` then replaces a link at ``path``
+    itself, never its target."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(TEMP_NAME_TRIES):
+        temp = path.with_name(f".{path.name}.{_temp_token()}.tmp")
+        with contextlib.suppress(FileExistsError):
+            return os.open(temp, flags, mode), temp
+    raise FileExistsError(
+        errno.EEXIST, f"{TEMP_NAME_TRIES} temporary names beside {path.name} were all taken"
+    )
+
+
+def _temp_token() -> str:
+    return secrets.token_hex(8)
+
+
+def replace_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """``path`` holds ``data`` (whole, or as it was) through a new temporary file beside it."""
+    fd, temp = create_temp_beside(path, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
 def metadata_path(socket_file: Path) -> Path:
     return socket_file.with_suffix(".json")
 
 
 def write_metadata(socket_file: Path, info: dict[str, object]) -> None:
     """Write the job's listing info atomically beside its socket (0600)."""
-    target = metadata_path(socket_file)
-    tmp = target.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, target)
+    replace_atomically(metadata_path(socket_file), json.dumps(info).encode())
 
 
 def remove_job_files(socket_file: Path) -> None:
