@@ -87,6 +87,17 @@ _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _ranks_serials = itertools.count()  # every rank attaches in the same order: same namespaces
 
 
+def _say_recording_stopped(message: str) -> None:
+    """One line where a headless user looks, beside the event on the socket: a RuntimeWarning,
+    as bsmon says it serves no socket. Under ``bsmon run`` the job's output stays the job's:
+    ``bsmon run`` says it after the job, from the process's note (``launch.notes``)."""
+    if audience.zero_code():
+        return
+    with contextlib.suppress(Exception):  # under -W error it would raise in the writer's thread
+        # explicit: no stack (another thread's) to point at, so the line stands alone
+        warnings.warn_explicit(f"{message}; the job goes on unrecorded", RuntimeWarning, "bsmon", 0)
+
+
 class Monitor:
     """The handle ``attach()`` returns. See DESIGN.md for the public contract."""
 
@@ -490,6 +501,7 @@ class Monitor:
             self._emit_event,
             private_dir=private_dir,
             before=summary_build.preload,
+            on_stopped=_say_recording_stopped,
         )
 
     def _start_service(self) -> None:
@@ -992,15 +1004,18 @@ class Monitor:
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
         if self.recorder is not None and self.recorder.close(reason, self._progress.step):
-            self._write_summary(self.recorder.path)
+            self._write_summary(self.recorder.path, said=self.recorder.failed is not None)
         signals.uninstall_if_idle()
 
     @staticmethod
-    def _write_summary(record: Path) -> None:
-        """The summary beside the whole record (a failure is a warning: the record stands)."""
+    def _write_summary(record: Path, said: bool = False) -> None:
+        """The summary beside the whole record (a failure is a warning: the record stands;
+        ``said``: none after a stopped recording, whose failing disk was said already)."""
         try:
             summary_build.write_summary_beside(record)
         except Exception as exc:
+            if said:
+                return
             warnings.warn(
                 f"bsmon: could not write the summary of {record}: {exc}",
                 RuntimeWarning,

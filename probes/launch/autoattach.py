@@ -384,7 +384,9 @@ class AutoAttach:
         else:
             reason = HAND_UPDATES if trained else NOTHING_TRAINED
         record = record or getattr(getattr(self.monitor, "session", None), "record", None)
-        note = run_notes.Note(os.getpid(), attached, trained, reason, record)
+        recorder = getattr(self.monitor, "recorder", None)
+        stopped = recorder.failed if recorder is not None else None
+        note = run_notes.Note(os.getpid(), attached, trained, reason, record, stopped)
         run_notes.write(*self._notes, note)
 
     def _at_exit(self) -> None:

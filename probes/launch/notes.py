@@ -27,6 +27,7 @@ class Note:
     trained: bool  # the process called backward(): it was training, or meant to
     reason: str | None = None  # why it did not attach
     record: str | None = None  # the session record it writes, once attached
+    record_stopped: str | None = None  # why its recording stopped before the end, if it did
 
 
 def _directory(base: Path) -> Path:
@@ -71,6 +72,11 @@ def why_unmonitored(notes: list[Note]) -> str | None:
     if reasons:
         return reasons[0]
     return "no process of the command imported torch and stepped a torch.optim optimizer"
+
+
+def stopped_recordings(notes: list[Note]) -> list[str]:
+    """Why the recordings that stopped early stopped (rank 0's first, by pid)."""
+    return [n.record_stopped for n in sorted(notes, key=lambda n: n.pid) if n.record_stopped]
 
 
 def records(notes: list[Note]) -> list[str]:

@@ -216,6 +216,8 @@ class End(RecordLine, tag="end"):
     step: int
     samples: int
     last: dict[str, float] = msgspec.field(default_factory=dict)  # each scalar's last value
+    # the recording had stopped before (a full or read-only disk), and why: the spans end there
+    recording_stopped: str | None = None
 
 
 def throughput(timed_samples: int, timed_s: float, uncounted_s: float = 0.0) -> float | None:

@@ -16,6 +16,8 @@ from operator import is_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..runtime.service import Extension, TickDone
 from ..runtime.telemetry import sampled_indices
 from ..wire.protocol import Capability, Event, SessionInfo
@@ -97,8 +99,11 @@ class Recorder(Extension):
         per_level: int = PER_LEVEL,
         before: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
+        on_stopped: Callable[[str], None] = lambda _message: None,
     ) -> None:
-        """``before``: run first on the writer thread (an import to get done early)."""
+        """``before``: run first on the writer thread (an import to get done early);
+        ``on_stopped``: told (on the writer's thread, once) when the recording stops, beside
+        the event."""
         self.path = path
         self.telemetry = telemetry
         telemetry.tap = self
@@ -106,6 +111,7 @@ class Recorder(Extension):
         self._start = session.start_time
         self._clock = clock
         self._emit_event = emit_event
+        self._on_stopped = on_stopped
         self.writer = RecordWriter(
             path,
             self._report_failure,
@@ -297,8 +303,9 @@ class Recorder(Extension):
         self.writer.put(line)
 
     def close(self, reason: str, step: int, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-        """Write the ``end`` line and close the file; True when all was done (then the record
-        is whole, and its summary can be written)."""
+        """Write the ``end`` line and close the file; True when the record ends with it (then
+        its summary can be written): all was written, or the recording had stopped and its end
+        says so."""
         if self._closed:
             return False
         self._closed = True
@@ -310,9 +317,16 @@ class Recorder(Extension):
             last=dict(self._last),
         )
         self.writer.put(encode_line(end))
-        return self.writer.finish(timeout)
+        if self.writer.finish(timeout):
+            return True
+        if self.writer.failed is None or not self.writer.done.is_set():
+            return False  # still writing after the timeout: the file is not ours to touch
+        stopped = msgspec.structs.replace(end, recording_stopped=self.writer.failed)
+        return self.writer.append_last_word(encode_line(stopped))
 
     def _report_failure(self, message: str, stopped: bool = True) -> None:
+        if stopped:
+            self._on_stopped(message)
         self._emit_event(
             Event(
                 t=time.time(),

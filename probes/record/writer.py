@@ -122,6 +122,26 @@ class RecordWriter(threading.Thread):
             self.join(timeout)
         return self.done.is_set() and self.failed is None
 
+    def append_last_word(self, line: bytes) -> bool:
+        """After a failure and once the thread is done: one try to end the record with
+        ``line``, for a disk that has room again (or was only slow). A torn last line is cut
+        off first, so the record still reads; a line that does not fit whole is taken back."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW)
+        except OSError:
+            return False  # never made (a read-only directory), or gone
+        try:
+            whole = _whole_lines_size(fd)
+            os.ftruncate(fd, whole)
+            written = os.write(fd, line)  # a write that raises wrote nothing
+            if written != len(line):
+                os.ftruncate(fd, whole)
+            return written == len(line)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     # -- the thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -247,6 +267,19 @@ def _own_lines(src: Any) -> Iterator[Span | bytes]:
         if not line.endswith(b"\n"):
             continue  # cannot happen in our own file, but never copy half a line
         yield _span_decoder.decode(line) if line.startswith(_SPAN_PREFIX) else line
+
+
+def _whole_lines_size(fd: int, chunk: int = 1 << 16) -> int:
+    """The size of the file up to the end of its last whole line."""
+    size = os.fstat(fd).st_size
+    end = size
+    while end > 0:
+        start = max(0, end - chunk)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
 
 
 def describe_os_error(exc: BaseException) -> str:

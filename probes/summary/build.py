@@ -165,6 +165,7 @@ class SummaryBuilder:
         self.noise_warmup: str | None = None  # what the warm-up measured, when it ran out
         self.resolution_s = 0.0
         self.end: End | None = None
+        self.recorded_steps = 0  # the last step the spans reach (the end may say more)
         self.series = {name: _Series() for name in ("step_time_ms", "samples_per_s", "b_simple")}
         self.util_series: dict[int, _Series] = {}
         self.phases = PhaseTotals()
@@ -186,6 +187,7 @@ class SummaryBuilder:
             self._probe(item)
         elif isinstance(item, End):
             self.end = item
+            self.recorded_steps = self.steps
             self.last_t = max(self.last_t, item.t)
             self.steps = max(self.steps, item.step)
             self.samples = max(self.samples, item.samples)
@@ -388,6 +390,7 @@ class SummaryBuilder:
             end=iso(end_time),
             complete=self.end is not None,
             end_reason=self.end.reason if self.end else None,
+            recording_stopped=self.end.recording_stopped if self.end else None,
         )
 
     def _step_time(self) -> StepTime:
@@ -506,15 +509,27 @@ class SummaryBuilder:
             notes.append(
                 Note(
                     "incomplete",
-                    "the record has no end: the job was killed, crashed, or is still running; "
+                    "the record has no end: the job was killed, crashed, or is still running, "
+                    "or its recording stopped (a full or read-only disk; bsmon said so then); "
                     f"this summary covers it up to step {summary.steps:,} "
                     f"({summary.duration_s:.0f} s in)",
+                )
+            )
+        elif self.end.recording_stopped:
+            notes.append(
+                Note(
+                    "recording_stopped",
+                    f"{self.end.recording_stopped}; the job went on unrecorded to step "
+                    f"{self.end.step:,} and ended ({self.end.reason}): the figures here cover "
+                    f"it up to step {self.recorded_steps:,}",
                 )
             )
         if torn:
             notes.append(
                 Note(
-                    "torn_line", "the record's last line was cut short (killed mid-write); left out"
+                    "torn_line",
+                    "the record's last line was cut short (killed mid-write, or a full disk); "
+                    "left out",
                 )
             )
         if unknown:

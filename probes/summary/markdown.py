@@ -11,7 +11,7 @@ import plotext
 from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
-from .schema import BatchSegment, Note, Point, Summary
+from .schema import BatchSegment, Note, Point, Run, Summary
 
 CHART_WIDTH = 76
 CHART_HEIGHT = 13
@@ -42,13 +42,21 @@ def render_markdown(s: Summary) -> str:
 
 
 def _story(s: Summary) -> str:
-    ending = f"ended: {s.run.end_reason}" if s.run.complete else "no clean end (killed?)"
-    if s.run.running:
-        ending = "still running when this was exported"
+    ending = _ending(s.run)
     return (
         f"**{s.run.name}** ran **{duration(s.duration_s)}** on {s.run.host} (pid {s.run.pid}): "
         f"**{s.steps:,} steps**, {_samples(s)}; {ending}."
     )
+
+
+def _ending(run: Run) -> str:
+    if run.running:
+        return "still running when this was exported"
+    if not run.complete:
+        return "no end line (killed, crashed, or its recording stopped early)"
+    if run.recording_stopped:
+        return f"ended: {run.end_reason}, but its recording had stopped early"
+    return f"ended: {run.end_reason}"
 
 
 def _samples(s: Summary) -> str:

@@ -43,6 +43,7 @@ class Run(msgspec.Struct):
     end: str
     complete: bool  # the job closed its monitor (an `end` line); false: killed or still running
     end_reason: str | None = None
+    recording_stopped: str | None = None  # why the recording stopped before the job ended
     running: bool = False  # exported live: the monitor saw the job running when it exported
 
 

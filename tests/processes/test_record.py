@@ -161,7 +161,8 @@ def test_a_full_disk_stops_recording_with_an_event_and_the_job_finishes(tmp_path
     assert "Traceback" not in result.stderr
     assert record.stat().st_size <= 1500
     summary = summarize_record(record)  # what made it to disk still reads (torn tail or not)
-    assert not summary.run.complete
+    # an end fits only where cutting the torn tail made room for it, and then it says why
+    assert not summary.run.complete or "File too large" in summary.run.recording_stopped
 
 
 def sample(util: float) -> DeviceSample:

@@ -187,7 +187,7 @@ def test_bsmon_records_says_where_it_looked_when_there_are_none(bsmon_dir):
     result = bsmon("records")
     assert result.returncode == 0
     assert result.stdout.strip() == (
-        f"no records in {bsmon_dir / 'records'} (a job's record is written there when it ends)"
+        f"no records in {bsmon_dir / 'records'} (a job writes its record there as it runs)"
     )
 
 

@@ -81,7 +81,7 @@ def cmd_records(args: argparse.Namespace, directory: Path) -> int:
         print(json.dumps([asdict(row) for row in rows], indent=1))
         return 0
     if not rows:
-        print(f"no records in {directory} (a job's record is written there when it ends)")
+        print(f"no records in {directory} (a job writes its record there as it runs)")
         return 0
     print(f"records in {directory}, newest first (`bsmon export` or `bsmon replay` one):")
     print(f"{'NAME':<20} {'STARTED':<16} {'STEPS':>9} {'SIZE':>9}  RECORD")

@@ -199,6 +199,8 @@ def say_record_or_why(name: str, notes: list[run_notes.Note], status: int | None
         print(f"bsmon: {name} was not monitored: {why}", file=sys.stderr)
     for record in run_notes.records(notes):
         say_record(name, record)
+    for why in run_notes.stopped_recordings(notes):
+        print(f"bsmon: {name}: {why}; the job went on unrecorded", file=sys.stderr)
 
 
 def run_headless(command: list[str], env: dict[str, str]) -> int:
