@@ -165,6 +165,7 @@ class Monitor:
         self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
         # called once per training DataLoader iterator (an epoch), on the training thread
         self.on_new_training_iterator: Callable[[Any], None] | None = None
+        self.training_epochs = 0  # training DataLoader iterators begun
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
@@ -374,6 +375,7 @@ class Monitor:
             step=self._progress,
             declared_half=declared_half,
             plain_step_s=lambda: noise.budget.plain_step_s,
+            epochs=lambda: self.training_epochs,
         )
         register_autopilot(self.router, autopilot)
         return autopilot
@@ -626,6 +628,7 @@ class Monitor:
             known = self._loader_sizes
             if known[0]() is not iterator:  # a new iterator (an epoch): its facts, once
                 known = self._loader_sizes = self._sizes_of(iterator)
+                self.training_epochs += 1
                 if self.on_new_training_iterator is not None:
                     self.on_new_training_iterator(iterator)
             if known[1]:

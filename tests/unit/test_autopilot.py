@@ -65,8 +65,13 @@ class Job:
         max_size: int | None = None,
         declared_half: float | None = None,
         on: bool = True,
+        epoch_steps: int = 100,
+        scheduler_every: int | None = None,
     ) -> None:
+        """``scheduler_every``: ``scheduler.step()`` every that many steps (an epoch is
+        ``epoch_steps`` steps of its DataLoader)."""
         self.step, self.t = 0, 1000.0
+        self.scheduler, self.scheduler_every = scheduler, scheduler_every
         self.half, self.c, self.noise = half, c, noise or tight(1000.0)
         self.events: list[Event] = []
         self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
@@ -93,6 +98,7 @@ class Job:
             emit=self.events.append,
             step=lambda: self.step,
             declared_half=declared_half,
+            epochs=lambda: self.step // epoch_steps + 1,
         )
         self.samples_asked: list[int] = []
         self.extension = AutopilotExtension(
@@ -123,7 +129,11 @@ class Job:
             self.control.at_step_boundary()
             size = self.control.size
             step_time = self.step_time(size)
-            self.step += steps
+            for _ in range(steps):
+                self.step += 1
+                if self.scheduler_every and self.step % self.scheduler_every == 0:
+                    self.optimizer.step()  # no gradients: a no-op the scheduler expects first
+                    self.scheduler.step()
             sample = self.sample(size) if sampled else self.stale_sample
             self.control.observe_sample(sample, self.step)
             self.extension.on_tick(sample)
@@ -395,20 +405,69 @@ def test_a_key_that_undoes_its_change_before_a_step_applied_it_still_pauses_it()
     assert not any(change.source == "autopilot" for change in job.control.changes)
 
 
-@pytest.mark.parametrize(
-    ("lr_scaling", "words"),
-    [(None, "lr_scaling=None"), ("auto", "scheduler")],
-)
-def test_it_refuses_when_the_learning_rate_cannot_follow_or_a_scheduler_owns_it(lr_scaling, words):
+def test_it_refuses_when_the_learning_rate_cannot_follow():
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    scheduler = None
-    if lr_scaling == "auto":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
-    job = Job(optimizer=optimizer, lr_scaling=lr_scaling, scheduler=scheduler, on=False)
-    with pytest.raises(CommandRefused, match=words):
+    job = Job(optimizer=optimizer, lr_scaling=None, on=False)
+    with pytest.raises(CommandRefused, match="lr_scaling=None"):
         job.autopilot.switch(True)
     job.run(80)
     assert job.autopilot.reading().state == "refused" and job.decisions() == []
+
+
+def step_lr(step_size: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.5)
+
+
+def test_a_scheduler_stepped_every_step_stops_it_before_any_change_saying_how_often():
+    optimizer, scheduler = step_lr(step_size=30)
+    job = Job(
+        size=16,
+        noise=tight(1000.0, 0.05),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_every=1,
+    ).run(80)
+    reading = job.autopilot.reading()
+    assert reading.state == "refused" and job.decisions() == [] and job.control.size == 16
+    assert "keyed on steps" in reading.why and "StepLR stepped 10 times in 10 optimizer" in (
+        reading.why
+    )
+    with pytest.raises(CommandRefused, match="keyed on steps"):
+        job.autopilot.switch(True)
+
+
+def test_a_scheduler_stepped_once_an_epoch_lets_it_grow_and_its_steps_are_not_the_jobs_own():
+    """StepLR stepped at each epoch's end (100 steps), halving the rate every 2 epochs: the
+    schedule is kept in epochs as the batch grows, so the autopilot steers; the rate the
+    scheduler moves is not "the job's own schedule"."""
+    optimizer, scheduler = step_lr(step_size=2)
+    job = Job(
+        size=16,
+        half=64,
+        noise=tight(1000.0, 0.05),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_every=100,
+    )
+    job.run(120)
+    reading = job.autopilot.reading()
+    assert reading.state == "on", reading.why
+    assert job.control.size == 256 and len(job.decisions()) >= 3
+    assert scheduler.last_epoch == 12 and optimizer.param_groups[0]["lr"] == pytest.approx(
+        0.1 * 256 / 16 * 0.5**6
+    )
+    job.scheduler_every = 1  # the job starts stepping it every step: it stops, saying why
+    job.run(2)
+    assert job.autopilot.reading().state == "refused"
+    assert "keyed on steps" in job.autopilot.reading().why
+
+
+def test_a_scheduler_bsmon_was_not_given_refuses_it():
+    optimizer, _scheduler = step_lr(step_size=2)  # not given to the controller
+    job = Job(optimizer=optimizer, on=False)
+    with pytest.raises(CommandRefused, match="scheduler bsmon was not given"):
+        job.autopilot.switch(True)
 
 
 def test_a_learning_rate_the_job_moves_itself_stops_it_but_its_own_rescaling_does_not():
