@@ -67,6 +67,7 @@ class Job:
         on: bool = True,
         epoch_steps: int = 100,
         scheduler_every: int | None = None,
+        plain_step_s: float | None = None,
     ) -> None:
         """``scheduler_every``: ``scheduler.step()`` every that many steps (an epoch is
         ``epoch_steps`` steps of its DataLoader)."""
@@ -99,6 +100,7 @@ class Job:
             step=lambda: self.step,
             declared_half=declared_half,
             epochs=lambda: self.step // epoch_steps + 1,
+            plain_step_s=lambda: plain_step_s,
         )
         self.samples_asked: list[int] = []
         self.extension = AutopilotExtension(
@@ -522,6 +524,20 @@ def test_the_claims_base_is_the_start_size_as_bsmon_runs_it_after_the_noise_scal
     ramp.add(at(32, 32e3, warming), 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
     efficiency = (1000 + 16) / (1000 + 32)
     assert ramp.claim()[0] == pytest.approx(32e3 * efficiency / 32e3)
+
+
+def test_a_run_that_ended_in_the_noise_scales_warm_up_says_so_not_nothing_measured():
+    """B_simple resolved during the warm-up, and the run ended before it was over: the last
+    line says the start size's windows were the warm-up's (issue 43), not "nothing measured"."""
+    warming = NoiseScaleReading(b_simple=500.0, ci_low=450.0, ci_high=550.0, phase="warming up")
+    job = Job(size=16, noise=lambda _step: warming, plain_step_s=1e-3).run(3)
+    job.autopilot.finish()
+    line = job.events[-1].message
+    assert "nothing measured" not in line
+    assert line.endswith(
+        "no claim: batch 16 ran only in the noise scale's warm-up, whose windows are left out "
+        "(it measures three steps in four)"
+    )
 
 
 def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():
