@@ -194,6 +194,9 @@ class Monitor:
 
         self.session = session_info(self.name)
         rank, world_size = self.session.rank, self.session.world_size
+        ddp = distributed.ddp_of(model, params) if world_size > 1 else None
+        if world_size > 1:  # in the record's header too: the step anatomy's note reads it
+            self.session.ddp = ddp is not None
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
         self.telemetry.noise = self._noise.reading
@@ -262,7 +265,7 @@ class Monitor:
             ProbeExtension(self.prober),
         ]
         # reads nothing unless the job is distributed and its model DistributedDataParallel
-        self._ddp_timing = DdpTiming(distributed.ddp_of(model, params) if world_size > 1 else None)
+        self._ddp_timing = DdpTiming(ddp)
         self.telemetry.comm_sample = self._ddp_timing.comm_wait
         self._ranks_exchange: RankExchange | None = None
         self._anatomy: AnatomyExtension | None = None
@@ -406,6 +409,7 @@ class Monitor:
         return AnatomyExtension(
             self.telemetry,
             world_size=world_size,
+            ddp=self.session.ddp,
             loader=lambda: self._loader_facts[1] if self._loader_facts is not None else None,
             device_index=device.index if device is not None else None,
             step=self._progress,

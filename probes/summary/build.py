@@ -366,8 +366,9 @@ class SummaryBuilder:
         """The whole run's step anatomy and its verdict (GPU utilization: the busiest
         device's mean)."""
         utils = [d.util_mean_percent for d in devices if d.util_mean_percent is not None]
-        world_size = self.header.session.world_size
-        return judged(self.phases, world_size, max(utils) if utils else None)
+        session = self.header.session
+        gpu_util = max(utils) if utils else None
+        return judged(self.phases, session.world_size, gpu_util, session.ddp)
 
     def _run(self, end_time: float) -> Run:
         s = self.header.session

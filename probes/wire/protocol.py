@@ -46,6 +46,9 @@ class SessionInfo(msgspec.Struct):
     rank: int = 0
     world_size: int = 1
     record: str | None = None  # the session record the job writes (docs/record.md), if any
+    # a distributed job's model is (or holds) a DistributedDataParallel; None: one process,
+    # or not known
+    ddp: bool | None = None
 
 
 class Capability(msgspec.Struct):
