@@ -4,11 +4,23 @@
 
 The inbox brings them in order (``Inbox.losses``: a tensor, or ``(loss,)`` for a given
 one), or, while the loop is fast, only the latest tensor (``Inbox.latest_loss``).
+
+``reduction_of`` reads from a loss tensor's graph whether it sums over the batch (a VAE's
+``reduction='sum'``: the value is the batch's total, the script prints it per example), so
+that the loss shown says so.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+SUMMED = "summed over the batch"
+# nodes that join scalar terms without averaging them (a VAE's BCE + KLD, -0.5 * sum, AMP's
+# loss × scale); a division may be the script's own / batch size: not walked through
+_JOINS = {"AddBackward0", "SubBackward0", "MulBackward0", "MulBackward1", "NegBackward0"}
+_REDUCTIONS = {"SumBackward0": "sum", "MeanBackward0": "mean"}
+_SAVED_REDUCTION = {1: "mean", 2: "sum"}  # torch's at::Reduction of a loss function's node
+_MAX_NODES = 32
 
 
 class BackwardLosses:
@@ -47,3 +59,26 @@ class BackwardLosses:
     def pop(self) -> list[Any]:
         tick, self.tick = self.tick, []
         return tick
+
+
+def reduction_of(loss: Any) -> str | None:
+    """``"sum"`` when ``loss``'s graph ends in reductions that all sum over their input
+    (``reduction='sum'``, ``torch.sum``) joined by +, - and ×, ``"mean"`` when they all
+    average, None when that cannot be told (no graph, a division, another operation)."""
+    stack = [getattr(loss, "grad_fn", None)]
+    found: set[str] = set()
+    seen = 0
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue  # a constant term (AMP's scale, a weight)
+        seen += 1
+        name = type(node).__name__
+        kind = _REDUCTIONS.get(name) or _SAVED_REDUCTION.get(getattr(node, "_saved_reduction", 0))
+        if kind is not None:
+            found.add(kind)
+        elif name in _JOINS and seen < _MAX_NODES:
+            stack.extend(following for following, _ in node.next_functions)
+        else:
+            return None
+    return found.pop() if len(found) == 1 else None

@@ -163,6 +163,7 @@ class SummaryBuilder:
         self.noise_reason: str | None = None  # the job's word on why there is no estimate
         self.noise_source: str | None = None  # the estimator the job last reported
         self.noise_warmup: str | None = None  # what the warm-up measured, when it ran out
+        self.scalar_notes: dict[str, str] = {}  # a loss_units event's: {"loss": "summed ..."}
         self.resolution_s = 0.0
         self.end: End | None = None
         self.series = {name: _Series() for name in ("step_time_ms", "samples_per_s", "b_simple")}
@@ -279,6 +280,8 @@ class SummaryBuilder:
             self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
         elif event.kind in ("autopilot", "autopilot_state"):
             self._autopilot_event(event)
+        elif event.kind == "loss_units":
+            self.scalar_notes.update(event.data)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
@@ -339,7 +342,13 @@ class SummaryBuilder:
             batch_sizes=[self._size(size, t) for size, t in self.sizes.items()],
             scalars={
                 name: Scalar(
-                    stat.n, _round(first), _round(last), stat.min, stat.max, _round(stat.mean)
+                    stat.n,
+                    _round(first),
+                    _round(last),
+                    stat.min,
+                    stat.max,
+                    _round(stat.mean),
+                    self.scalar_notes.get(name),
                 )
                 for name, (stat, first, last) in self._scalars_at_end().items()
             },

@@ -299,7 +299,14 @@ def _scalars(s: Summary) -> str:
     if not s.scalars:
         return ""
     rows = [
-        (_code(name), num(v.first), num(v.last), num(v.min), num(v.max), f"{v.n:,}")
+        (
+            _code(name) + (f" ({v.note})" if v.note else ""),
+            num(v.first),
+            num(v.last),
+            num(v.min),
+            num(v.max),
+            f"{v.n:,}",
+        )
         for name, v in s.scalars.items()
     ]
     return "## Logged scalars\n\n" + _table(rows, ("name", "first", "last", "min", "max", "values"))

@@ -383,6 +383,9 @@ class Metrics(Message, tag="metrics"):
     steps_in_window: int = 0
     idle_s: float | None = None
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    # what a scalar's value is, where it is not what its name suggests
+    # ({"loss": "summed over the batch"}: the script's loss sums its examples)
+    scalar_notes: dict[str, str] = msgspec.field(default_factory=dict)
     noise: NoiseScaleReading = msgspec.field(default_factory=NoiseScaleReading)
     anatomy: StepAnatomy | None = None
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
