@@ -125,6 +125,9 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     detail: str | None = None  # the estimator in words, e.g. "4 micro-batches per step"
     note: str | None = None  # why the last step was skipped, or why there is no estimate
     phase: str | None = None  # "warming up" (every step measured) or "tracking" (cost budget)
+    # while there is no number: what the estimate is doing, in the agent's words ("collecting
+    # 25/30 measured steps; ...", or why none will come); the Noise panel shows it as it is
+    status: str | None = None
 
 
 class BatchChange(msgspec.Struct, omit_defaults=True):

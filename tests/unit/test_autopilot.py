@@ -311,6 +311,9 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_s
         shown = job.autopilot.reading()
         assert shown.waiting == f"waiting for B_simple to resolve{said}"
         assert shown.next_decision_step is None  # due at step 50, but waiting on the estimate
+    why = "none — BatchNorm in training mode couples the examples; waiting will not bring one"
+    job = Job(noise=lambda _s: NoiseScaleReading(status=why)).run(60)
+    assert job.decisions() == [] and job.autopilot.reading().waiting == f"B_simple: {why}"
 
 
 def falling(after: int, phi: float, spread: float) -> Noise:
