@@ -68,7 +68,7 @@ MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has
 DECISIONS_KEPT = 50
 KEYED_ON_STEPS = (
     "would run its schedule faster in examples as the batch grows; the autopilot refuses "
-    "rather than change what the schedule means (one stepped once an epoch is followed)"
+    "rather than change what the schedule means (one stepped once an epoch it follows)"
 )
 
 
@@ -123,12 +123,12 @@ class Autopilot:
             return f"it needs the gradient noise scale, which is off ({why})"
         if control.scheduler is None and owned_by_scheduler(control.optimizer):
             return (
-                "a learning-rate scheduler bsmon was not given owns the rate; one keyed on "
-                f"steps {KEYED_ON_STEPS} (attach(lr_scheduler=...) lets bsmon see how often "
-                "it steps)"
+                "a learning-rate scheduler bsmon was not given owns the rate, and how often it "
+                "steps cannot be seen (attach(lr_scheduler=...) shows it): one keyed on steps "
+                f"{KEYED_ON_STEPS}"
             )
         if (pace := self._pace.keyed_on_steps()) is not None:
-            return f"a learning-rate scheduler keyed on steps {KEYED_ON_STEPS} ({pace})"
+            return f"a learning-rate scheduler keyed on steps ({pace}) {KEYED_ON_STEPS}"
         if control.watch.loss_mixed:
             return (
                 "the job steps two optimizers (a GAN's), so the loss is not one objective and "
