@@ -12,9 +12,16 @@ that the loss shown says so.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from ..wire.protocol import Event
+
 SUMMED = "summed over the batch"
+SUMMED_SAID = (
+    f"the loss shown is {SUMMED}: the script's loss adds up its examples (reduction='sum' or "
+    "torch.sum), so per example it is the value shown divided by the batch size"
+)
 # nodes that join scalar terms without averaging them (a VAE's BCE + KLD, -0.5 * sum, AMP's
 # loss × scale); a division may be the script's own / batch size: not walked through
 _JOINS = {"AddBackward0", "SubBackward0", "MulBackward0", "MulBackward1", "NegBackward0"}
@@ -59,6 +66,25 @@ class BackwardLosses:
     def pop(self) -> list[Any]:
         tick, self.tick = self.tick, []
         return tick
+
+
+class LossUnits:
+    """Whether the loss sums over the batch, read once from the first loss tensor whose
+    reduction can be told (agent thread); ``notes`` labels a summed one for the metrics."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, str] = {}  # {"loss": SUMMED} once a summed loss was read
+        self._known = False
+
+    def read(self, losses: list[Any], step: int) -> Event | None:
+        """The event that says the loss is summed, the first time it is read; else None."""
+        if self._known or not losses or (reduction := reduction_of(losses[0])) is None:
+            return None
+        self._known = True
+        if reduction != "sum":
+            return None
+        self.notes["loss"] = SUMMED
+        return Event(time.time(), step, "loss_units", SUMMED_SAID, data={"loss": SUMMED})
 
 
 def reduction_of(loss: Any) -> str | None:

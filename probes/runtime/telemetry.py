@@ -23,7 +23,7 @@ from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
-from .losses import SUMMED, BackwardLosses, reduction_of
+from .losses import BackwardLosses, LossUnits
 from .samples import StepTally
 from .timing import (
     Captured,
@@ -108,8 +108,7 @@ class Telemetry:
         self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
         self.logged_intake = LoggedIntake()
         self._losses = BackwardLosses()  # this tick's tensors backward() was called on
-        self.scalar_notes: dict[str, str] = {}  # what a scalar is, where not what it seems
-        self._reduction_known = False  # whether the loss's reduction was read from its graph
+        self.loss_units = LossUnits()  # whether the loss sums over the batch
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
         self._handed_back_at = 0  # the step when the last values read were handed back
@@ -224,8 +223,8 @@ class Telemetry:
                 except (ScalarError, RuntimeError) as exc:
                     self.report(f"log({name}=...)", exc)
         losses = self._losses.pop()
-        if not self._reduction_known:
-            self._read_reduction(losses or logged.get("loss", []))
+        if (said := self.loss_units.read(losses or logged.get("loss", []), self.step)) is not None:
+            self.add_event(said)
         if losses:
             run = capture_run(losses)
             if run is not None:
@@ -237,30 +236,6 @@ class Telemetry:
             losses += values
         self.hand_back(losses, self.step - self._handed_back_at)
         self._handed_back_at = self.step
-
-    def _read_reduction(self, losses: list[Any]) -> None:
-        """Whether the loss sums over the batch, from the first loss tensor's graph whose
-        reduction can be told; a summed one is labelled so, once (Metrics.scalar_notes)."""
-        reduction = reduction_of(losses[0]) if losses else None
-        if reduction is None:
-            return
-        self._reduction_known = True
-        if reduction != "sum":
-            return
-        self.scalar_notes["loss"] = SUMMED
-        self.add_event(
-            Event(
-                t=time.time(),
-                step=self.step,
-                kind="loss_units",
-                message=(
-                    f"the loss shown is {SUMMED}: the script's loss adds up its examples "
-                    "(reduction='sum' or torch.sum), so per example it is the value shown "
-                    "divided by the batch size"
-                ),
-                data={"loss": SUMMED},
-            )
-        )
 
     def _capture_loss(self, loss: object) -> None:
         """The tensor ``backward()`` was called on (bsmon run): the loss when it is a scalar."""
@@ -402,7 +377,7 @@ class Telemetry:
             eval_s=self.eval_s,
             steps_in_window=window.steps,
             scalars=window.scalars() or {},
-            scalar_notes=dict(self.scalar_notes),
+            scalar_notes=dict(self.loss_units.notes),
             noise=self.noise,
             idle_s=max(0.0, now - self.last_step_time) if self.step else None,
         )
