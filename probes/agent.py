@@ -176,6 +176,7 @@ class Monitor:
         self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
         # called once per training DataLoader iterator (an epoch), on the training thread
         self.on_new_training_iterator: Callable[[Any], None] | None = None
+        self.training_epochs = 0  # training DataLoader iterators begun
         self._watch = ForwardWatch(model, self._guard, batch_dim)
         self._watch.on_root(self._on_root_pass)
         self._model_examples = ExampleCounter(self._watch, "samples")
@@ -204,6 +205,9 @@ class Monitor:
 
         self.session = session_info(self.name)
         rank, world_size = self.session.rank, self.session.world_size
+        ddp = distributed.ddp_of(model, params) if world_size > 1 else None
+        if world_size > 1:  # in the record's header too: the step anatomy's note reads it
+            self.session.ddp = ddp is not None
         self.telemetry = Telemetry()
         self.telemetry.batch_size = batch_size
         self.telemetry.noise = self._noise.reading
@@ -272,7 +276,7 @@ class Monitor:
             ProbeExtension(self.prober),
         ]
         # reads nothing unless the job is distributed and its model DistributedDataParallel
-        self._ddp_timing = DdpTiming(distributed.ddp_of(model, params) if world_size > 1 else None)
+        self._ddp_timing = DdpTiming(ddp)
         self.telemetry.comm_sample = self._ddp_timing.comm_wait
         self._ranks_exchange: RankExchange | None = None
         self._anatomy: AnatomyExtension | None = None
@@ -385,6 +389,7 @@ class Monitor:
             step=self._progress,
             declared_half=declared_half,
             plain_step_s=lambda: noise.budget.plain_step_s,
+            epochs=lambda: self.training_epochs,
         )
         register_autopilot(self.router, autopilot)
         return autopilot
@@ -415,6 +420,7 @@ class Monitor:
         return AnatomyExtension(
             self.telemetry,
             world_size=world_size,
+            ddp=self.session.ddp,
             loader=lambda: self._loader_facts[1] if self._loader_facts is not None else None,
             device_index=device.index if device is not None else None,
             step=self._progress,
@@ -638,6 +644,7 @@ class Monitor:
             known = self._loader_sizes
             if known[0]() is not iterator:  # a new iterator (an epoch): its facts, once
                 known = self._loader_sizes = self._sizes_of(iterator)
+                self.training_epochs += 1
                 if self.on_new_training_iterator is not None:
                     self.on_new_training_iterator(iterator)
             if known[1]:

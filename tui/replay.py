@@ -247,11 +247,11 @@ class RecordSource(Source):
         devices = spans[self._devices[index]].devices if self._devices[index] >= 0 else []
         host = spans[self._host[index]].host if self._host[index] >= 0 else None
         status = self._status
-        world_size = self.data.header.session.world_size
+        session = self.data.header.session
         if position >= self.data.stop:  # at the end: the whole run's split, not the last span's
-            anatomy = conversions.run_anatomy(spans, world_size)
+            anatomy = conversions.run_anatomy(spans, session)
         else:
-            anatomy = conversions.recorded_anatomy(timed, world_size) if timed else None
+            anatomy = conversions.recorded_anatomy(timed, session) if timed else None
         return Metrics(
             t=position,
             step=span.step,

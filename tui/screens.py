@@ -177,8 +177,7 @@ class DashboardScreen(Screen):
         self.query_one(StateBanner).show(snap)
         for widget in self.query(".panel"):
             widget.show(snap)  # type: ignore[attr-defined]
-        name = ScalarChart.scalar_name(snap)
-        self.query_one("#scalars").border_title = name.capitalize() if name else "Loss"
+        self.query_one("#scalars").border_title = ScalarChart.title(snap)
         screen = self.app.screen
         if isinstance(screen, (ProbeScreen, RanksScreen, AnatomyScreen)) and screen.is_mounted:
             screen.show(snap)

@@ -22,6 +22,7 @@ class AnatomyExtension(Extension):
         telemetry: Telemetry,
         *,
         world_size: int,
+        ddp: bool | None = None,
         loader: Callable[[], LoaderFacts | None],
         device_index: int | None,
         step: Callable[[], int],
@@ -30,6 +31,7 @@ class AnatomyExtension(Extension):
         self._telemetry = telemetry
         self._sampler = sampler
         self._world_size = world_size
+        self._ddp = ddp  # the job trains a DistributedDataParallel (distributed.ddp_of)
         self._loader = loader
         self._device_index = device_index
         self._step = step
@@ -42,7 +44,7 @@ class AnatomyExtension(Extension):
         reading = self._telemetry.anatomy.recent()
         if reading is None:
             return {}
-        reading.notes = anatomy_notes(reading, self._world_size)
+        reading.notes = anatomy_notes(reading, self._world_size, self._ddp)
         judgement = judge(reading, self._gpu_util(metrics), self._loader())
         if self.keeper.update(judgement) and judgement is not None:
             self._announce(judgement)

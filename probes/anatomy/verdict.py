@@ -31,15 +31,19 @@ SETTLE = 3
 NO_LOADER = "data: not measured (no DataLoader batch seen); forward includes making the batch"
 NO_DDP = "communication: not measured (the model is not DistributedDataParallel)"
 DDP_SAMPLED = "communication: DDP's own timing, sampled every 20 steps"
+DDP_NOT_YET = "communication: not sampled yet (DDP's own timing comes every 20 steps)"
+DDP_UNKNOWN = "communication: not measured (no DDP timing in these steps)"
 
 
-def anatomy_notes(anatomy: StepAnatomy, world_size: int) -> list[str]:
-    """What the reading does not measure, or how."""
+def anatomy_notes(anatomy: StepAnatomy, world_size: int, ddp: bool | None = None) -> list[str]:
+    """What the reading does not measure, or how; ``ddp``: whether the job trains a
+    DistributedDataParallel (``SessionInfo.ddp``, found by ``distributed.ddp_of``; None: not
+    known, a record from before it was kept)."""
     notes = [] if anatomy.data_s is not None else [NO_LOADER]
     if anatomy.comm_s is not None:
         notes.append(DDP_SAMPLED)
     elif world_size > 1:
-        notes.append(NO_DDP)
+        notes.append({True: DDP_NOT_YET, False: NO_DDP, None: DDP_UNKNOWN}[ddp])
     return notes
 
 
@@ -145,14 +149,17 @@ def _input_advice(loader: LoaderFacts | None, on_gpu: bool) -> str:
 
 
 def judged(
-    totals: PhaseTotals | None, world_size: int, gpu_util: float | None = None
+    totals: PhaseTotals | None,
+    world_size: int,
+    gpu_util: float | None = None,
+    ddp: bool | None = None,
 ) -> StepAnatomy | None:
     """Recorded phases read as a step anatomy with its notes and the verdict its figures
     give at once (no settling: a record or a summary, not a live reading)."""
     reading = anatomy_of(totals) if totals is not None else None
     if reading is None:
         return None
-    reading.notes = anatomy_notes(reading, world_size)
+    reading.notes = anatomy_notes(reading, world_size, ddp)
     judgement = judge(reading, gpu_util)
     if judgement is not None:
         reading.verdict, reading.evidence, reading.advice = judgement

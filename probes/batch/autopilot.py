@@ -56,7 +56,7 @@ from .goodput import (
 )
 from .goodput import goodput_gain as gain_of
 from .loss_watch import DIVERGED
-from .lr_owner import LearningRateOwner
+from .lr_owner import LearningRateOwner, SchedulerPace
 from .lr_scaling import owned_by_scheduler
 
 SOURCE = "autopilot"
@@ -66,6 +66,10 @@ SETTLE_STEPS = 25  # steps at a size (and MIN_WINDOWS windows) before deciding a
 RAMP_STEPS = 40 * SETTLE_STEPS  # after switching on or its own change: looks paced by steps
 MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has many)
 DECISIONS_KEPT = 50
+KEYED_ON_STEPS = (
+    "would run its schedule faster in examples as the batch grows; the autopilot refuses "
+    "rather than change what the schedule means (one stepped once an epoch it follows)"
+)
 
 
 class Autopilot:
@@ -78,6 +82,7 @@ class Autopilot:
         step: Callable[[], int],
         declared_half: float | None = None,
         plain_step_s: Callable[[], float | None] = lambda: None,
+        epochs: Callable[[], int] = lambda: 0,
     ) -> None:
         self._control = controller
         self._plain_step_s = plain_step_s  # an unmeasured step's time: the claim's base
@@ -101,6 +106,8 @@ class Autopilot:
         self.ramp_until = 0  # before this step a look is wanted as soon as it is due
         self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self._lr_owner = LearningRateOwner(controller)
+        self._epochs = epochs  # training DataLoader iterators begun (the job's epochs)
+        self._pace = SchedulerPace(controller.scheduler)
         self._ledger = GainLedger(controller.size)
         controller.request_listeners.append(self.on_request)
 
@@ -114,12 +121,14 @@ class Autopilot:
             return f"the learning rate would not follow the batch ({rule.why})"
         if (why := self._noise_refusal()) is not None:
             return f"it needs the gradient noise scale, which is off ({why})"
-        if control.scheduler is not None or owned_by_scheduler(control.optimizer):
+        if control.scheduler is None and owned_by_scheduler(control.optimizer):
             return (
-                "a learning-rate scheduler keyed on steps would run its schedule faster in "
-                "examples as the batch grows; the autopilot refuses rather than change what "
-                "the schedule means"
+                "a learning-rate scheduler bsmon was not given owns the rate, and how often it "
+                "steps cannot be seen (attach(lr_scheduler=...) shows it): one keyed on steps "
+                f"{KEYED_ON_STEPS}"
             )
+        if (pace := self._pace.keyed_on_steps()) is not None:
+            return f"a learning-rate scheduler keyed on steps ({pace}) {KEYED_ON_STEPS}"
         if control.watch.loss_mixed:
             return (
                 "the job steps two optimizers (a GAN's), so the loss is not one objective and "
@@ -180,6 +189,7 @@ class Autopilot:
     def on_metrics(self, metrics: Metrics) -> None:
         """One metrics window: the ledger, the guards, and a decision when one is due."""
         with self._lock:
+            self._pace.observe(metrics.step, self._epochs())
             estimate = resolved(metrics.noise)
             self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())
             if self.state != "on":
@@ -239,6 +249,8 @@ class Autopilot:
             held = f"{self._held}; " if self._held else ""
             return f"{held}next decision at step {due:,}"
         self._next_step = None  # due, but what it waits for has no step of its own
+        if (unknown := self._pace.unknown()) is not None:
+            return unknown
         windows = control.watch.sizes.get(control.size)
         if windows is None or windows.windows < MIN_WINDOWS:
             return f"measuring the step time at batch {control.size}"

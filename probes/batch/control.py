@@ -295,11 +295,6 @@ class BatchController:
         self._switch_time = time.time()
         self._switch_step = self._step()
         reset_peak_memory()
-        for callback in self._callbacks:
-            try:
-                callback(old, new)
-            except Exception as exc:
-                self._guard.report("an on_batch_size_change callback", exc)
         record = BatchChange(
             step=self._switch_step,
             t=self._switch_time,
@@ -320,6 +315,13 @@ class BatchController:
                 data={"old": old, "new": new, "lr_factor": factor, "lr": lr_note},
             )
         )
+        # after the change's own event: what a callback says of it (the script's DataLoader
+        # cutting the new size) follows it in the events, as it does in time
+        for callback in self._callbacks:
+            try:
+                callback(old, new)
+            except Exception as exc:
+                self._guard.report("an on_batch_size_change callback", exc)
 
     def shrink_after_oom(self, step: int) -> int | None:
         """The size to fall back to after an OOM at the current size (None: nothing smaller)."""

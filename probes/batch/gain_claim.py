@@ -34,6 +34,8 @@ class GainLedger:
         self._start_seconds = 0.0
         self._left_start = False
         self._start_plain_s: float | None = None  # the start size's unmeasured step time
+        self._warming = 0  # the start size's windows left out: the noise scale's warm-up
+        self._unweighed = 0  # windows at another size before the noise scale resolved
 
     def add(self, metrics: Metrics, phi: float | None, plain_step_s: float | None = None) -> None:
         """One metrics window; ``phi``: the noise scale now (None: not resolved);
@@ -50,12 +52,14 @@ class GainLedger:
             if metrics.noise is not None and metrics.noise.phase == WARMING_UP:
                 if not self._left_start and plain_step_s:
                     self._start_plain_s = plain_step_s
+                self._warming += 1
                 return
             efficiency = 1.0
             self._start_samples += rate * seconds
             self._start_seconds += seconds
         elif self._phi is None:
-            return  # no noise scale yet: a window at another size cannot be weighed
+            self._unweighed += 1  # no noise scale yet: a window at another size cannot be weighed
+            return
         else:
             efficiency = efficiency_ratio(size, self.start_size, self._phi)
         self._seconds += seconds
@@ -70,7 +74,19 @@ class GainLedger:
         else:
             return None, f"the start batch {self.start_size} was not measured long enough"
         if not self._seconds:
-            return None, "nothing measured yet"
+            return None, self._nothing_counted()
         return self._worth / base / self._seconds, (
             f"against a fixed batch of {self.start_size}: {HOW}"
         )
+
+    def _nothing_counted(self) -> str:
+        """Why no window counts toward the claim yet, though the start size has a base."""
+        why = []
+        if self._warming:
+            why.append(
+                f"batch {self.start_size} ran only in the noise scale's warm-up, whose windows "
+                "are left out (it measures three steps in four)"
+            )
+        if self._unweighed:
+            why.append("the other sizes ran before B_simple resolved")
+        return "; ".join(why) or "no timed window yet"

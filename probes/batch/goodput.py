@@ -140,6 +140,8 @@ def unresolved_reason(noise: NoiseScaleReading | None) -> str:
     B_simple each measured step reads |G|² with a spread several times its mean, and the
     estimate may show only its lower bound for thousands of steps (docs/autopilot.md)."""
     wait = "waiting for B_simple to resolve"
+    if noise is not None and noise.status and not noise.needed:  # why none will come
+        return f"B_simple: {noise.status}"
     if noise is None or not noise.needed:  # nothing measured yet
         return f"{wait} (a bounded interval)"
     if noise.effective < noise.needed:

@@ -133,5 +133,6 @@ def describe(changes: list[tuple[float, float]]) -> str:
     if not changes:
         return "no parameter groups"
     old, new = changes[0]
-    more = f" (and {len(changes) - 1} more groups alike)" if len(changes) > 1 else ""
+    others = len(changes) - 1
+    more = f" (and {others} more group{'' if others == 1 else 's'} alike)" if others else ""
     return f"lr {old:.3g} → {new:.3g}{more}"

@@ -64,6 +64,7 @@ WAITING_CHECK_EVERY = 64  # auto waits for accumulation: the passes of one step 
 BACKLOG = 8192  # records waiting for the agent thread (it drains them every 0.25 s)
 DEFAULT_BUDGET = 0.01  # share of the step time priced for the hooks; measured total ≈ twice that
 NO_ESTIMATE = "noise scale: no estimate — "  # an event's prefix: why there is none (yet)
+UNMEASURABLE = "unmeasurable"  # reported once: no estimate will come as the job runs
 WARMUP_ENDED = "noise scale: no estimate yet — "  # the warm-up ran out of steps before one
 WARMING_UP, TRACKING = "warming up", "tracking"
 _RESET = object()
@@ -476,10 +477,30 @@ class NoiseScale:
             inbox.popleft()
             self._ingest(item, values, telemetry)
             changed = True
-        if changed:
+        if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
             telemetry.noise = self.reading
             self._report_below_zero(telemetry)
+            self._report_unmeasurable(telemetry)
+
+    def _unmeasurable(self) -> str | None:
+        """Why no estimate will come while the job runs as it does (auto's micro-batches,
+        per-example norms not fitting, and the job seen taking one backward pass a step)."""
+        source, unfit = self.source, self._per_example_unfit
+        if unfit is None or not isinstance(source, MicrobatchSource):
+            return None
+        if not self._waiting_for_accumulation() or source.last_backwards != 1:
+            return None
+        return reasons.needs_accumulation(unfit)
+
+    def _report_unmeasurable(self, telemetry: Telemetry) -> None:
+        """Once, as soon as the job is seen not to accumulate: why there is no estimate, as
+        a warning the summary keeps."""
+        if (why := self._unmeasurable()) is None or UNMEASURABLE in self._reported:
+            return
+        self._reported.add(UNMEASURABLE)
+        message = f"{NO_ESTIMATE}{why}"
+        telemetry.add_event(Event(time.time(), self._step(), "noise_scale", message, "warning"))
 
     def _report_below_zero(self, telemetry: Telemetry) -> None:
         """Once: enough steps, and |G|² below zero beyond its error (BatchNorm, for
@@ -533,7 +554,25 @@ class NoiseScale:
             negative=source.below_zero(),
         )
         reading.phase = phase
+        reading.status = self._status(reading)
         return reading
+
+    def _status(self, reading: NoiseScaleReading) -> str | None:
+        """What the estimate is doing while it has no number, in words the panel shows."""
+        if (why := self._unmeasurable()) is not None:
+            return f"none — {why}"
+        if reading.b_simple is not None or reading.lower_bound is not None:
+            return None
+        if not reading.needed or reading.effective >= reading.needed:
+            return None
+        status = f"collecting {reading.effective:.0f}/{reading.needed} measured steps"
+        share = self.budget.share
+        if reading.phase == TRACKING and self.warmup.ended == LIMIT and 0 < share < 1:
+            status += (
+                "; the warm-up's allowance is spent: measuring about 1 step in "
+                f"{round(1 / share):,} now (the cost budget)"
+            )
+        return status
 
     # -- either thread -------------------------------------------------------------------------
 

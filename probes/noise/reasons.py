@@ -36,6 +36,20 @@ def comm_hook_taken() -> str:
     )
 
 
+def needs_accumulation(unfit: str) -> str:
+    """auto fell back to micro-batch norms, per-example norms not fitting the job (``unfit``),
+    and the job takes one backward pass a step: waiting brings no estimate."""
+    why = (
+        f"{unfit}; micro-batch norms need gradient accumulation, and this job takes one "
+        "backward pass a step, so waiting will not bring an estimate"
+    )
+    return say(
+        attach=f"{why}: gradient accumulation (attach(..., micro_batch_size=N)) or DDP would "
+        "make it measurable",
+        run=f"{why}: a script that accumulates gradients (or runs DDP) would make it measurable",
+    )
+
+
 def no_layers() -> str:
     """No layer of the model has per-example norms bsmon can compute."""
     return f"no layer bsmon can measure per example ({SUPPORTED_NAMES}); " + say(

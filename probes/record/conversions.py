@@ -26,6 +26,7 @@ from ..wire.protocol import (
     Metrics,
     MetricsPoint,
     NoiseScaleReading,
+    SessionInfo,
     StepAnatomy,
 )
 from .buckets import single, step_bin
@@ -131,18 +132,18 @@ def device_reading(d: DeviceSpan) -> DeviceReading:
     )
 
 
-def recorded_anatomy(span: Span, world_size: int) -> StepAnatomy | None:
+def recorded_anatomy(span: Span, session: SessionInfo) -> StepAnatomy | None:
     """The step anatomy of a span's phases, with the verdict the live job would have given."""
-    return judged(span.phases, world_size)
+    return judged(span.phases, session.world_size, ddp=session.ddp)
 
 
-def run_anatomy(spans: Iterable[Span], world_size: int) -> StepAnatomy | None:
+def run_anatomy(spans: Iterable[Span], session: SessionInfo) -> StepAnatomy | None:
     """The step anatomy over every span that split its steps: the whole run, with its verdict."""
     totals = None
     for span in spans:
         if span.phases is not None:
             totals = span.phases if totals is None else totals.merged(span.phases)
-    return judged(totals, world_size)
+    return judged(totals, session.world_size, ddp=session.ddp)
 
 
 def autopilot_after(reading: AutopilotReading | None, event: Event) -> AutopilotReading | None:

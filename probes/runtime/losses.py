@@ -4,11 +4,30 @@
 
 The inbox brings them in order (``Inbox.losses``: a tensor, or ``(loss,)`` for a given
 one), or, while the loop is fast, only the latest tensor (``Inbox.latest_loss``).
+
+``reduction_of`` reads from a loss tensor's graph whether it sums over the batch (a VAE's
+``reduction='sum'``: the value is the batch's total, the script prints it per example), so
+that the loss shown says so.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from ..wire.protocol import Event
+
+SUMMED = "summed over the batch"
+SUMMED_SAID = (
+    f"the loss shown is {SUMMED}: the script's loss adds up its examples (reduction='sum' or "
+    "torch.sum), so per example it is the value shown divided by the batch size"
+)
+# nodes that join scalar terms without averaging them (a VAE's BCE + KLD, -0.5 * sum, AMP's
+# loss × scale); a division may be the script's own / batch size: not walked through
+_JOINS = {"AddBackward0", "SubBackward0", "MulBackward0", "MulBackward1", "NegBackward0"}
+_REDUCTIONS = {"SumBackward0": "sum", "MeanBackward0": "mean"}
+_SAVED_REDUCTION = {1: "mean", 2: "sum"}  # torch's at::Reduction of a loss function's node
+_MAX_NODES = 32
 
 
 class BackwardLosses:
@@ -47,3 +66,45 @@ class BackwardLosses:
     def pop(self) -> list[Any]:
         tick, self.tick = self.tick, []
         return tick
+
+
+class LossUnits:
+    """Whether the loss sums over the batch, read once from the first loss tensor whose
+    reduction can be told (agent thread); ``notes`` labels a summed one for the metrics."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, str] = {}  # {"loss": SUMMED} once a summed loss was read
+        self._known = False
+
+    def read(self, losses: list[Any], step: int) -> Event | None:
+        """The event that says the loss is summed, the first time it is read; else None."""
+        if self._known or not losses or (reduction := reduction_of(losses[0])) is None:
+            return None
+        self._known = True
+        if reduction != "sum":
+            return None
+        self.notes["loss"] = SUMMED
+        return Event(time.time(), step, "loss_units", SUMMED_SAID, data={"loss": SUMMED})
+
+
+def reduction_of(loss: Any) -> str | None:
+    """``"sum"`` when ``loss``'s graph ends in reductions that all sum over their input
+    (``reduction='sum'``, ``torch.sum``) joined by +, - and ×, ``"mean"`` when they all
+    average, None when that cannot be told (no graph, a division, another operation)."""
+    stack = [getattr(loss, "grad_fn", None)]
+    found: set[str] = set()
+    seen = 0
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue  # a constant term (AMP's scale, a weight)
+        seen += 1
+        name = type(node).__name__
+        kind = _REDUCTIONS.get(name) or _SAVED_REDUCTION.get(getattr(node, "_saved_reduction", 0))
+        if kind is not None:
+            found.add(kind)
+        elif name in _JOINS and seen < _MAX_NODES:
+            stack.extend(following for following, _ in node.next_functions)
+        else:
+            return None
+    return found.pop() if len(found) == 1 else None

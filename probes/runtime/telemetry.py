@@ -23,7 +23,7 @@ from ..record.history import DecimatingHistory, metrics_history
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
-from .losses import BackwardLosses
+from .losses import BackwardLosses, LossUnits
 from .samples import StepTally
 from .timing import (
     Captured,
@@ -108,6 +108,7 @@ class Telemetry:
         self._logged: dict[str, list[object]] = {}  # this tick's mon.log values by name
         self.logged_intake = LoggedIntake()
         self._losses = BackwardLosses()  # this tick's tensors backward() was called on
+        self.loss_units = LossUnits()  # whether the loss sums over the batch
         # where the values read go to be freed (the training thread: ``HotPath.hand_back``)
         self.hand_back: Callable[[list[Any], int], None] = lambda _values, _steps: None
         self._handed_back_at = 0  # the step when the last values read were handed back
@@ -222,6 +223,8 @@ class Telemetry:
                 except (ScalarError, RuntimeError) as exc:
                     self.report(f"log({name}=...)", exc)
         losses = self._losses.pop()
+        if (said := self.loss_units.read(losses or logged.get("loss", []), self.step)) is not None:
+            self.add_event(said)
         if losses:
             run = capture_run(losses)
             if run is not None:
@@ -374,6 +377,7 @@ class Telemetry:
             eval_s=self.eval_s,
             steps_in_window=window.steps,
             scalars=window.scalars() or {},
+            scalar_notes=dict(self.loss_units.notes),
             noise=self.noise,
             idle_s=max(0.0, now - self.last_step_time) if self.step else None,
         )

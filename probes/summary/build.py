@@ -163,6 +163,7 @@ class SummaryBuilder:
         self.noise_reason: str | None = None  # the job's word on why there is no estimate
         self.noise_source: str | None = None  # the estimator the job last reported
         self.noise_warmup: str | None = None  # what the warm-up measured, when it ran out
+        self.scalar_notes: dict[str, str] = {}  # a loss_units event's: {"loss": "summed ..."}
         self.resolution_s = 0.0
         self.end: End | None = None
         self.recorded_steps = 0  # the last step the spans reach (the end may say more)
@@ -281,6 +282,8 @@ class SummaryBuilder:
             self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
         elif event.kind in ("autopilot", "autopilot_state"):
             self._autopilot_event(event)
+        elif event.kind == "loss_units":
+            self.scalar_notes.update(event.data)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
@@ -341,7 +344,13 @@ class SummaryBuilder:
             batch_sizes=[self._size(size, t) for size, t in self.sizes.items()],
             scalars={
                 name: Scalar(
-                    stat.n, _round(first), _round(last), stat.min, stat.max, _round(stat.mean)
+                    stat.n,
+                    _round(first),
+                    _round(last),
+                    stat.min,
+                    stat.max,
+                    _round(stat.mean),
+                    self.scalar_notes.get(name),
                 )
                 for name, (stat, first, last) in self._scalars_at_end().items()
             },
@@ -368,8 +377,9 @@ class SummaryBuilder:
         """The whole run's step anatomy and its verdict (GPU utilization: the busiest
         device's mean)."""
         utils = [d.util_mean_percent for d in devices if d.util_mean_percent is not None]
-        world_size = self.header.session.world_size
-        return judged(self.phases, world_size, max(utils) if utils else None)
+        session = self.header.session
+        gpu_util = max(utils) if utils else None
+        return judged(self.phases, session.world_size, gpu_util, session.ddp)
 
     def _run(self, end_time: float) -> Run:
         s = self.header.session

@@ -306,9 +306,10 @@ def _charts(s: Summary) -> str:
 def _scalars(s: Summary) -> str:
     if not s.scalars:
         return ""
+    named = {f"{_code(k)} ({v.note})" if v.note else _code(k): v for k, v in s.scalars.items()}
     rows = [
-        (_code(name), num(v.first), num(v.last), num(v.min), num(v.max), f"{v.n:,}")
-        for name, v in s.scalars.items()
+        (name, num(v.first), num(v.last), num(v.min), num(v.max), f"{v.n:,}")
+        for name, v in named.items()
     ]
     return "## Logged scalars\n\n" + _table(rows, ("name", "first", "last", "min", "max", "values"))
 

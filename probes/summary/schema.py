@@ -137,6 +137,7 @@ class Scalar(msgspec.Struct):
     min: float
     max: float
     mean: float
+    note: str | None = None  # what the value is, where not what its name says ("summed ...")
 
 
 class Note(msgspec.Struct, omit_defaults=True):

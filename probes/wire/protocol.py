@@ -50,6 +50,9 @@ class SessionInfo(msgspec.Struct):
     rank: int = 0
     world_size: int = 1
     record: str | None = None  # the session record the job writes (docs/record.md), if any
+    # a distributed job's model is (or holds) a DistributedDataParallel; None: one process,
+    # or not known
+    ddp: bool | None = None
 
 
 class Capability(msgspec.Struct):
@@ -126,6 +129,9 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     detail: str | None = None  # the estimator in words, e.g. "4 micro-batches per step"
     note: str | None = None  # why the last step was skipped, or why there is no estimate
     phase: str | None = None  # "warming up" (every step measured) or "tracking" (cost budget)
+    # while there is no number: what the estimate is doing, in the agent's words ("collecting
+    # 25/30 measured steps; ...", or why none will come); the Noise panel shows it as it is
+    status: str | None = None
 
 
 class BatchChange(msgspec.Struct, omit_defaults=True):
@@ -384,6 +390,9 @@ class Metrics(Message, tag="metrics"):
     steps_in_window: int = 0
     idle_s: float | None = None
     scalars: dict[str, float] = msgspec.field(default_factory=dict)
+    # what a scalar's value is, where it is not what its name suggests
+    # ({"loss": "summed over the batch"}: the script's loss sums its examples)
+    scalar_notes: dict[str, str] = msgspec.field(default_factory=dict)
     noise: NoiseScaleReading = msgspec.field(default_factory=NoiseScaleReading)
     anatomy: StepAnatomy | None = None
     devices: list[DeviceReading] = msgspec.field(default_factory=list)

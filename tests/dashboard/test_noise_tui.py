@@ -152,21 +152,61 @@ async def test_a_job_without_the_noise_scale_says_why():
         assert "B_simple: n/a — not enabled" in text_of(app, "#noise-text")
 
 
-async def test_collecting_before_the_first_estimate():
+def before_an_estimate(noise: NoiseScaleReading) -> BsmonApp:
+    """The scripted session cut before its first estimate, every metrics reading ``noise``."""
     script = messages()
     for message in script:
         if isinstance(message, protocol.History):
             message.points = [p for p in message.points if p.step < 30]
         if isinstance(message, protocol.Metrics):
-            message.noise = NoiseScaleReading(
-                estimator="per_example", coverage=1.0, samples=12, needed=30, effective=12.0
-            )
+            message.noise = noise
             message.b_simple = None
-    app = BsmonApp(ScriptedSource("resnet-cifar", script, clock=lambda: NOW))
+    return BsmonApp(ScriptedSource("resnet-cifar", script, clock=lambda: NOW))
+
+
+async def test_collecting_before_the_first_estimate():
+    app = before_an_estimate(
+        NoiseScaleReading(
+            estimator="per_example", coverage=1.0, samples=12, needed=30, effective=12.0
+        )
+    )
     async with app.run_test(size=(120, 40)) as pilot:
         await dashboard_ready(pilot)
         assert "B_simple: collecting 12/30 steps" in text_of(app, "#noise-text")
         assert not app.screen.query_one(NoiseChart).display
+
+
+SPENT = (
+    "collecting 25/30 measured steps; the warm-up's allowance is spent: measuring about 1 step "
+    "in 150 now (the cost budget)"
+)
+
+
+def test_the_jobs_status_is_drawn_as_it_is():
+    """What the estimate is doing without a number is the job's words (issue 43: 'collecting
+    25/30 steps' for 200+ steps read as hung; a BatchNorm job waited for nothing)."""
+    spent = NoiseScaleReading(estimator="per_example", needed=30, effective=25.0, status=SPENT)
+    text = words(spent)
+    assert f"B_simple: {SPENT}" in text and "collecting 25/30 steps" not in text
+    why = "none — BatchNorm in training mode couples the examples; waiting will not bring one"
+    unmeasurable = NoiseScaleReading(estimator="microbatch", status=why)
+    text = words(unmeasurable)
+    assert f"B_simple: {why}" in text and "no step measured yet" not in text
+
+
+async def test_the_panel_shows_that_measuring_goes_on_after_the_warm_up():
+    app = before_an_estimate(
+        NoiseScaleReading(
+            estimator="per_example", samples=25, needed=30, effective=25.0, status=SPENT
+        )
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        shown = " ".join(text_of(app, "#noise-text").split())
+        assert "B_simple: collecting 25/30 measured steps; the warm-up's allowance is spent" in (
+            shown
+        )
+        assert "1 step in 150 now" in shown
 
 
 async def test_a_real_job_shows_a_live_estimate(bsmon_dir):

@@ -127,21 +127,78 @@ def test_on_a_fast_loop_the_agent_ticks_by_steps_while_it_ramps_and_at_its_pace_
         train_until(mon, model, optimizer, loader, lambda: service.tick_period == TICK_S)
 
 
-def test_a_scheduler_it_cannot_own_refuses_it_with_the_reason(bsmon_dir):
+def train_epochs(mon, model, optimizer, loader, scheduler, *, per_step: bool, done, epochs: int):
+    """Epochs with ``scheduler.step()`` after every step or at each epoch's end, until
+    ``done()`` (checked every 25 steps and at each epoch's end) or fail after ``epochs``."""
+    for _ in range(epochs):
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if per_step:
+                scheduler.step()
+            if mon.step % 25 == 0 and done():
+                return
+        if not per_step:
+            scheduler.step()
+        if done():
+            return
+    pytest.fail(f"not done after {epochs} epochs (step {mon.step})")
+
+
+def test_a_scheduler_stepped_every_step_refuses_it_with_the_reason(bsmon_dir):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)
     mon = attach(
         model, optimizer, batch_size=8, lr_scheduler=scheduler, autopilot=True, name="sched"
     )
+    loader = mon.dataloader(classification(n=2_000), shuffle=True)
     with mon, JobConnection(mon.socket_path) as conn:
-        assert mon.autopilot_reading().state == "refused"
-        assert "scheduler" in mon.autopilot_reading().why
+        refused = lambda: mon.autopilot.state == "refused"  # noqa: E731
+        train_epochs(
+            mon, model, optimizer, loader, scheduler, per_step=True, done=refused, epochs=200
+        )
+        reading = mon.autopilot_reading()
+        assert "keyed on steps" in reading.why and "StepLR stepped" in reading.why
+        assert mon.batch_size == 8 and reading.decisions == []
         assert mon.flush()
         warnings = [e for e in mon.telemetry.events if e.kind == "autopilot_state"]
-        assert warnings and warnings[0].level == "warning"
+        assert warnings and warnings[-1].level == "warning"
         reply = conn.request(protocol.AutopilotCommand(on=True))
         assert not reply.ok and "cannot steer this job" in reply.error
+
+
+def test_a_scheduler_stepped_once_an_epoch_lets_it_grow_the_batch(bsmon_dir):
+    """StepLR at each epoch's end (issue 43): a larger batch makes an epoch fewer steps and
+    leaves the schedule in epochs as it was, so the autopilot steers."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    mon = attach(
+        model,
+        optimizer,
+        batch_size=8,
+        max_batch_size=64,
+        lr_scheduler=scheduler,
+        autopilot=True,
+        name="epochs",
+    )
+    loader = mon.dataloader(classification(n=4_000), shuffle=True)  # 500 steps an epoch at 8
+    with mon:
+        grown = lambda: mon.batch_size >= 16  # noqa: E731
+        train_epochs(
+            mon, model, optimizer, loader, scheduler, per_step=False, done=grown, epochs=60
+        )
+        reading = mon.autopilot_reading()
+        assert reading.state == "on", reading.why
+        assert (reading.decisions[0].old, reading.decisions[0].new) == (8, 16)
+        epochs = scheduler.last_epoch
+        # the scheduler's decay and the linear rule for SGD, both kept
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(
+            0.02 * 0.9**epochs * mon.batch_size / 8
+        )
 
 
 def test_wrong_options_and_jobs_without_a_batch_size_are_told_why(bsmon_dir):

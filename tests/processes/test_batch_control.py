@@ -4,13 +4,14 @@ confirmations and refusals, accumulation mode, and the OOM guard."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 from torch import nn
 
 from bsmon.probes import attach
-from bsmon.probes.batch.lr_scaling import NoFactor, lr_factor, rescale
+from bsmon.probes.batch.lr_scaling import NoFactor, describe, lr_factor, rescale
 from bsmon.probes.batch.memory_model import MemoryModel
 from bsmon.probes.batch.policy import BatchPolicy
 from bsmon.probes.wire import protocol
@@ -123,6 +124,12 @@ def test_rescale_moves_groups_and_scheduler_base_rates():
     held = tensor_lr.param_groups[0]["lr"]
     rescale(tensor_lr, 0.5)
     assert tensor_lr.param_groups[0]["lr"] is held and float(held) == 0.25
+
+
+def test_the_groups_a_change_moved_alike_are_counted_in_good_english():
+    assert describe([(0.1, 0.2)]) == "lr 0.1 → 0.2"
+    assert describe([(0.1, 0.2)] * 2) == "lr 0.1 → 0.2 (and 1 more group alike)"
+    assert describe([(0.1, 0.2)] * 3) == "lr 0.1 → 0.2 (and 2 more groups alike)"
 
 
 # -- switching in a running job --------------------------------------------------------------
@@ -266,8 +273,13 @@ def test_risky_sizes_ask_for_confirmation(bsmon_dir):
 def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
     model, optimizer, mon = make_job(8)
     calls = []
+
+    def said(old: int, new: int) -> None:  # as bsmon run's loader says where the size applies
+        calls.append((old, new, mon.step))
+        mon.emit(protocol.Event(t=time.time(), step=mon.step, kind="zero_code", message="cut"))
+
     with mon:
-        mon.on_batch_size_change(lambda old, new: calls.append((old, new, mon.step)))
+        mon.on_batch_size_change(said)
         mon.on_batch_size_change(lambda old, new: 1 / 0)
         mon.request_batch_size(16, confirm=True)  # no memory reading yet: unmeasured
         model(torch.randn(8, 2)).sum().backward()
@@ -275,6 +287,10 @@ def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
         assert calls == [(8, 16, 1)]
         assert mon.flush()
         assert mon.stats()["errors"] == 1
+        # the change's event, then what a callback said of it: listed in the order of time
+        events = [e for e in mon.telemetry.events if e.kind in ("batch_size", "zero_code")]
+        assert [e.kind for e in events] == ["batch_size", "zero_code"]
+        assert events[0].t <= events[1].t
         with pytest.raises(TypeError):
             mon.on_batch_size_change("not callable")
 

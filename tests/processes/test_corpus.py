@@ -69,6 +69,8 @@ CASES = [
     Case("ema.py", 56, both(8 * 200), both(ESTIMATE), args=("--task",)),
     # accelerate: 3 epochs of 128 micro-batches of 16, 4 per optimizer step
     Case("accelerate_accum.py", 96, both(3 * 2048), both(ESTIMATE)),
+    # a loss summed over the batch (pytorch/examples' VAE): 2 epochs of 32 batches of 32
+    Case("vae.py", 64, both(2 * 1024), both(ESTIMATE)),
 ]
 
 
@@ -164,6 +166,22 @@ def test_bsmon_changes_nothing_and_measures_right(case, mode, bsmon_dir, bare_di
     phases = (anatomy.data_s, anatomy.forward_s, anatomy.backward_s, anatomy.optimizer_s)
     parts = sum(p or 0.0 for p in (*phases, anatomy.comm_s, anatomy.other_s))
     assert parts == pytest.approx(anatomy.step_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("mode", [RUN, ATTACH])
+def test_a_loss_summed_over_the_batch_is_labelled_so(mode, bsmon_dir):
+    """The VAE's loss is the batch's sum (the script prints it per example): the record's
+    event, the summary and every metrics message say "summed over the batch" (issue 43)."""
+    outcome = run("vae.py", (), mode, bsmon_dir)
+    assert outcome.code == 0, outcome.stderr[-2000:]
+    record = outcome.records[0]
+    lines = [msgspec.json.decode(line) for line in record.read_bytes().splitlines()]
+    said = [x for x in lines if x.get("type") == "event" and x["kind"] == "loss_units"]
+    assert len(said) == 1 and said[0]["data"] == {"loss": "summed over the batch"}, said
+    assert "divided by the batch size" in said[0]["message"]
+    loss = summary_of(record).scalars["loss"]
+    assert loss.note == "summed over the batch"
+    assert loss.first > 32 * 40  # the sum of 32 examples of about 44 each, as computed
 
 
 def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir, monkeypatch):

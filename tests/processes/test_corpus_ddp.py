@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+import msgspec
 import pytest
 
 from bsmon.probes.wire import protocol
@@ -63,6 +64,8 @@ def test_ddp_inside_a_wrapper_is_recognised(mode, bsmon_dir, tmp_path):
         assert summary.b_simple.end is not None, summary.b_simple.note
         anatomy = summary.anatomy
         assert anatomy is not None and anatomy.comm_s is not None, anatomy  # the all-reduce wait
+        header = msgspec.json.decode(record.read_bytes().split(b"\n", 1)[0])
+        assert header["session"]["ddp"] is True  # found inside the wrapper, as the noise scale does
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ layers bsmon cannot measure, faults in its own hooks, the automatic choice, the 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -12,6 +13,8 @@ from torch import nn
 
 from bsmon.probes import attach
 from bsmon.probes.noise import pernorms
+from bsmon.probes.noise.controller import TRACKING
+from bsmon.probes.noise.warmup import LIMIT
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
@@ -237,7 +240,14 @@ def test_a_batchnorm_model_waits_for_accumulation_instead_of_per_example_norms()
         fit_squares(model, optimizer, 70, (16, 3, 8, 8))
         assert not noise.source._handles  # between the checks for accumulation: no hook
         assert mon.flush()
-        assert "waiting for gradient accumulation" in mon.stats()["noise"]["detail"]
+        waiting = mon.stats()["noise"]
+        assert "waiting for gradient accumulation" in waiting["detail"]
+        # waiting cannot help: the reason at once, in the reading and once as a warning
+        assert waiting["status"].startswith("none — BatchNorm in training mode (BatchNorm2d)")
+        assert "this job takes one backward pass a step, so waiting will not" in waiting["status"]
+        assert "attach(..., micro_batch_size=N)" in waiting["status"]
+        said = [e for e in noise_events(mon) if e.message.startswith("noise scale: no estimate")]
+        assert len(said) == 1 and said[0].level == "warning" and said[0].step <= 64
         for _ in range(120):  # seen at the next check (one step in 64), measured from then
             for _ in range(4):
                 model(torch.randn(4, 3, 8, 8)).square().mean().backward()
@@ -247,6 +257,7 @@ def test_a_batchnorm_model_waits_for_accumulation_instead_of_per_example_norms()
         reading = mon.stats()["noise"]
     assert "BatchNorm in training mode (BatchNorm2d) couples the examples" in reason
     assert reading["samples"] >= 30 and "4 micro-batches per step" in reading["detail"]
+    assert not (reading["status"] or "").startswith("none")  # measured: no longer unmeasurable
     model.eval()
     with attach(model, optimizer, batch_size=16, serve=False) as mon:
         assert mon._noise.source.estimator == "per_example"
@@ -337,16 +348,41 @@ def test_adam_preconditioned_variant():
     assert within(noise["b_simple"], ISO.truth(), rel=0.15)
 
 
-def test_the_cost_budget_measures_a_share_of_steps_and_says_so():
+@contextlib.contextmanager
+def under_the_budget(steps: int):
+    """A regression job trained ``steps`` steps under a 1% cost budget: its monitor, flushed."""
     torch.manual_seed(0)
     job = Regression(ISO, seed=0)
     optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
     with attach(job.model, optimizer, batch_size=BATCH, serve=False, noise_budget=0.01) as mon:
-        train(job, optimizer, steps=600, batch=BATCH)
+        train(job, optimizer, steps=steps, batch=BATCH)
         assert mon.flush()
+        yield mon
+
+
+def test_the_cost_budget_measures_a_share_of_steps_and_says_so():
+    with under_the_budget(600) as mon:
         noise = mon.stats()["noise"]
     assert 0 < noise["samples"] < 600
     assert "of steps (cost budget), averaging the last ~" in noise["detail"]
+
+
+def test_collecting_after_the_warm_ups_allowance_says_measuring_goes_on_under_the_budget():
+    """minGPT read 'collecting 25/30 steps' for 200+ steps once the warm-up's allowance was
+    spent (issue 43): the reading now says the rest come under the cost budget, and how
+    often. The warm-up's end by its limit is set by hand here (it depends on the machine's
+    prices); the words are the controller's own."""
+    with under_the_budget(8) as mon:
+        noise = mon._noise
+        reading = noise.reading
+        collecting = f"collecting {reading.effective:.0f}/{reading.needed} measured steps"
+        assert 0 < reading.effective < reading.needed and reading.status == collecting
+        noise.warmup.ended, noise.phase, noise.budget.share = LIMIT, TRACKING, 1 / 150
+        spent = noise._reading().status
+    assert spent == (
+        f"{collecting}; the warm-up's allowance is spent: measuring about 1 step in 150 now "
+        "(the cost budget)"
+    )
 
 
 # -- over the socket ---------------------------------------------------------------------------

@@ -65,8 +65,14 @@ class Job:
         max_size: int | None = None,
         declared_half: float | None = None,
         on: bool = True,
+        epoch_steps: int = 100,
+        scheduler_every: int | None = None,
+        plain_step_s: float | None = None,
     ) -> None:
+        """``scheduler_every``: ``scheduler.step()`` every that many steps (an epoch is
+        ``epoch_steps`` steps of its DataLoader)."""
         self.step, self.t = 0, 1000.0
+        self.scheduler, self.scheduler_every = scheduler, scheduler_every
         self.half, self.c, self.noise = half, c, noise or tight(1000.0)
         self.events: list[Event] = []
         self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
@@ -93,6 +99,8 @@ class Job:
             emit=self.events.append,
             step=lambda: self.step,
             declared_half=declared_half,
+            epochs=lambda: self.step // epoch_steps + 1,
+            plain_step_s=lambda: plain_step_s,
         )
         self.samples_asked: list[int] = []
         self.extension = AutopilotExtension(
@@ -123,7 +131,11 @@ class Job:
             self.control.at_step_boundary()
             size = self.control.size
             step_time = self.step_time(size)
-            self.step += steps
+            for _ in range(steps):
+                self.step += 1
+                if self.scheduler_every and self.step % self.scheduler_every == 0:
+                    self.optimizer.step()  # no gradients: a no-op the scheduler expects first
+                    self.scheduler.step()
             sample = self.sample(size) if sampled else self.stale_sample
             self.control.observe_sample(sample, self.step)
             self.extension.on_tick(sample)
@@ -299,6 +311,9 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_s
         shown = job.autopilot.reading()
         assert shown.waiting == f"waiting for B_simple to resolve{said}"
         assert shown.next_decision_step is None  # due at step 50, but waiting on the estimate
+    why = "none — BatchNorm in training mode couples the examples; waiting will not bring one"
+    job = Job(noise=lambda _s: NoiseScaleReading(status=why)).run(60)
+    assert job.decisions() == [] and job.autopilot.reading().waiting == f"B_simple: {why}"
 
 
 def falling(after: int, phi: float, spread: float) -> Noise:
@@ -395,20 +410,69 @@ def test_a_key_that_undoes_its_change_before_a_step_applied_it_still_pauses_it()
     assert not any(change.source == "autopilot" for change in job.control.changes)
 
 
-@pytest.mark.parametrize(
-    ("lr_scaling", "words"),
-    [(None, "lr_scaling=None"), ("auto", "scheduler")],
-)
-def test_it_refuses_when_the_learning_rate_cannot_follow_or_a_scheduler_owns_it(lr_scaling, words):
+def test_it_refuses_when_the_learning_rate_cannot_follow():
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    scheduler = None
-    if lr_scaling == "auto":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
-    job = Job(optimizer=optimizer, lr_scaling=lr_scaling, scheduler=scheduler, on=False)
-    with pytest.raises(CommandRefused, match=words):
+    job = Job(optimizer=optimizer, lr_scaling=None, on=False)
+    with pytest.raises(CommandRefused, match="lr_scaling=None"):
         job.autopilot.switch(True)
     job.run(80)
     assert job.autopilot.reading().state == "refused" and job.decisions() == []
+
+
+def step_lr(step_size: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.5)
+
+
+def test_a_scheduler_stepped_every_step_stops_it_before_any_change_saying_how_often():
+    optimizer, scheduler = step_lr(step_size=30)
+    job = Job(
+        size=16,
+        noise=tight(1000.0, 0.05),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_every=1,
+    ).run(80)
+    reading = job.autopilot.reading()
+    assert reading.state == "refused" and job.decisions() == [] and job.control.size == 16
+    assert "keyed on steps" in reading.why and "StepLR stepped 10 times in 10 optimizer" in (
+        reading.why
+    )
+    with pytest.raises(CommandRefused, match="keyed on steps"):
+        job.autopilot.switch(True)
+
+
+def test_a_scheduler_stepped_once_an_epoch_lets_it_grow_and_its_steps_are_not_the_jobs_own():
+    """StepLR stepped at each epoch's end (100 steps), halving the rate every 2 epochs: the
+    schedule is kept in epochs as the batch grows, so the autopilot steers; the rate the
+    scheduler moves is not "the job's own schedule"."""
+    optimizer, scheduler = step_lr(step_size=2)
+    job = Job(
+        size=16,
+        half=64,
+        noise=tight(1000.0, 0.05),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scheduler_every=100,
+    )
+    job.run(120)
+    reading = job.autopilot.reading()
+    assert reading.state == "on", reading.why
+    assert job.control.size == 256 and len(job.decisions()) >= 3
+    assert scheduler.last_epoch == 12 and optimizer.param_groups[0]["lr"] == pytest.approx(
+        0.1 * 256 / 16 * 0.5**6
+    )
+    job.scheduler_every = 1  # the job starts stepping it every step: it stops, saying why
+    job.run(2)
+    assert job.autopilot.reading().state == "refused"
+    assert "keyed on steps" in job.autopilot.reading().why
+
+
+def test_a_scheduler_bsmon_was_not_given_refuses_it():
+    optimizer, _scheduler = step_lr(step_size=2)  # not given to the controller
+    job = Job(optimizer=optimizer, on=False)
+    with pytest.raises(CommandRefused, match="scheduler bsmon was not given"):
+        job.autopilot.switch(True)
 
 
 def test_a_learning_rate_the_job_moves_itself_stops_it_but_its_own_rescaling_does_not():
@@ -463,6 +527,20 @@ def test_the_claims_base_is_the_start_size_as_bsmon_runs_it_after_the_noise_scal
     ramp.add(at(32, 32e3, warming), 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
     efficiency = (1000 + 16) / (1000 + 32)
     assert ramp.claim()[0] == pytest.approx(32e3 * efficiency / 32e3)
+
+
+def test_a_run_that_ended_in_the_noise_scales_warm_up_says_so_not_nothing_measured():
+    """B_simple resolved during the warm-up, and the run ended before it was over: the last
+    line says the start size's windows were the warm-up's (issue 43), not "nothing measured"."""
+    warming = NoiseScaleReading(b_simple=500.0, ci_low=450.0, ci_high=550.0, phase="warming up")
+    job = Job(size=16, noise=lambda _step: warming, plain_step_s=1e-3).run(3)
+    job.autopilot.finish()
+    line = job.events[-1].message
+    assert "nothing measured" not in line
+    assert line.endswith(
+        "no claim: batch 16 ran only in the noise scale's warm-up, whose windows are left out "
+        "(it measures three steps in four)"
+    )
 
 
 def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():

@@ -151,6 +151,16 @@ class ScalarChart(RunChart):
         return [series(snap.points, name, lambda p: p.scalars.get(name))]
 
     @staticmethod
+    def title(snap: Snapshot) -> str:
+        """The panel's title: the scalar's name, and what the job says its value is
+        ("Loss (summed over the batch)")."""
+        name = ScalarChart.scalar_name(snap)
+        notes = snap.latest.scalar_notes if snap.latest is not None else {}
+        note = notes.get(name or "loss")
+        title = name.capitalize() if name else "Loss"
+        return f"{title} ({note})" if note else title
+
+    @staticmethod
     def scalar_name(snap: Snapshot) -> str | None:
         names: list[str] = []
         for point in snap.points[-64:]:

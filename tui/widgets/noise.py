@@ -153,7 +153,9 @@ def describe(
         lines.extend(meaning(batch, reading.lower_bound, bound=True, compact=compact))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
-        if reading.needed and reading.effective >= reading.needed and reading.note:
+        if reading.status:  # the job's words (older jobs and records send none)
+            lines.append(Line(f"B_simple: {reading.status}", "$text-muted"))
+        elif reading.needed and reading.effective >= reading.needed and reading.note:
             lines.append(Line(f"B_simple: none — {reading.note}", "$text-muted"))
             reading = msgspec.structs.replace(reading, note=None)  # said once, not as a skip
         elif reading.needed:
