@@ -148,7 +148,7 @@ class DashboardScreen(Screen):
         the first frame, a change of state, a reply (a key's result) and a replay."""
         update = message.update
         snap, last = update.snapshot, self.snapshot
-        now = last is None or snap.state is not last.state or snap.replay is not None
+        now = last is None or snap.replay is not None or _state(snap) != _state(last)
         if now or update.replies:
             self.show_snapshot(snap)
         else:
@@ -314,6 +314,11 @@ class DashboardScreen(Screen):
             app.call_from_thread(app.notify, message, title="Export", timeout=12)
 
         self.run_worker(work, thread=True, name="export", exit_on_error=False)
+
+
+def _state(snap: Snapshot) -> tuple[object, bool]:
+    """What the header's state says: a change is drawn at once."""
+    return snap.state, snap.silent_s is not None
 
 
 class PickerScreen(Screen[Path]):

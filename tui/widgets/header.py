@@ -28,6 +28,7 @@ class JobHeader(Horizontal):
     JobHeader #state { width: auto; padding: 0 1; text-style: bold; }
     JobHeader #state.live { color: $success; }
     JobHeader #state.connecting { color: $warning; }
+    JobHeader #state.silent { color: $warning; }
     JobHeader #state.finished { color: $accent; }
     JobHeader #state.disconnected { color: $error; }
     JobHeader #state.replay { color: $accent; }
@@ -44,6 +45,10 @@ class JobHeader(Horizontal):
         if snap.replay is not None:
             state.update("▶ REPLAY" if snap.replay.playing else "‖ REPLAY")
             state.set_classes("replay")
+            return
+        if snap.silent_s is not None:
+            state.update(f"◌ SILENT {silence(snap.silent_s)}")
+            state.set_classes("silent")
             return
         state.update(STATE_LABELS[snap.state])
         state.set_classes(snap.state.value)
@@ -64,3 +69,8 @@ def job_line(snap: Snapshot) -> str:
     if session.world_size > 1:
         parts.insert(2, f"rank {session.rank}/{session.world_size}")
     return " · ".join(parts)
+
+
+def silence(seconds: float) -> str:
+    """How long a job has been silent, whole seconds: 12s, 3m 05s."""
+    return f"{int(seconds)}s" if seconds < 60 else fmt.duration(seconds)
