@@ -26,7 +26,16 @@ from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
-from .disabled import ACTIONS, KEY_ACTIONS, NOT_DISTRIBUTED, keys_off, why_off
+from .disabled import (
+    ACTIONS,
+    APP_ACTIONS,
+    KEY_ACTIONS,
+    NOT_DISTRIBUTED,
+    app_why_off,
+    key_of,
+    keys_off,
+    why_off,
+)
 from .help import HelpScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
@@ -194,6 +203,8 @@ class DashboardScreen(Screen):
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in APP_ACTIONS:  # the app's keys (d, j): its check_action, its reason
+            return self.app.check_action(action, parameters)
         if action in self.JOB_ACTIONS and self.commands.readonly:
             return False  # hidden: the monitor was started with --readonly
         why = why_off(self.snapshot, action)
@@ -213,9 +224,12 @@ class DashboardScreen(Screen):
         """Toast why ``action`` cannot act now."""
         if action in self.JOB_ACTIONS and self.commands.readonly:
             why = self.source.readonly_reason or "the monitor is read-only (bsmon --readonly)"
+        elif action in APP_ACTIONS:
+            why = app_why_off(action, settings.mode, getattr(self.app, "picked", False))
         else:
-            why = why_off(self.snapshot, action) or "not available now"
-        self.notify(f"{ACTIONS[action][0]} is off: {why}", severity="warning", timeout=5)
+            why = why_off(self.snapshot, action)
+        why = why or "not available now"
+        self.notify(f"{key_of(action)} is off: {why}", severity="warning", timeout=5)
 
     def run_or_explain(self, action: str, *args: object) -> None:
         """Run ``action`` (the palette's way in), or say why it cannot act now."""
@@ -223,6 +237,12 @@ class DashboardScreen(Screen):
             getattr(self, f"action_{action}")(*args)
         else:
             self.explain(action)
+
+    def action_detach(self) -> None:  # the palette's way to the app's `d`
+        self.app.action_detach()  # type: ignore[attr-defined]
+
+    def action_jobs(self) -> None:  # the palette's way to the app's `j`
+        self.app.action_jobs()  # type: ignore[attr-defined]
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
