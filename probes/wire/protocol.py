@@ -46,6 +46,7 @@ class SessionInfo(msgspec.Struct):
     rank: int = 0
     world_size: int = 1
     record: str | None = None  # the session record the job writes (docs/record.md), if any
+    zero_code: bool = False  # attached by `bsmon run`: the loss is what backward() is called on
 
 
 class Capability(msgspec.Struct):

@@ -10,6 +10,7 @@ from bsmon.probes.wire.protocol import MetricsPoint
 
 from .. import format as fmt
 from ..session import Snapshot
+from ..settings import settings
 from .plot import CachedPlot
 
 LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
@@ -80,17 +81,23 @@ class RunChart(CachedPlot):
         self._drawn: tuple[int, int, object] | None = None
         self._series: list[Series] | None = None
         self._height = 0
+        self._hint = self.empty_hint
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         raise NotImplementedError
 
     def show(self, snap: Snapshot) -> None:
         points = snap.points
-        key = (len(points), points[-1].step if points else -1, self._extra_key(snap))
+        self._hint = self.hint(snap)
+        key = (len(points), points[-1].step if points else -1, self._hint, self._extra_key(snap))
         if key == self._drawn and self._drawn is not None:
             return
         self._drawn = key
         self.draw(self.series_for(snap))
+
+    def hint(self, snap: Snapshot) -> str:
+        """What the chart says while it has nothing to draw."""
+        return self.empty_hint
 
     def _extra_key(self, snap: Snapshot) -> object:
         return None
@@ -125,7 +132,7 @@ class RunChart(CachedPlot):
             ticks = step_ticks(lo, hi)
             plt.xticks(ticks, [fmt.count(t) for t in ticks])
         else:
-            plt.title(self.empty_hint)
+            plt.title(self._hint)
         if self.size.height >= LABEL_MIN_ROWS:  # in a low chart the data takes the row
             plt.xlabel("step")
         self.redraw()
@@ -143,6 +150,11 @@ class ScalarChart(RunChart):
     """The logged scalars: ``loss`` when there is one, else the first name logged."""
 
     empty_hint = "no loss yet: call mon.log(loss=loss)"
+    zero_code_hint = "no loss yet: what backward() is called on"  # bsmon run's loss
+
+    def hint(self, snap: Snapshot) -> str:
+        zero_code = snap.session.zero_code if snap.session is not None else False
+        return self.zero_code_hint if zero_code or settings.mode == "run" else self.empty_hint
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         name = self.scalar_name(snap)
