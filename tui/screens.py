@@ -69,13 +69,16 @@ PANEL_TITLES = {
 }
 
 
+BATCH_KEYS = Binding.Group("Batch", compact=True)  # the footer shows "+ - Batch"
+
+
 class DashboardScreen(Screen):
     """One job, live: header, device/batch/noise panels, charts, events."""
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="help"),
-        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
-        Binding("minus", "batch('down')", "Batch −", id="batch_down"),
+        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up", group=BATCH_KEYS),
+        Binding("minus", "batch('down')", "Batch −", id="batch_down", group=BATCH_KEYS),
         Binding("p", "probe", "Probe", id="probe"),
         Binding("a", "autopilot", "Auto", id="autopilot"),
         Binding("t", "anatomy", "Time", id="anatomy"),
@@ -373,7 +376,13 @@ class PickerScreen(Screen[Path]):
 NO_JOBS_TEXT = """\
 # No training job is running
 
-bsmon shows jobs that have the agent attached. Add it to a training script:
+bsmon shows jobs that have the agent attached. Run a script unchanged under bsmon:
+
+```
+bsmon run -- python train.py
+```
+
+or attach it in the script:
 
 ```python
 from bsmon.probes import attach

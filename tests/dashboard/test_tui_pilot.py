@@ -151,6 +151,7 @@ async def test_no_jobs_screen_then_attaches_when_a_job_appears(bsmon_dir):
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, NoJobsScreen), what="no-jobs screen")
         assert "bsmon demo" in app.screen.query_one(Markdown).source
+        assert "bsmon run -- python train.py" in app.screen.query_one(Markdown).source
         job = TinyJob()
         mon = attach(job.model, job.optimizer, batch_size=8, name="late")
         try:
