@@ -63,6 +63,26 @@ def count(value: float | None) -> str:
     return f"{v:.0f}" if v == int(v) else f"{v:.3g}"
 
 
+def ticks(lo: float, hi: float, count: int = 5, whole: bool = False) -> list[float]:
+    """Round axis ticks within [lo, hi], 1, 2, 2.5 or 5 times a power of ten apart: as many
+    as fit in ``count`` (at least two), so labels read 2.5k 5k 7.5k, never 3527.5
+    (``whole``: whole numbers only, as steps and batch sizes are). ``[lo]`` for a point."""
+    span = hi - lo
+    if _missing(lo) or _missing(hi) or span <= 0 or count < 2:
+        return [lo]
+    best: tuple[int, float, int] = (0, 0.0, 0)  # how many, spacing, first multiple
+    top = math.floor(math.log10(span))
+    for power in range(top, top - 3, -1):
+        for factor in (5, 2.5, 2, 1):
+            step = factor * 10.0**power
+            first = math.ceil(lo / step)
+            n = math.floor(hi / step) - first + 1
+            if best[0] < n <= count and not (whole and step != int(step)):
+                best = (n, step, first)
+    n, step, first = best
+    return [round((first + i) * step, 12) for i in range(n)] if n >= 2 else [lo, hi]
+
+
 def rate(value: float | None, unit: str = "/s") -> str:
     return NA if _missing(value) else f"{count(value)}{unit}"
 

@@ -125,6 +125,8 @@ class PhaseChart(CachedPlot):
                 mark = NO_COLOR_MARKS[k] if no_color else "braille"
                 plt.plot(steps, top, fillx=True, marker=mark, color=PHASES[k][2])  # type: ignore[attr-defined]
         plt.ylim(0, 100)  # type: ignore[attr-defined]
+        percents = fmt.ticks(0, 100, 5)
+        plt.yticks(percents, [fmt.count(t) for t in percents])  # type: ignore[attr-defined]
         ticks = step_ticks(steps[0], steps[-1])
         plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
 

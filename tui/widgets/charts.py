@@ -56,18 +56,8 @@ def series(points: Sequence[MetricsPoint], label: str, value: object, side: str 
 
 
 def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
-    """Up to ``count`` whole-number ticks spanning [lo, hi]."""
-    if hi <= lo:
-        return [round(lo)]
-    span = (hi - lo) / (count - 1)
-    return sorted({round(lo + i * span) for i in range(count)})
-
-
-def value_ticks(lo: float, hi: float, count: int) -> list[float]:
-    """``count`` evenly spaced ticks from ``lo`` to ``hi`` (one when they are equal)."""
-    if hi <= lo or count < 2:
-        return [lo]
-    return [lo + i * (hi - lo) / (count - 1) for i in range(count)]
+    """Up to ``count`` round whole-number ticks within [lo, hi] (steps: 2.5k 5k 7.5k)."""
+    return [round(t) for t in fmt.ticks(lo, hi, count, whole=True)]
 
 
 class RunChart(CachedPlot):
@@ -124,7 +114,7 @@ class RunChart(CachedPlot):
             drawn = True
         rows = max(2, min(5, (self.size.height - 4) // 2))
         for side, ys in sides.items():  # the values' ticks in the dashboard's units: 9.32k
-            ticks = value_ticks(min(ys), max(ys), rows)
+            ticks = fmt.ticks(min(ys), max(ys), rows)
             plt.yticks(ticks, [fmt.count(t) for t in ticks], yside=side)
         if drawn:
             lo = min(min(s.xs) for s in all_series if s.xs)
