@@ -64,23 +64,28 @@ def count(value: float | None) -> str:
 
 
 def ticks(lo: float, hi: float, count: int = 5, whole: bool = False) -> list[float]:
-    """Round axis ticks within [lo, hi], 1, 2, 2.5 or 5 times a power of ten apart: as many
-    as fit in ``count`` (at least two), so labels read 2.5k 5k 7.5k, never 3527.5
+    """Round axis ticks within [lo, hi], multiples of 1, 2, 2.5 or 5 times a power of ten: as
+    many as fit in ``count`` (at least two), so labels read 2.5k 5k 7.5k, never 3527.5
     (``whole``: whole numbers only, as steps and batch sizes are). ``[lo]`` for a point."""
     span = hi - lo
-    if _missing(lo) or _missing(hi) or span <= 0 or count < 2:
+    if _missing(lo) or _missing(hi) or span <= 0 or count < 1:
         return [lo]
-    best: tuple[int, float, int] = (0, 0.0, 0)  # how many, spacing, first multiple
+    fits: list[tuple[int, float, int]] = []  # how many, spacing, first multiple
     top = math.floor(math.log10(span))
     for power in range(top, top - 3, -1):
         for factor in (5, 2.5, 2, 1):
             step = factor * 10.0**power
             first = math.ceil(lo / step)
             n = math.floor(hi / step) - first + 1
-            if best[0] < n <= count and not (whole and step != int(step)):
-                best = (n, step, first)
-    n, step, first = best
-    return [round((first + i) * step, 12) for i in range(n)] if n >= 2 else [lo, hi]
+            if n >= 2 and not (whole and step != int(step)):
+                fits.append((n, step, first))
+    if not fits:
+        return [lo, hi]
+    within = [f for f in fits if f[0] <= count]
+    # the most that fit (the widest spacing among equals), else every other of the fewest
+    n, step, first = max(within, key=lambda f: (f[0], f[1])) if within else min(fits)
+    values = [round((first + i) * step, 12) for i in range(n)]
+    return values if within else values[:: math.ceil(n / max(count, 2))]
 
 
 def rate(value: float | None, unit: str = "/s") -> str:

@@ -96,3 +96,10 @@ def test_axis_ticks_are_round_within_the_range_and_whole_where_asked(lo, hi, cou
 
 def test_a_flat_range_has_one_tick():
     assert fmt.ticks(3.0, 3.0) == [3.0]
+
+
+def test_a_range_too_narrow_for_two_round_ticks_apart_takes_every_other_of_the_fewest():
+    """1.63 to 2.3 in two rows: no round spacing gives exactly two; not the bare ends."""
+    ticks = fmt.ticks(1.63, 2.3, 2)
+    assert len(ticks) == 2 and all(1.63 <= t <= 2.3 for t in ticks)
+    assert all(math.isclose(t * 10, round(t * 10)) for t in ticks), ticks  # 1.8 2.2, not 1.63
