@@ -76,10 +76,10 @@ class BsmonApp(App[str | None]):
         except discovery.BsmonDirError as exc:
             self.exit(message=str(exc), return_code=2)
             return
+        self.picked = len(jobs) > 1  # j goes back to the picker only while it has a choice
         if len(jobs) == 1:
             self.open_job(jobs[0])
         elif jobs:
-            self.picked = True
             self.push_screen(PickerScreen(jobs, time.time()), self._picked)
         else:
             self.push_screen(NoJobsScreen(self.directory))
