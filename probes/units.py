@@ -88,6 +88,14 @@ def ticks(lo: float, hi: float, count: int = 5, whole: bool = False) -> list[flo
     return values if within else values[:: math.ceil(n / max(count, 2))]
 
 
+def labelled_ticks(
+    lo: float, hi: float, most: int = 5, whole: bool = False
+) -> tuple[list[float], list[str]]:
+    """``ticks`` and their labels in these units (2.5k), as plotext's xticks/yticks take them."""
+    at = ticks(lo, hi, most, whole)
+    return at, [count(t) for t in at]
+
+
 def rate(value: float | None, unit: str = "/s") -> str:
     return NA if _missing(value) else f"{count(value)}{unit}"
 

@@ -360,10 +360,8 @@ def chart(points: list[Point], title: str, xlabel: str) -> str:
         plotext.plot_size(CHART_WIDTH, CHART_HEIGHT)
         plotext.theme("clear")
         plotext.plot(xs, ys, marker="braille")
-        for axis, values in ((plotext.xticks, xs), (plotext.yticks, ys)):
-            if values:  # round ticks in the summary's units: 2.5k 5k, never 3527.5 or 8739.7
-                at = units.ticks(min(values), max(values), 5, whole=axis is plotext.xticks)
-                axis(at, [units.count(t) for t in at])
+        for axis, values, whole in ((plotext.xticks, xs, True), (plotext.yticks, ys, False)):
+            axis(*units.labelled_ticks(min(values), max(values), 5, whole))  # 2.5k, not 3527.5
         plotext.title(title)
         plotext.xlabel(xlabel)
         text = plotext.uncolorize(plotext.build())
