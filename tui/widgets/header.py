@@ -1,4 +1,4 @@
-"""The one-line header: job, host, pid, uptime, step and connection state."""
+"""The one-line header: job, step, rank, uptime, host, pid and the state (LIVE, SILENT 12s...)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class JobHeader(Horizontal):
         state.update(label)
         state.set_classes(css_class)
         width = self.size.width
-        room = width - (len(BRAND) + 2) - (cell_len(label) + 2) - 2 if width else None
+        room = width - (len(BRAND) + 2) - (cell_len(label) + 2) - 2 if width else None  # paddings
         self.query_one("#job", Static).update(job_line(snap, room))
 
     def on_resize(self) -> None:
