@@ -63,6 +63,39 @@ def count(value: float | None) -> str:
     return f"{v:.0f}" if v == int(v) else f"{v:.3g}"
 
 
+def ticks(lo: float, hi: float, count: int = 5, whole: bool = False) -> list[float]:
+    """Round axis ticks within [lo, hi], multiples of 1, 2, 2.5 or 5 times a power of ten: as
+    many as fit in ``count`` (at least two), so labels read 2.5k 5k 7.5k, never 3527.5
+    (``whole``: whole numbers only, as steps and batch sizes are). ``[lo]`` for a point."""
+    span = hi - lo
+    if _missing(lo) or _missing(hi) or span <= 0 or count < 1:
+        return [lo]
+    fits: list[tuple[int, float, int]] = []  # how many, spacing, first multiple
+    top = math.floor(math.log10(span))
+    for power in range(top, top - 3, -1):
+        for factor in (5, 2.5, 2, 1):
+            step = factor * 10.0**power
+            first = math.ceil(lo / step)
+            n = math.floor(hi / step) - first + 1
+            if n >= 2 and not (whole and step != int(step)):
+                fits.append((n, step, first))
+    if not fits:
+        return [lo, hi]
+    within = [f for f in fits if f[0] <= count]
+    # the most that fit (the widest spacing among equals), else every other of the fewest
+    n, step, first = max(within, key=lambda f: (f[0], f[1])) if within else min(fits)
+    values = [round((first + i) * step, 12) for i in range(n)]
+    return values if within else values[:: math.ceil(n / max(count, 2))]
+
+
+def labelled_ticks(
+    lo: float, hi: float, most: int = 5, whole: bool = False
+) -> tuple[list[float], list[str]]:
+    """``ticks`` and their labels in these units (2.5k), as plotext's xticks/yticks take them."""
+    at = ticks(lo, hi, most, whole)
+    return at, [count(t) for t in at]
+
+
 def rate(value: float | None, unit: str = "/s") -> str:
     return NA if _missing(value) else f"{count(value)}{unit}"
 

@@ -93,11 +93,12 @@ class PhaseChart(CachedPlot):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._drawn: tuple[int, int] | None = None
+        self._drawn: tuple[int, int, int] | None = None
 
     def show(self, points: Sequence[MetricsPoint]) -> None:
         with_anatomy = [p for p in points if p.anatomy is not None and p.anatomy.step_s]
-        key = (len(with_anatomy), with_anatomy[-1].step if with_anatomy else -1)
+        last = with_anatomy[-1].step if with_anatomy else -1
+        key = (len(with_anatomy), last, self.size.height)  # the ticks follow the height
         if key == self._drawn:
             return
         self._drawn = key
@@ -107,11 +108,11 @@ class PhaseChart(CachedPlot):
         plt.title(NO_COLOR_TITLE if self.app.no_color else TITLE)
         if with_anatomy:
             every = with_anatomy[:: max(1, len(with_anatomy) // CHART_POINTS)]
-            self._stack(plt, every, self.app.no_color)
+            self._stack(plt, every, self.app.no_color, rows=(self.size.height - 4) // 2)
         self.redraw()
 
     @staticmethod
-    def _stack(plt: object, points: Sequence[MetricsPoint], no_color: bool) -> None:
+    def _stack(plt: object, points: Sequence[MetricsPoint], no_color: bool, rows: int = 5) -> None:
         steps = [float(p.step) for p in points]
         per_point = [shares(p.anatomy) for p in points if p.anatomy is not None]
         running = [[0.0] * len(points)]
@@ -125,6 +126,8 @@ class PhaseChart(CachedPlot):
                 mark = NO_COLOR_MARKS[k] if no_color else "braille"
                 plt.plot(steps, top, fillx=True, marker=mark, color=PHASES[k][2])  # type: ignore[attr-defined]
         plt.ylim(0, 100)  # type: ignore[attr-defined]
+        percents = fmt.ticks(0, 100, max(2, min(5, rows)))  # one a row or fewer
+        plt.yticks(percents, [fmt.count(t) for t in percents])  # type: ignore[attr-defined]
         ticks = step_ticks(steps[0], steps[-1])
         plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
 

@@ -13,6 +13,8 @@ from textual.screen import Screen
 
 from bsmon.probes.wire import discovery
 
+from .disabled import APP_ACTIONS, app_why_off
+from .help import quit_help
 from .palette import dashboard_commands
 from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
 from .settings import DETACH, settings
@@ -43,6 +45,7 @@ class BsmonApp(App[str | None]):
         # Ctrl-C quits, as in every monitor people use (Textual would only say ctrl+q)
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
         Binding("d", "detach", "Detach", id="detach"),
+        Binding("j", "jobs", "Jobs", id="jobs"),
     ]
 
     def __init__(
@@ -59,6 +62,7 @@ class BsmonApp(App[str | None]):
         self.readonly = readonly
         self.dashboard = dashboard  # the screen class for a source (replay: ReplayScreen)
         self.export_dir: Path | None = None  # where `e` writes (None: beside the record)
+        self.picked = False  # the job on screen was chosen in the picker: `j` goes back to it
 
     def on_mount(self) -> None:
         if self.source is not None:
@@ -72,6 +76,7 @@ class BsmonApp(App[str | None]):
         except discovery.BsmonDirError as exc:
             self.exit(message=str(exc), return_code=2)
             return
+        self.picked = len(jobs) > 1  # j goes back to the picker only while it has a choice
         if len(jobs) == 1:
             self.open_job(jobs[0])
         elif jobs:
@@ -108,7 +113,11 @@ class BsmonApp(App[str | None]):
         self.push_screen(DashboardScreen(self.source, self.readonly))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        for command in super().get_system_commands(screen):
+            if command.title == "Quit":  # what quitting does to the job depends on the mode
+                yield command._replace(help=quit_help(settings.mode))
+            else:
+                yield command
         if isinstance(screen, DashboardScreen):
             yield from dashboard_commands(screen)
 
@@ -116,9 +125,15 @@ class BsmonApp(App[str | None]):
         self.push_screen(HelpScreen())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "detach":
-            return settings.mode == "run"  # only `bsmon run` has a job to leave running
+        if action in APP_ACTIONS:  # hidden when off; the dashboard says why when pressed
+            return app_why_off(action, settings.mode, self.picked) is None
         return super().check_action(action, parameters)
+
+    def action_jobs(self) -> None:
+        """Back to the picker: close the job's screens and look for jobs again."""
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.discover()
 
     def action_detach(self) -> None:
         """Close the dashboard and leave the job running (`bsmon run` says how to return)."""

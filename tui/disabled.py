@@ -7,6 +7,7 @@ the footer when it cannot act; pressing it says why instead of doing nothing.
 from __future__ import annotations
 
 from .session import ConnState, Snapshot
+from .settings import Mode
 
 # action -> (the keys shown to the user, the capability the job must offer)
 ACTIONS: dict[str, tuple[str, str | None]] = {
@@ -23,6 +24,15 @@ KEY_ACTIONS = {
     "a": "autopilot",
     "r": "ranks",
 }
+# the app's own keys: they act on the dashboard, not on the job
+APP_ACTIONS = {"detach": "d", "jobs": "j"}
+KEY_ACTIONS.update({key: action for action, key in APP_ACTIONS.items()})
+DETACH_OFF: dict[Mode, str] = {
+    "attach": "d leaves a job that bsmon run started; q here already leaves the job running",
+    "demo": "d leaves a job that bsmon run started; the demo job stops with the dashboard",
+    "replay": "a replay of a recorded session has no job to leave running",
+}
+JOBS_OFF = "j goes back to the job picker, which bsmon opens when several jobs are running"
 NOT_DISTRIBUTED = "r shows the ranks of a distributed job; this job runs as a single process"
 STATES = {
     ConnState.CONNECTING: "no job connected yet",
@@ -63,3 +73,18 @@ def keys_off(snap: Snapshot) -> dict[str, str]:
         if why is not None and why != state_reason(snap):
             off[ACTIONS[action][0]] = why
     return off
+
+
+def app_why_off(action: str, mode: Mode, picked: bool) -> str | None:
+    """Why the app's ``action`` cannot act (None: it can); ``picked``: the job on screen was
+    chosen in the picker."""
+    if action == "detach":
+        return DETACH_OFF.get(mode)
+    if action == "jobs" and not picked:
+        return JOBS_OFF
+    return None
+
+
+def key_of(action: str) -> str:
+    """The key(s) of ``action`` as the user sees them."""
+    return APP_ACTIONS.get(action) or ACTIONS[action][0]

@@ -4,6 +4,28 @@ It lives in ``bsmon.probes.units`` (no textual), so the summary the job and ``bs
 write uses the same units as the screen.
 """
 
-from bsmon.probes.units import NA, bar, bytes_, clock, count, duration, number, percent, rate
+from bsmon.probes.units import (
+    NA,
+    bar,
+    bytes_,
+    clock,
+    count,
+    duration,
+    number,
+    percent,
+    rate,
+    ticks,
+)
 
-__all__ = ["NA", "bar", "bytes_", "clock", "count", "duration", "number", "percent", "rate"]
+__all__ = [
+    "NA",
+    "bar",
+    "bytes_",
+    "clock",
+    "count",
+    "duration",
+    "number",
+    "percent",
+    "rate",
+    "ticks",
+]

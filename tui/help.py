@@ -31,6 +31,7 @@ KEYS: list[tuple[str, str]] = [
     ("r", "every rank of a distributed job, grouped by node (rank 0's monitor)"),
     ("e", "export: summary.md, summary.json and screen.svg in a new directory"),
     ("l", "the Events panel over the whole screen (l or esc: back)"),
+    ("j", "back to the job picker, when bsmon found several jobs running"),
     ("[ ]", "redraw more / less often (now every {interval}; --interval SECONDS)"),
     ("ctrl+p", "command palette: every action by name"),
 ]
@@ -96,6 +97,12 @@ acts on the job unless you press a key that says so. A size the memory model pre
 90% of device memory, above a probe's maximum, or that already ran out of memory asks for
 confirmation first. `bsmon --readonly` removes every key that acts on the job.
 """
+
+
+def quit_help(mode: Mode) -> str:
+    """What quitting does in ``mode``, as the palette's Quit says it."""
+    text = QUIT[mode][0][1]
+    return f"{text[0].upper()}{text[1:]} (q)"
 
 
 def key_rows(mode: Mode, replay: bool = False) -> list[tuple[str, str]]:

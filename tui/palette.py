@@ -24,10 +24,23 @@ COMMANDS: tuple[tuple[str, str, str, tuple[object, ...]], ...] = (
         "probe",
         (),
     ),
+    (
+        "Autopilot on / off",
+        "The batch follows the noise scale (opt-in; a +/- pauses it) (a)",
+        "autopilot",
+        (),
+    ),
     ("Step anatomy: where the time goes", "The step split and the verdict (t)", "anatomy", ()),
     ("Ranks of a distributed job", "Every rank, grouped by node (r)", "ranks", ()),
     ("Export the session", "summary.md, summary.json and screen.svg (e)", "export", ()),
     ("Events: full screen", "The Events panel over the dashboard, or back (l)", "events", ()),
+    ("Jobs: pick another job", "Back to the job picker (j)", "jobs", ()),
+    (
+        "Detach: leave the job running",
+        "Close the dashboard; the job bsmon run started goes on (d)",
+        "detach",
+        (),
+    ),
     ("Refresh interval: longer", "Redraw less often, for less CPU (])", "interval", (1,)),
     ("Refresh interval: shorter", "Redraw more often ([)", "interval", (-1,)),
 )

@@ -30,6 +30,12 @@ def set_int_xticks(plt: object, xs: list[int]) -> None:
         plt.xticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
 
 
+def set_round_yticks(plt: object, lo: float, hi: float) -> None:
+    """Round values on the y axis (plotext would print 1862.1)."""
+    ticks = fmt.ticks(lo, hi, 4)
+    plt.yticks(ticks, [fmt.count(t) for t in ticks])  # type: ignore[attr-defined]
+
+
 def fitted_peak(result: ProbeResult, size: int) -> float:
     curvature = result.fit_curvature_bytes or 0.0
     return (
@@ -169,6 +175,7 @@ class ProbeScreen(Screen[None]):
             plt.hline(budget)
             plt.ylim(0, budget * 1.1)
             plt.title(f"budget {budget:.1f} GiB")
+            set_round_yticks(plt, 0, budget * 1.1)
         set_int_xticks(plt, xs + failed)
 
     def _draw_speed(self, reading: ProbeReading) -> None:
@@ -180,6 +187,8 @@ class ProbeScreen(Screen[None]):
             plt.plot(xs, [p.samples_per_s for p in rated], marker="braille")
             plt.scatter(xs, [p.samples_per_s for p in rated], marker="●")
             set_int_xticks(plt, xs)
+            speeds = [p.samples_per_s for p in rated]
+            set_round_yticks(plt, min(speeds), max(speeds))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action != "apply":

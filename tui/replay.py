@@ -282,6 +282,7 @@ class RecordSource(Source):
             )
         return dataclasses.replace(
             self.model.snapshot(),
+            silent_s=None,  # a record's spans come seconds apart: silence is a live notion
             replay=ReplayState(
                 path=str(data.path),
                 position_s=self.position - data.start,

@@ -26,7 +26,16 @@ from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
-from .disabled import ACTIONS, KEY_ACTIONS, NOT_DISTRIBUTED, keys_off, why_off
+from .disabled import (
+    ACTIONS,
+    APP_ACTIONS,
+    KEY_ACTIONS,
+    NOT_DISTRIBUTED,
+    app_why_off,
+    key_of,
+    keys_off,
+    why_off,
+)
 from .help import HelpScreen
 from .messages import SnapshotArrived
 from .probe_screen import ProbeScreen
@@ -60,13 +69,16 @@ PANEL_TITLES = {
 }
 
 
+BATCH_KEYS = Binding.Group("Batch", compact=True)  # the footer shows "+ - Batch"
+
+
 class DashboardScreen(Screen):
     """One job, live: header, device/batch/noise panels, charts, events."""
 
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="help"),
-        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up"),
-        Binding("minus", "batch('down')", "Batch −", id="batch_down"),
+        Binding("plus,equals_sign", "batch('up')", "Batch +", id="batch_up", group=BATCH_KEYS),
+        Binding("minus", "batch('down')", "Batch −", id="batch_down", group=BATCH_KEYS),
         Binding("p", "probe", "Probe", id="probe"),
         Binding("a", "autopilot", "Auto", id="autopilot"),
         Binding("t", "anatomy", "Time", id="anatomy"),
@@ -148,7 +160,7 @@ class DashboardScreen(Screen):
         the first frame, a change of state, a reply (a key's result) and a replay."""
         update = message.update
         snap, last = update.snapshot, self.snapshot
-        now = last is None or snap.state is not last.state or snap.replay is not None
+        now = last is None or snap.replay is not None or _state(snap) != _state(last)
         if now or update.replies:
             self.show_snapshot(snap)
         else:
@@ -193,6 +205,8 @@ class DashboardScreen(Screen):
         )
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in APP_ACTIONS:  # the app's keys (d, j): its check_action, its reason
+            return self.app.check_action(action, parameters)
         if action in self.JOB_ACTIONS and self.commands.readonly:
             return False  # hidden: the monitor was started with --readonly
         why = why_off(self.snapshot, action)
@@ -212,9 +226,12 @@ class DashboardScreen(Screen):
         """Toast why ``action`` cannot act now."""
         if action in self.JOB_ACTIONS and self.commands.readonly:
             why = self.source.readonly_reason or "the monitor is read-only (bsmon --readonly)"
+        elif action in APP_ACTIONS:
+            why = app_why_off(action, settings.mode, getattr(self.app, "picked", False))
         else:
-            why = why_off(self.snapshot, action) or "not available now"
-        self.notify(f"{ACTIONS[action][0]} is off: {why}", severity="warning", timeout=5)
+            why = why_off(self.snapshot, action)
+        why = why or "not available now"
+        self.notify(f"{key_of(action)} is off: {why}", severity="warning", timeout=5)
 
     def run_or_explain(self, action: str, *args: object) -> None:
         """Run ``action`` (the palette's way in), or say why it cannot act now."""
@@ -222,6 +239,12 @@ class DashboardScreen(Screen):
             getattr(self, f"action_{action}")(*args)
         else:
             self.explain(action)
+
+    def action_detach(self) -> None:  # the palette's way to the app's `d`
+        self.app.action_detach()  # type: ignore[attr-defined]
+
+    def action_jobs(self) -> None:  # the palette's way to the app's `j`
+        self.app.action_jobs()  # type: ignore[attr-defined]
 
     def action_batch(self, direction: str) -> None:
         self.commands.send(StepBatchSize(direction=direction))  # type: ignore[arg-type]
@@ -315,6 +338,11 @@ class DashboardScreen(Screen):
         self.run_worker(work, thread=True, name="export", exit_on_error=False)
 
 
+def _state(snap: Snapshot) -> tuple[object, bool]:
+    """What the header's state says: a change is drawn at once."""
+    return snap.state, snap.silent_s is not None
+
+
 class PickerScreen(Screen[Path]):
     """Several jobs are running: choose one."""
 
@@ -347,7 +375,13 @@ class PickerScreen(Screen[Path]):
 NO_JOBS_TEXT = """\
 # No training job is running
 
-bsmon shows jobs that have the agent attached. Add it to a training script:
+bsmon shows jobs that have the agent attached. Run a script unchanged under bsmon:
+
+```
+bsmon run -- python train.py
+```
+
+or attach it in the script:
 
 ```python
 from bsmon.probes import attach

@@ -30,6 +30,9 @@ from bsmon.probes.wire.protocol import (
 
 EVENT_LIMIT = 500
 POINT_INTERVAL_S = 1.0
+# A live job sends a message at least every second (docs/protocol.md); this long without one,
+# the whole process is stopped, hung, or holds Python's lock in a long call.
+SILENT_AFTER_S = 4.0
 
 
 class ConnState(enum.Enum):
@@ -66,6 +69,7 @@ class Snapshot:
     events: tuple[Event, ...] = ()
     now: float = 0.0
     replay: ReplayState | None = None
+    silent_s: float | None = None  # live, but nothing heard for this long (>= SILENT_AFTER_S)
 
     @property
     def uptime_s(self) -> float | None:
@@ -92,10 +96,12 @@ class SessionModel:
         self.replies: list[Reply] = []
         self.notices: list[Notice] = []
         self._last_seen = 0.0
+        self._last_heard: float | None = None  # the clock when the last message came
         self._pending: MetricsPoint | None = None
         self._pending_since = 0.0
 
     def feed(self, message: Message) -> None:
+        self._last_heard = self._clock()
         if isinstance(message, Hello):
             self._on_hello(message)
         elif isinstance(message, History):
@@ -163,6 +169,13 @@ class SessionModel:
         if self.state is ConnState.CONNECTING:
             self.detail = detail
 
+    def silent_s(self) -> float | None:
+        """How long a live job has sent nothing, once that is SILENT_AFTER_S or more."""
+        if self.state is not ConnState.LIVE or self._last_heard is None:
+            return None
+        quiet = self._clock() - self._last_heard
+        return quiet if quiet >= SILENT_AFTER_S else None
+
     def snapshot(self) -> Snapshot:
         hello = self.hello
         live = self.state is ConnState.LIVE
@@ -177,4 +190,5 @@ class SessionModel:
             points=self.points.snapshot() + ((self._pending,) if self._pending else ()),
             events=tuple(self.events),
             now=self._clock() if live or not self._last_seen else self._last_seen,
+            silent_s=self.silent_s(),
         )

@@ -33,6 +33,10 @@ class Update:
 Emit = Callable[[Update], None]
 
 
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds)
+
+
 class Source:
     """Base: a session model plus the plumbing to emit coalesced updates."""
 
@@ -42,6 +46,7 @@ class Source:
         self.model = SessionModel(target, clock)
         self._stop = threading.Event()
         self._outbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._silent_mark: int | None = None
 
     @property
     def target(self) -> str:
@@ -67,7 +72,15 @@ class Source:
         model = self.model
         replies, model.replies = tuple(model.replies), []
         notices, model.notices = tuple(model.notices), []
-        emit(Update(self.snapshot(), replies, notices))
+        snapshot = self.snapshot()
+        self._silent_mark = _whole(snapshot.silent_s)
+        emit(Update(snapshot, replies, notices))
+
+    def _emit_while_silent(self, emit: Emit) -> None:
+        """While a live job sends nothing, a snapshot every whole second of it (the header's
+        clock and count move): no message would bring one."""
+        if _whole(self.model.silent_s()) != self._silent_mark:
+            self._emit_update(emit)
 
 
 class SocketSource(Source):
@@ -124,6 +137,7 @@ class SocketSource(Source):
             if dirty and (urgent or now - last_emit >= UPDATE_INTERVAL_S):
                 self._emit_update(emit)
                 last_emit, dirty = now, False
+            self._emit_while_silent(emit)
 
     def _flush_outbox(self, connection: JobConnection) -> None:
         while True:
@@ -142,7 +156,8 @@ class SocketSource(Source):
 
 
 class ScriptedSource(Source):
-    """Feeds a fixed list of messages (tests, screenshots), then optionally disconnects.
+    """Feeds a fixed list of messages (tests, screenshots), then optionally disconnects;
+    ``push`` feeds more later (a job that speaks again).
 
     Commands sent to it are kept in ``sent`` and answered with ``reply`` if one is given.
     """
@@ -160,7 +175,13 @@ class ScriptedSource(Source):
         self._messages = list(messages)
         self._disconnect = disconnect
         self._reply = reply
+        self._later: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self.sent: list[Command] = []
+
+    def push(self, *messages: Message) -> None:
+        """Feed ``messages`` from the source's thread, as if the job had just sent them."""
+        for message in messages:
+            self._later.put(message)
 
     def run(self, emit: Emit) -> None:
         for message in self._messages:
@@ -169,15 +190,27 @@ class ScriptedSource(Source):
             self.model.disconnected(self._disconnect)
         self._emit_update(emit)
         while not self._stop.wait(0.02):
-            answered = False
-            while True:
-                try:
-                    command = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                self.sent.append(command)
-                if self._reply is not None:
-                    self.model.feed(self._reply(command))
-                    answered = True
-            if answered:
+            if self._answer_commands() | self._feed_later():
                 self._emit_update(emit)
+            self._emit_while_silent(emit)
+
+    def _answer_commands(self) -> bool:
+        answered = False
+        while True:
+            try:
+                command = self._outbox.get_nowait()
+            except queue.Empty:
+                return answered
+            self.sent.append(command)
+            if self._reply is not None:
+                self.model.feed(self._reply(command))
+                answered = True
+
+    def _feed_later(self) -> bool:
+        fed = False
+        while True:
+            try:
+                self.model.feed(self._later.get_nowait())
+            except queue.Empty:
+                return fed
+            fed = True

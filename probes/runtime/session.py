@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..wire.protocol import SessionInfo
-from . import distributed
+from . import audience, distributed
 
 
 def bsmon_version() -> str:
@@ -35,6 +35,7 @@ def session_info(name: str) -> SessionInfo:
         cwd=os.getcwd(),
         rank=rank,
         world_size=world_size,
+        zero_code=audience.zero_code(),
     )
 
 

@@ -369,6 +369,8 @@ def chart(points: list[Point], title: str, xlabel: str) -> str:
         plotext.plot_size(CHART_WIDTH, CHART_HEIGHT)
         plotext.theme("clear")
         plotext.plot(xs, ys, marker="braille")
+        for axis, values, whole in ((plotext.xticks, xs, True), (plotext.yticks, ys, False)):
+            axis(*units.labelled_ticks(min(values), max(values), 5, whole))  # 2.5k, not 3527.5
         plotext.title(title)
         plotext.xlabel(xlabel)
         text = plotext.uncolorize(plotext.build())

@@ -53,6 +53,7 @@ class SessionInfo(msgspec.Struct):
     # a distributed job's model is (or holds) a DistributedDataParallel; None: one process,
     # or not known
     ddp: bool | None = None
+    zero_code: bool = False  # attached by `bsmon run`: the loss is what backward() is called on
 
 
 class Capability(msgspec.Struct):

@@ -243,3 +243,12 @@ async def test_replay_rebuilds_the_autopilots_line_from_its_events(tmp_path):
         assert [(d.old, d.new) for d in reading.decisions] == [(32, 64)]
         await pilot.press("home")  # back to the start: rebuilt from nothing
         await wait_for(pilot, lambda: "auto" not in text_of(app, "#batch"), what="not yet on")
+
+
+def test_a_replay_is_never_shown_silent_between_its_spans(record):
+    """A record's spans come seconds apart; the model would count that as silence."""
+    source = RecordSource(load_replay(record), playing=False)
+    source._show(source.position)  # fed up to the start
+    source.position += 30  # 30 s further, nothing fed
+    assert source.model.silent_s() is not None  # the live rule would say silent
+    assert source.snapshot().silent_s is None

@@ -21,19 +21,21 @@ def step_on_screen(text: str) -> int | None:
     return int(match.group(1).replace(",", "")) if match else None
 
 
-def demo_processes() -> list[psutil.Process]:
+def demo_processes(bsmon_dir: Path) -> list[psutil.Process]:
+    """The demo jobs of this test (its BSMON_DIR): other suites on the machine run demos too."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if "bsmon.probes.demo" in cmdline:
-            found.append(proc)
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get("BSMON_DIR") == str(bsmon_dir):
+                    found.append(proc)
     return found
 
 
 @contextlib.contextmanager
 def demo_in_tmux(bsmon_dir: Path, size: tuple[int, int], options: str = "") -> Iterator[Tmux]:
     """`bsmon demo` in a private tmux of ``size``; killed afterwards with any demo job left."""
-    before = {p.pid for p in demo_processes()}
     tmux = Tmux(*size)
     bsmon = Path(sys.executable).with_name("bsmon")
     env = {"BSMON_DIR": str(bsmon_dir), "LANG": "C.UTF-8", "TERM": "xterm-256color"}
@@ -42,13 +44,11 @@ def demo_in_tmux(bsmon_dir: Path, size: tuple[int, int], options: str = "") -> I
         yield tmux
     finally:
         tmux.kill()
-        for proc in demo_processes():
-            if proc.pid not in before:
-                proc.kill()
+        for proc in demo_processes(bsmon_dir):
+            proc.kill()
 
 
 def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
-    before = {p.pid for p in demo_processes()}
     with demo_in_tmux(bsmon_dir, (100, 30)) as tmux:
         first = tmux.wait_for(
             lambda s: "LIVE" in s and (step_on_screen(s) or 0) > 0,
@@ -79,9 +79,9 @@ def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
         said = re.search(r"the record of demo: (\S+\.jsonl)", screen.replace("\n", ""))
         assert said and Path(said.group(1)).parent == bsmon_dir / "records"  # it says where
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and {p.pid for p in demo_processes()} - before:
+        while time.monotonic() < deadline and demo_processes(bsmon_dir):
             time.sleep(0.1)
-        assert not ({p.pid for p in demo_processes()} - before), "the demo job was left running"
+        assert not demo_processes(bsmon_dir), "the demo job was left running"
         assert not list(bsmon_dir.glob("*.sock"))
 
 

@@ -93,3 +93,28 @@ async def test_toasts_do_not_stack_over_the_dashboard():
         await wait_for(pilot, lambda: "toast 4" in [n.message for n in app._notifications])
         assert len(app._notifications) == MAX_TOASTS
         assert [n.message for n in app._notifications] == ["toast 3", "toast 4"]
+
+
+@pytest.mark.parametrize("mode", ["run", "attach", "demo"])
+async def test_at_80x24_with_ranks_the_footer_and_the_header_fit_whole(mode, monkeypatch):
+    from bsmon.tui.app import BsmonApp
+    from bsmon.tui.settings import settings
+    from bsmon.tui.sources import ScriptedSource
+
+    from ..scripted import NOW
+    from .test_tui_ranks import distributed_messages
+
+    monkeypatch.setattr(settings, "mode", mode)
+    app = BsmonApp(ScriptedSource("resnet-cifar", distributed_messages(), clock=lambda: NOW))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        await pilot.pause(0.2)
+        keys = [key for key in app.screen.query("FooterKey") if key.region.width]
+        assert keys and all(key.region.right <= 80 for key in keys)  # no "q Qui", no "d Deta"
+        shown = {key.key for key in keys}
+        assert {"question_mark", "p", "r", "e", "l", "q"} <= shown
+        assert ("d" in shown) == (mode == "run")
+        header = app.screen.query_one("#job")
+        line = str(header.render())
+        assert len(line) <= header.content_size.width  # whole: nothing cut at the end
+        assert "rank 0/64" in line and "pid 4242" in line and "step 3,000" in line

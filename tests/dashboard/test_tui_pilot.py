@@ -9,6 +9,7 @@ from textual.widgets import Markdown, OptionList
 
 from bsmon.probes import attach
 from bsmon.tui.app import BsmonApp, follow_job
+from bsmon.tui.disabled import JOBS_OFF
 from bsmon.tui.screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
 from bsmon.tui.session import ConnState
 from bsmon.tui.widgets.banner import StateBanner
@@ -150,6 +151,7 @@ async def test_no_jobs_screen_then_attaches_when_a_job_appears(bsmon_dir):
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, NoJobsScreen), what="no-jobs screen")
         assert "bsmon demo" in app.screen.query_one(Markdown).source
+        assert "bsmon run -- python train.py" in app.screen.query_one(Markdown).source
         job = TinyJob()
         mon = attach(job.model, job.optimizer, batch_size=8, name="late")
         try:
@@ -182,6 +184,44 @@ async def test_several_jobs_open_a_picker_and_enter_attaches(bsmon_dir):
     finally:
         for mon in mons:
             mon.close()
+
+
+async def test_j_goes_back_from_a_picked_job_to_the_picker_and_on_to_another(bsmon_dir):
+    jobs = [TinyJob(seed=i) for i in range(2)]
+    mons = [attach(j.model, j.optimizer, batch_size=8, name=f"job{i}") for i, j in enumerate(jobs)]
+    try:
+        app = BsmonApp(directory=bsmon_dir)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for name in ("job1", "job0"):
+                await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), what="picker")
+                options = app.screen.query_one(OptionList)
+                labels = [str(options.get_option_at_index(i).prompt) for i in range(2)]
+                options.highlighted = next(i for i, label in enumerate(labels) if name in label)
+                await pilot.press("enter")
+                screen = await dashboard_ready(pilot)
+                await wait_for(pilot, lambda s=screen: s.snapshot.session is not None, what="hello")
+                assert screen.snapshot.session.name == name
+                assert screen.active_bindings["j"].binding.description == "Jobs"  # in the footer
+                await pilot.press("j")
+            await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), what="picker again")
+            assert not any(isinstance(s, DashboardScreen) for s in app.screen_stack)
+    finally:
+        for mon in mons:
+            mon.close()
+
+
+async def test_j_without_a_picker_says_why():
+    app = scripted_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await dashboard_ready(pilot)
+        await pilot.press("j")
+        await wait_for(
+            pilot,
+            lambda: any(JOBS_OFF in str(n.message) for n in app._notifications),
+            what="j says why",
+        )
+        assert app.screen is screen and "j" not in screen.active_bindings  # not in the footer
+        assert "back to the job picker" in HelpScreen().text()
 
 
 async def test_no_color_renders_in_grays_only(monkeypatch):

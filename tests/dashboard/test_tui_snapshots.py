@@ -6,10 +6,18 @@ result (screenshots/ has PNGs made from real sessions).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ..scripted import scripted_app
-from .test_tui_pilot import dashboard_ready
+from bsmon.tui.app import BsmonApp
+from bsmon.tui.settings import settings
+from bsmon.tui.sources import ScriptedSource
+
+from ..scripted import NOW, messages, scripted_app
+from .test_tui_pilot import dashboard_ready, text_of, wait_for
+from .test_tui_ranks import distributed_messages
+from .test_tui_silent import Clock
 
 SIZES = [(80, 24), (120, 40)]
 
@@ -47,3 +55,28 @@ def test_help_screen(snap_compare):
         await pilot.pause(0.2)
 
     assert snap_compare(scripted_app(), terminal_size=(100, 30), run_before=open_help)
+
+
+def test_no_job_running(snap_compare):
+    app = BsmonApp(directory=Path("/nonexistent/bsmon-1000"))  # no jobs: the no-job screen
+    assert snap_compare(app, terminal_size=(80, 24))
+
+
+def test_bsmon_run_with_ranks_at_80x24(snap_compare, monkeypatch):
+    """The footer (d Detach last) and the header (rank and pid) whole at 80 columns."""
+    monkeypatch.setattr(settings, "mode", "run")
+    app = BsmonApp(ScriptedSource("resnet-cifar", distributed_messages(), clock=lambda: NOW))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=ready)
+
+
+def test_silent_job(snap_compare):
+    clock = Clock(NOW)
+    app = BsmonApp(ScriptedSource("resnet-cifar", messages(gpu=False), clock=clock))
+
+    async def go_silent(pilot):
+        await ready(pilot)
+        clock.now += 12
+        await wait_for(pilot, lambda: "SILENT 12s" in text_of(pilot.app, "#state"), what="12s")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=go_silent)

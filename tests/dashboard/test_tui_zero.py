@@ -7,8 +7,10 @@ from bsmon.probes.launch.autoattach import CONTROL_REASON, PROBE_REASON
 from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.commands import describe_success
+from bsmon.tui.settings import settings
 from bsmon.tui.sources import ScriptedSource
 from bsmon.tui.widgets.batch import size_line
+from bsmon.tui.widgets.charts import ScalarChart
 
 from ..scripted import NOW, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
@@ -62,3 +64,29 @@ def test_a_held_change_says_where_it_applies():
     assert describe_success(command, result) == "batch size 128 → 256 at the end of the epoch"
     now = protocol.BatchSizeResult(old=128, new=256, applies_after_step=7)
     assert describe_success(command, now) == "batch size 128 → 256 after step 7"
+
+
+async def test_an_empty_loss_chart_under_bsmon_run_names_backward_not_mon_log(monkeypatch):
+    script = [m for m in zero_code_script() if not isinstance(m, protocol.Metrics)]
+    script = [m for m in script if not isinstance(m, protocol.History)]  # no loss yet
+    script[0].session.zero_code = True  # as bsmon run's agent says in its hello
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: "backward()" in text_of(app, "#scalars"), what="hint")
+        assert "mon.log" not in text_of(app, "#scalars")
+
+    monkeypatch.setattr(settings, "mode", "run")  # bsmon run, before the job says hello
+    app = BsmonApp(ScriptedSource("job", [], clock=lambda: NOW))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        hint = ScalarChart.zero_code_hint
+        await wait_for(pilot, lambda: hint in text_of(app, "#scalars"), what="whole hint")
+
+
+async def test_an_empty_loss_chart_of_an_attached_job_says_mon_log():
+    script = [m for m in messages() if not isinstance(m, protocol.Metrics | protocol.History)]
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: "mon.log(loss=loss)" in text_of(app, "#scalars"), what="hint")

@@ -62,6 +62,7 @@ def test_an_unmodified_script_is_watched_and_its_exit_code_returned(bsmon_dir, p
         backlog = conn.messages(0.5)
         metrics = metrics_until(conn, lambda m: m.step == 20)
     assert hello.session.name == "zc" and hello.session.argv[0] == JOB
+    assert hello.session.zero_code  # the dashboard words its hints for bsmon run
     assert metrics.batch_size == 8  # read from the script's DataLoader
     assert metrics.samples == 20 * 8  # the validation batches (32) between epochs not counted
     assert metrics.samples_per_s and metrics.samples_per_s > 0

@@ -476,3 +476,15 @@ def test_a_hand_cut_jobs_uncounted_first_step_is_explained_under_the_history(tmp
 
     write_record(tmp_path / "counted.jsonl", [header_for(session(), 12, START), *later])
     assert FIRST_STEP_NOTE not in (tmp_path / "summary.md").read_text()
+
+
+def test_summary_charts_label_their_axes_with_round_ticks():
+    from bsmon.probes.summary.markdown import chart
+
+    points = [(119 + 100 * i, 8000 + 737.3 * math.sin(i / 5)) for i in range(137)]
+    text = chart(points, "samples/s by step", "step")
+    axis = text.splitlines()[-2].split()  # the line of x labels, above "step"
+    assert axis == ["2.5k", "5k", "7.5k", "10k", "12.5k"]
+    y_labels = [line.split("┤")[0].strip() for line in text.splitlines() if "┤" in line]
+    assert len(y_labels) >= 2 and all(label.endswith("k") for label in y_labels)
+    assert all(float(label[:-1]) * 1000 % 250 == 0 for label in y_labels), y_labels

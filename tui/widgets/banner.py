@@ -9,12 +9,14 @@ from textual.widgets import Static
 
 from .. import format as fmt
 from ..session import ConnState, ReplayState, Snapshot
+from .header import silence
 
 
 class StateBanner(Static):
     DEFAULT_CSS = """
     StateBanner { height: auto; padding: 0 1; display: none; }
     StateBanner.connecting { display: block; background: $warning-muted; }
+    StateBanner.silent { display: block; background: $warning-muted; }
     StateBanner.disconnected { display: block; background: $error-muted; }
     StateBanner.finished { display: block; background: $accent-muted; }
     StateBanner.replay { display: block; background: $primary-muted; }
@@ -24,6 +26,10 @@ class StateBanner(Static):
         if snap.replay is not None:
             self.set_classes("replay")
             self.update(replay_text(snap.replay))
+            return
+        if snap.silent_s is not None:
+            self.set_classes("silent")
+            self.update(silent_text(snap.silent_s))
             return
         self.set_classes(snap.state.value)
         if snap.state is ConnState.DISCONNECTED:
@@ -38,6 +44,13 @@ class StateBanner(Static):
         else:
             text = ""
         self.update(text)
+
+
+def silent_text(seconds: float) -> str:
+    return (
+        f"◌ silent {silence(seconds)}: the job sends nothing — stopped, hung, or busy in a long "
+        "call (a live job sends a message every second); showing the last data"
+    )
 
 
 def replay_text(replay: ReplayState) -> str:

@@ -10,6 +10,7 @@ from bsmon.probes.wire.protocol import MetricsPoint
 
 from .. import format as fmt
 from ..session import Snapshot
+from ..settings import settings
 from .plot import CachedPlot
 
 LABEL_MIN_ROWS = 10  # a chart this high or higher names its x axis ("step")
@@ -55,18 +56,8 @@ def series(points: Sequence[MetricsPoint], label: str, value: object, side: str 
 
 
 def step_ticks(lo: float, hi: float, count: int = 5) -> list[int]:
-    """Up to ``count`` whole-number ticks spanning [lo, hi]."""
-    if hi <= lo:
-        return [round(lo)]
-    span = (hi - lo) / (count - 1)
-    return sorted({round(lo + i * span) for i in range(count)})
-
-
-def value_ticks(lo: float, hi: float, count: int) -> list[float]:
-    """``count`` evenly spaced ticks from ``lo`` to ``hi`` (one when they are equal)."""
-    if hi <= lo or count < 2:
-        return [lo]
-    return [lo + i * (hi - lo) / (count - 1) for i in range(count)]
+    """Up to ``count`` round whole-number ticks within [lo, hi] (steps: 2.5k 5k 7.5k)."""
+    return [round(t) for t in fmt.ticks(lo, hi, count, whole=True)]
 
 
 class RunChart(CachedPlot):
@@ -80,17 +71,23 @@ class RunChart(CachedPlot):
         self._drawn: tuple[int, int, object] | None = None
         self._series: list[Series] | None = None
         self._height = 0
+        self._hint = self.empty_hint
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         raise NotImplementedError
 
     def show(self, snap: Snapshot) -> None:
         points = snap.points
-        key = (len(points), points[-1].step if points else -1, self._extra_key(snap))
+        self._hint = self.hint(snap)
+        key = (len(points), points[-1].step if points else -1, self._hint, self._extra_key(snap))
         if key == self._drawn and self._drawn is not None:
             return
         self._drawn = key
         self.draw(self.series_for(snap))
+
+    def hint(self, snap: Snapshot) -> str:
+        """What the chart says while it has nothing to draw."""
+        return self.empty_hint
 
     def _extra_key(self, snap: Snapshot) -> object:
         return None
@@ -117,7 +114,7 @@ class RunChart(CachedPlot):
             drawn = True
         rows = max(2, min(5, (self.size.height - 4) // 2))
         for side, ys in sides.items():  # the values' ticks in the dashboard's units: 9.32k
-            ticks = value_ticks(min(ys), max(ys), rows)
+            ticks = fmt.ticks(min(ys), max(ys), rows)
             plt.yticks(ticks, [fmt.count(t) for t in ticks], yside=side)
         if drawn:
             lo = min(min(s.xs) for s in all_series if s.xs)
@@ -125,7 +122,7 @@ class RunChart(CachedPlot):
             ticks = step_ticks(lo, hi)
             plt.xticks(ticks, [fmt.count(t) for t in ticks])
         else:
-            plt.title(self.empty_hint)
+            plt.title(self._hint)
         if self.size.height >= LABEL_MIN_ROWS:  # in a low chart the data takes the row
             plt.xlabel("step")
         self.redraw()
@@ -143,6 +140,11 @@ class ScalarChart(RunChart):
     """The logged scalars: ``loss`` when there is one, else the first name logged."""
 
     empty_hint = "no loss yet: call mon.log(loss=loss)"
+    zero_code_hint = "no loss yet: what backward() is called on"  # bsmon run's loss
+
+    def hint(self, snap: Snapshot) -> str:
+        zero_code = snap.session.zero_code if snap.session is not None else False
+        return self.zero_code_hint if zero_code or settings.mode == "run" else self.empty_hint
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         name = self.scalar_name(snap)
