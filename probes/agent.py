@@ -540,8 +540,7 @@ class Monitor:
         control = self.batch_control
         if control is not None:
             control.at_step_boundary()
-            pending = control.pending is not None and control.apply_at is None
-            if control.size != control.last_good or control.synced or pending:
+            if control.size != control.last_good or control.synced or control.due_at_boundary:
                 following = step + 1  # the change's first step ends: it is the last good size
         if self._ddp_timing.model is not None:
             self._ddp_timing.at_step(step)

@@ -82,6 +82,7 @@ PROBE_REASON = (
     "the probe needs the batch size under control: bsmon run --resizable, "
     "or attach(..., batch_size=N, loss_fn=...) in the script"
 )
+RESIZABLE_OFF = "bsmon run --resizable: "  # before why batch-size control is off all the same
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
 EARLY_LOSSES = 256  # backward() scalars kept from before the first step (its micro-batches)
 UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
@@ -305,9 +306,10 @@ class AutoAttach:
         if control_off:
             disable_batch_control(monitor, control_off)
         else:
-            take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
-        if control_off or model is None:
-            monitor.router.disable("probe", PROBE_REASON)
+            loader = take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
+            self._unwrap.append(loader.stop)
+        if (why_no_probe := self._probe_reason(control_off, model)) is not None:
+            monitor.router.disable("probe", why_no_probe)
         else:  # the next training step says where the loss is
             monitor.probe_source.why_not = WAITING
             StepWatch(model, monitor.probe_source.use_seen)
@@ -353,7 +355,19 @@ class AutoAttach:
         if not self._first:
             return NO_LOADER_REASON
         why = self._framework or why_not_resizable(self._first_iterator())
-        return f"bsmon run --resizable: {why}" if why is not None else None
+        return f"{RESIZABLE_OFF}{why}" if why is not None else None
+
+    def _probe_reason(self, control_off: str | None, model: nn.Module | None) -> str | None:
+        """Why the probe is off (None: it waits for the next training step); under
+        --resizable the reason itself, not the advice to use --resizable."""
+        if control_off is not None and not self.resizable:
+            return PROBE_REASON
+        if control_off is not None:
+            why = control_off.removeprefix(RESIZABLE_OFF)
+            return f"the probe needs the batch size under control; bsmon cannot change it: {why}"
+        if model is None:
+            return "the probe needs the model, and no nn.Module holds the optimizer's parameters"
+        return None
 
     def _follow_accelerator(self, accelerator: Any, monitor: Any) -> str:
         """accelerate divides the loss before backward(): show the one it was given (the
