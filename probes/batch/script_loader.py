@@ -97,9 +97,11 @@ def why_next_epoch(iterator: Any) -> str | None:
 
 
 def _prefetched(iterator: Any) -> int:
-    """Batches DataLoader workers were asked for and have not handed out yet."""
-    ahead = getattr(iterator, "_tasks_outstanding", 0)
-    return ahead if isinstance(ahead, int) and ahead > 0 else 0
+    """Batches cut for DataLoader workers and not yet handed to the script: asked of a worker,
+    or back from one ahead of their turn (which ``_tasks_outstanding`` no longer counts)."""
+    sent, handed = getattr(iterator, "_send_idx", 0), getattr(iterator, "_rcvd_idx", 0)
+    ahead = sent - handed if isinstance(sent, int) and isinstance(handed, int) else 0
+    return max(ahead, 0)
 
 
 def cut(indices: Iterator[int], size: Callable[[], int], drop_last: bool) -> Iterator[list[int]]:
