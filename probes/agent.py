@@ -788,6 +788,26 @@ class Monitor:
         append on the training thread; the agent thread keeps it if it is a scalar."""
         return self._hot.loss_at_backward(original)
 
+    def watch_every_optimizer(self, on_other: Callable[[Any, float], None]) -> None:
+        """Training thread: ``on_other(optimizer, end)`` at the end of each step of an optimizer
+        other than the one followed (``bsmon run``); the followed one's steps cost the same."""
+        self._hot.every_optimizer(on_other)
+
+    def follow_optimizer(self, optimizer: torch.optim.Optimizer, earlier: list[float]) -> None:
+        """Training thread, in a post-hook of ``optimizer``'s step (from ``on_other``): count
+        its steps from this one on, and the steps it took before, ending at ``earlier``, first;
+        the followed optimizer stopped stepping (one optimizer per layer or stage, trained one
+        after the other). The noise scale measured the parameters of the one before: it stops."""
+        old = type(self.optimizer).__name__
+        self._hot.follow(optimizer, earlier)
+        self.optimizer = optimizer
+        if self.batch_control is not None:
+            self.batch_control.add_optimizer(optimizer)
+        self._noise.refuse(
+            f"it measured the gradients of the parameters {old} trains, and {old} stopped "
+            f"stepping at step {self._progress.step - len(earlier)}"
+        )
+
     def at_scheduled_boundaries(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(sampled)`` on the training thread at each step boundary the hot
         path schedules (at least at every step before and after a sampled one): ``sampled``

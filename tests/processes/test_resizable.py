@@ -104,12 +104,9 @@ def test_a_key_resizes_the_loader_at_a_step_boundary_and_no_sample_is_lost(
     assert "batch 8 → 16" in change.message and "lr 0.01 → 0.02 (linear rule" in change.message
 
 
-def test_every_optimizer_the_job_steps_follows_the_batch(
-    bsmon_dir, processes, tmp_path, monkeypatch
-):
+def test_every_optimizer_the_job_steps_follows_the_batch(bsmon_dir, processes, tmp_path):
     """A GAN's two optimizers: the one bsmon watches (SGD, linear rule) and the other (Adam,
     square-root rule) both move their learning rate at the change, and the event says so."""
-    monkeypatch.setenv("BSMON_ANATOMY_STRIDE", "1")  # others are seen on sampled steps: all
     gate = tmp_path / "gate"
     run = start(processes, "gan", "--two-optimizers", "--gate", str(gate))
     with JobConnection(job_socket("gan", bsmon_dir)) as conn:
