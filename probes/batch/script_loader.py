@@ -305,9 +305,16 @@ def take_control(
         loader.lengths = lengths
     control = monitor.batch_control
     control.veto = loader.refusal
+
+    def epoch_starts() -> None:  # inside torch's BatchSampler.__iter__: report, never raise
+        try:
+            control.apply_deferred()
+        except Exception as exc:
+            monitor.report_error("a batch size applied at an epoch's start", exc)
+
     if not control.synced:  # ranks agree on the step a change applies at: left to that
         control.wait_for = loader.waits_for
-        loader.epoch_starts = control.apply_deferred
+        loader.epoch_starts = epoch_starts
     if (first := first_iterator()) is not None:
         loader.remember(first)
 
