@@ -558,8 +558,7 @@ class Monitor:
         control = self.batch_control
         if control is not None:
             control.at_step_boundary()
-            pending = control.pending is not None and control.apply_at is None
-            if control.size != control.last_good or control.synced or pending:
+            if control.size != control.last_good or control.synced or control.due_at_boundary:
                 following = step + 1  # the change's first step ends: it is the last good size
         if self._ddp_timing.model is not None:
             self._ddp_timing.at_step(step)
@@ -807,6 +806,26 @@ class Monitor:
         """``Tensor.backward`` that also shows the tensor as the loss (``bsmon run``): one
         append on the training thread; the agent thread keeps it if it is a scalar."""
         return self._hot.loss_at_backward(original)
+
+    def watch_every_optimizer(self, on_other: Callable[[Any, float], None]) -> None:
+        """Training thread: ``on_other(optimizer, end)`` at the end of each step of an optimizer
+        other than the one followed (``bsmon run``); the followed one's steps cost the same."""
+        self._hot.every_optimizer(on_other)
+
+    def follow_optimizer(self, optimizer: torch.optim.Optimizer, earlier: list[float]) -> None:
+        """Training thread, in a post-hook of ``optimizer``'s step (from ``on_other``): count
+        its steps from this one on, and the steps it took before, ending at ``earlier``, first;
+        the followed optimizer stopped stepping (one optimizer per layer or stage, trained one
+        after the other). The noise scale measured the parameters of the one before: it stops."""
+        old = type(self.optimizer).__name__
+        self._hot.follow(optimizer, earlier)
+        self.optimizer = optimizer
+        if self.batch_control is not None:
+            self.batch_control.add_optimizer(optimizer)
+        self._noise.refuse(
+            f"it measured the gradients of the parameters {old} trains, and {old} stopped "
+            f"stepping at step {self._progress.step - len(earlier)}"
+        )
 
     def at_scheduled_boundaries(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(sampled)`` on the training thread at each step boundary the hot

@@ -5,6 +5,7 @@
                             [--iterable] [--own-sampler] [--read-len] [--ddp]
                             [--gate PATH] [--loss outside|criterion|model]
                             [--accumulate K] [--fresh] [--two-optimizers]
+                            [--eval-gate PATH]
 
 Each step prints ``step S epoch E batch B: i i i …`` (the dataset indices of its batch; with a
 scheduler, ``lr L`` after the batch size) and at the end ``done``. With ``--gate PATH`` it
@@ -15,7 +16,9 @@ it trains a DistributedDataParallel model on a DistributedSampler's shard (gloo)
 every line with ``rank R``. ``--accumulate K`` steps the optimizer once every K batches;
 ``--fresh`` builds a new DataLoader for every epoch. ``--two-optimizers`` trains a second
 model with its own Adam on the same batches after each step, as a GAN's two do, and prints
-``lrs A B`` (both learning rates) before ``done``.
+``lrs A B`` (both learning rates) before ``done``. ``--eval-gate PATH`` evaluates the model
+after each epoch (``model.eval()``, ``torch.no_grad()``, a DataLoader of its own); the first
+evaluation creates ``PATH.evaluating`` and goes on evaluating until PATH exists, at most 60 s.
 """
 
 from __future__ import annotations
@@ -80,6 +83,22 @@ def loader(args: argparse.Namespace) -> DataLoader:
     return DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=args.drop_last, **common)
 
 
+def evaluate(model: nn.Module, samples: int, gate: str | None) -> None:
+    """An evaluation pass; with ``gate``, repeated until it exists (at most 60 s)."""
+    model.eval()
+    held = DataLoader(Indexed(samples), batch_size=32)
+    deadline = time.monotonic() + 60
+    if gate is not None:
+        open(f"{gate}.evaluating", "w").close()
+    with torch.no_grad():
+        while True:
+            for x, _ in held:
+                model(x)
+            if gate is None or os.path.exists(gate) or time.monotonic() > deadline:
+                break
+    model.train()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
@@ -91,6 +110,7 @@ def main() -> int:
     for flag in flags:
         parser.add_argument(f"--{flag}", action="store_true")
     parser.add_argument("--gate", default=None)
+    parser.add_argument("--eval-gate", default=None)
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--loss", choices=("outside", "criterion", "model"), default="outside")
     args = parser.parse_args()
@@ -152,6 +172,8 @@ def main() -> int:
                 deadline = time.monotonic() + 60
                 while not os.path.exists(args.gate) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        if args.eval_gate:
+            evaluate(model, args.samples, args.eval_gate if epoch == 0 else None)
     if args.two_optimizers:
         lrs = (optimizer.param_groups[0]["lr"], second_optimizer.param_groups[0]["lr"])
         print(f"{prefix}lrs {lrs[0]:.6f} {lrs[1]:.6f}")

@@ -57,6 +57,7 @@ class Pending:
     value: int
     reason: str
     source: str
+    waits_for: str | None = None  # where it is applied, when not at the next step boundary
 
 
 class BatchController:
@@ -90,6 +91,10 @@ class BatchController:
         # loader is rebuilt only between epochs): it then calls apply_deferred() there.
         self.apply_at: str | None = None
         self.held: Pending | None = None  # decided (all ranks agree), waiting for apply_deferred
+        # Where a change asked now must wait for, when the job's loader cannot take it at the
+        # next step boundary (bsmon run --resizable between epochs: the next epoch's start,
+        # which calls apply_deferred()); None: it can.
+        self.wait_for: Callable[[], str | None] | None = None
         self.probe_max: int | None = None
         self.memory = MemoryModel()
         self.memory_budget: int | None = None
@@ -158,14 +163,15 @@ class BatchController:
                 raise CommandRefused(f"the batch size is already {value}")
             if not confirm and (why := self.confirmation_reason(value)) is not None:
                 raise NeedsConfirmation(why, value)
-            self.pending = pending = Pending(value, reason or "requested", source)
+            later = self.wait_for() if self.wait_for is not None else None
+            self.pending = pending = Pending(value, reason or "requested", source, later)
             self._wake()
             step = self._step()
             result = BatchSizeResult(old=self.size, new=value, step=step)
-            if self.apply_at is None:
+            if self.apply_at is None and later is None:
                 result.applies_after_step = self._applies_after(step)
             else:
-                result.applies_at = self.apply_at
+                result.applies_at = self.apply_at or later
         for listener in self.request_listeners:  # outside the lock: a listener takes its own
             listener(pending)
         return result.as_result()
@@ -175,6 +181,17 @@ class BatchController:
         """The change accepted and not yet applied: asked for, carried by the ranks'
         exchange, or held for the integration's point."""
         return self.pending or self._in_flight or self.held
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the change asked for waits for a point other than the next step boundary."""
+        pending = self.pending
+        return pending is not None and (self.apply_at is not None or pending.waits_for is not None)
+
+    @property
+    def due_at_boundary(self) -> bool:
+        """Whether a change asked for is applied at the next step boundary."""
+        return self.pending is not None and not self.waiting
 
     def _next_size(self) -> int:
         """The size the job will have once what is pending or held is applied."""
@@ -187,10 +204,13 @@ class BatchController:
         upcoming = self.upcoming
         if upcoming is None:
             return None
+        where = "the step boundary that would apply it"
+        if upcoming.waits_for is not None:
+            where = f"the point it waited for: {upcoming.waits_for}"
         return (
             f"the change to batch {upcoming.value} ({upcoming.reason}) was never applied: "
-            f"the job ended at step {self._step()}, before the step boundary that would "
-            f"apply it; it trained at batch {self.size} to the end"
+            f"the job ended at step {self._step()}, before {where}; it trained at batch "
+            f"{self.size} to the end"
         )
 
     def _applies_after(self, step: int) -> int:
@@ -254,10 +274,9 @@ class BatchController:
         if self._sync is not None:
             self._exchange()
             return
-        pending = self.pending
-        if pending is not None and self.apply_at is None:
-            self.pending = None
-            self.switch(pending)
+        if self.due_at_boundary:
+            pending, self.pending = self.pending, None
+            self.switch(pending)  # type: ignore[arg-type]
 
     def apply_deferred(self) -> None:
         """Apply the change held for ``apply_at`` (training thread; all ranks at one point)."""
@@ -267,6 +286,7 @@ class BatchController:
             change, self.pending = self.pending, None
         if change is not None:
             self.switch(change)
+            self._wake()  # its first step's end: the last good size
 
     def _exchange(self) -> None:
         if not self._sync.due():  # type: ignore[union-attr]
@@ -412,7 +432,7 @@ class BatchController:
             next_up=next_up,
             next_down=self.policy.next_size(self.size, "down"),
             pending=upcoming.value if (upcoming := self.upcoming) else None,
-            applies_at=self.apply_at,
+            applies_at=self.apply_at or (upcoming.waits_for if upcoming else None),
             accumulation_steps=self.accumulation_steps if self.micro else None,
             micro_batch_size=self.micro,
             lr_scaling=self._lr_scaling,

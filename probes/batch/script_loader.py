@@ -6,7 +6,10 @@ in exactly the order, it would without bsmon. A change, at a step boundary, sets
 ``BatchSampler.batch_size`` (the next epochs, ``len(loader)``, ``loader.batch_size``) and
 takes over the running epoch's cutting from the same iterator over the sampler's indices, so
 the rest of the epoch is cut at the new size with no sample dropped or repeated. Batches that
-DataLoader workers already prefetched keep their size; the event says how many.
+DataLoader workers already prefetched keep their size; the event says how many. A change asked
+when the running epoch has no batch left to cut (between epochs, while the script evaluates or
+saves; or once its workers prefetched the whole epoch) waits for the next epoch: it is applied
+as the loader starts cutting it, so that epoch runs at the new size from its first batch.
 
 What cannot be resized is refused with the reason: a custom batch sampler, an
 ``IterableDataset`` (its batches are cut inside its workers), a loader without automatic
@@ -18,8 +21,10 @@ past its ``total_steps``), are refused too.
 from __future__ import annotations
 
 import gc
+import inspect
 import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,10 +39,14 @@ from ..wire.protocol import Event
 TrainingIterator = Callable[[], Any]  # the DataLoader iterator of the job's training batches
 
 
+NEXT_EPOCH = "from the next epoch's first batch"
+NO_LOADER = "no training batch from a DataLoader was seen"
+
+
 def why_not_resizable(iterator: Any) -> str | None:
     """Why the loader behind ``iterator`` cannot be resized (None: it can)."""
     if iterator is None:
-        return "no training batch from a DataLoader was seen"
+        return NO_LOADER
     if isinstance(getattr(iterator, "_dataset", None), IterableDataset):
         return "the training data is an IterableDataset: its batches are cut inside its iterator"
     if not getattr(iterator, "_auto_collation", False):
@@ -48,8 +57,6 @@ def why_not_resizable(iterator: Any) -> str | None:
             f"the training DataLoader cuts batches with its own batch_sampler "
             f"({type(sampler).__name__}), which bsmon cannot resize"
         )
-    if _indices_of(iterator) is None:
-        return "this torch's BatchSampler is not one bsmon knows how to resize mid-epoch"
     return None
 
 
@@ -61,11 +68,40 @@ def _indices_of(iterator: Any) -> Iterator[int] | None:
     code = getattr(cutting, "gi_code", None)
     if frame is None:
         return None
-    if code is BatchSampler.__iter__.__code__:
+    if code is _batch_sampler_code():
         return frame.f_locals.get("sampler_iter")
     if code is cut.__code__:  # resized before in this epoch: cut by bsmon already
         return frame.f_locals.get("indices")
     return None
+
+
+def _batch_sampler_code() -> Any:
+    """The code of torch's ``BatchSampler.__iter__`` (under bsmon's watch of it, if any)."""
+    return inspect.unwrap(BatchSampler.__iter__).__code__
+
+
+def why_next_epoch(iterator: Any) -> str | None:
+    """Why a change must wait for the next epoch: the running epoch (``iterator``'s; None:
+    between epochs) has no batch left for bsmon to cut. None: it can be cut now."""
+    if iterator is None:
+        return "between epochs"
+    cutting = getattr(iterator, "_sampler_iter", None)
+    state = inspect.getgeneratorstate(cutting) if inspect.isgenerator(cutting) else None
+    if state == inspect.GEN_CREATED or _indices_of(iterator) is not None:
+        return None
+    if state == inspect.GEN_CLOSED:
+        if _prefetched(iterator):
+            return "its workers already prefetched the rest of this epoch"
+        return "this epoch's batches are all drawn"
+    return "bsmon cannot re-cut this torch's running epoch"
+
+
+def _prefetched(iterator: Any) -> int:
+    """Batches cut for DataLoader workers and not yet handed to the script: asked of a worker,
+    or back from one ahead of their turn (which ``_tasks_outstanding`` no longer counts)."""
+    sent, handed = getattr(iterator, "_send_idx", 0), getattr(iterator, "_rcvd_idx", 0)
+    ahead = sent - handed if isinstance(sent, int) and isinstance(handed, int) else 0
+    return max(ahead, 0)
 
 
 def cut(indices: Iterator[int], size: Callable[[], int], drop_last: bool) -> Iterator[list[int]]:
@@ -108,18 +144,33 @@ class ScriptLoader:
         self, training_iterator: TrainingIterator, model: nn.Module | None, scheduler: Any
     ) -> None:
         self._iterator = training_iterator
+        self._sampler: Callable[[], BatchSampler | None] = lambda: None  # weak, kept between epochs
         self._has_batch_norm = model is not None and any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self._scheduler = scheduler
         self.lengths = LengthReads()
+        self.epoch_starts: Callable[[], None] = lambda: None  # a change waiting is applied here
+        self._epochs = CallWatch(_epochs_locate)
+        self._starting = False  # inside the training sampler's start of an epoch
+
+    def remember(self, iterator: Any) -> None:
+        """The training loader behind ``iterator``: its BatchSampler is the one resized, also
+        between epochs, once the iterator is gone."""
+        if why_not_resizable(iterator) is None:
+            self._sampler = weakref.ref(iterator._index_sampler)
+
+    def _batch_sampler(self, iterator: Any) -> BatchSampler | None:
+        return iterator._index_sampler if iterator is not None else self._sampler()
 
     def refusal(self, value: int) -> str | None:
         """Why ``value`` cannot be applied (agent thread; None: it can)."""
         iterator = self._iterator()
-        if (why := why_not_resizable(iterator)) is not None:
+        if iterator is not None and (why := why_not_resizable(iterator)) is not None:
             return why
-        sampler: BatchSampler = iterator._index_sampler
+        sampler = self._batch_sampler(iterator)
+        if sampler is None:
+            return NO_LOADER
         size = sampler.batch_size
         samples = _length(sampler.sampler)
         if self._has_batch_norm and not sampler.drop_last and samples and samples % value == 1:
@@ -135,21 +186,42 @@ class ScriptLoader:
             )
         return None
 
+    def waits_for(self) -> str | None:
+        """Where a change asked now is applied when the running epoch has no batch left to cut
+        (agent thread): at the training loader's next epoch, watched from now on. None: at the
+        next step boundary."""
+        why = why_next_epoch(self._iterator())
+        if why is None:
+            return None
+        self._epochs.subscribe(self._on_epoch)
+        return f"{NEXT_EPOCH} ({why})"
+
+    def _on_epoch(self, sampler: Any, _cutting: Any, _started: float, _finished: float) -> None:
+        """A BatchSampler starts an epoch (training thread, before its first batch is cut):
+        the training loader's applies the change that waits for it."""
+        if sampler is not self._sampler():
+            return
+        self._epochs.unsubscribe(self._on_epoch)
+        self._starting = True
+        try:
+            self.epoch_starts()
+        finally:
+            self._starting = False
+
+    def stop(self) -> None:
+        self._epochs.unsubscribe(self._on_epoch)
+
     def resize(self, new: int) -> str:
         """Apply ``new`` (training thread, at the step boundary); where it takes effect."""
         iterator = self._iterator()
-        sampler: BatchSampler = iterator._index_sampler
+        sampler = self._batch_sampler(iterator)
+        if sampler is None:  # the loader is gone: nothing left to resize
+            return "from the next DataLoader the script builds, if it is resizable"
         sampler.batch_size = new
         for holder in gc.get_referrers(sampler):  # the DataLoader's own batch_size attribute
             if isinstance(holder, DataLoader) and holder.batch_sampler is sampler:
                 object.__setattr__(holder, "batch_size", new)  # it refuses a plain setattr
-        indices = _indices_of(iterator)
-        if indices is not None:
-            iterator._sampler_iter = cut(indices, lambda: sampler.batch_size, sampler.drop_last)
-        words = ["from the next batch"]
-        ahead = getattr(iterator, "_tasks_outstanding", 0)
-        if isinstance(ahead, int) and ahead > 0:
-            words = [f"after the {ahead} batches its workers already prefetched"]
+        words = [self._where(iterator, sampler)]
         read = self.lengths.read.get(id(sampler))
         if read is not None:
             words.append(
@@ -157,6 +229,23 @@ class ScriptLoader:
                 f"sized from it still counts that many batches (now {len(sampler):,} an epoch)"
             )
         return "; ".join(words)
+
+    def _where(self, iterator: Any, sampler: BatchSampler) -> str:
+        """Where the new size takes effect; the running epoch re-cut at it, if it can be."""
+        if self._starting:
+            return "from the first batch of the epoch it starts now"
+        if (why := why_next_epoch(iterator)) is not None:
+            return f"{NEXT_EPOCH} ({why})"
+        indices = _indices_of(iterator)
+        if indices is not None:
+            iterator._sampler_iter = cut(indices, lambda: sampler.batch_size, sampler.drop_last)
+        if ahead := _prefetched(iterator):
+            return f"after the {ahead} batches its workers already prefetched"
+        return "from the next batch"
+
+
+def _epochs_locate() -> tuple[Any, str]:
+    return BatchSampler, "__iter__"
 
 
 def _length(sampler: Any) -> int | None:
@@ -214,7 +303,20 @@ def take_control(
     loader = ScriptLoader(lambda: monitor.training_iterator() or first_iterator(), model, scheduler)
     if lengths is not None:
         loader.lengths = lengths
-    monitor.batch_control.veto = loader.refusal
+    control = monitor.batch_control
+    control.veto = loader.refusal
+
+    def epoch_starts() -> None:  # inside torch's BatchSampler.__iter__: report, never raise
+        try:
+            control.apply_deferred()
+        except Exception as exc:
+            monitor.report_error("a batch size applied at an epoch's start", exc)
+
+    if not control.synced:  # ranks agree on the step a change applies at: left to that
+        control.wait_for = loader.waits_for
+        loader.epoch_starts = epoch_starts
+    if (first := first_iterator()) is not None:
+        loader.remember(first)
 
     def resized(_old: int, new: int) -> None:
         where = loader.resize(new)
@@ -222,10 +324,12 @@ def take_control(
         monitor.emit(Event(t=time.time(), step=monitor.step, kind="zero_code", message=message))
 
     def new_epoch(iterator: Any) -> None:  # a DataLoader built anew gets the size too
-        size = monitor.batch_control.size
-        stale = loader_watch.nominal_batch_size(iterator) not in (None, size)
+        loader.remember(iterator)
+        if control.waiting:  # for an epoch of the loader before: this one's second batch
+            control.apply_deferred()
+        stale = loader_watch.nominal_batch_size(iterator) not in (None, control.size)
         if stale and why_not_resizable(iterator) is None:
-            loader.resize(size)
+            loader.resize(control.size)
 
     monitor.on_batch_size_change(resized)
     monitor.on_new_training_iterator = new_epoch

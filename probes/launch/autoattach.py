@@ -14,8 +14,9 @@
   loss (as the script computed it: divided for accumulation, or scaled by AMP, if it is).
 
 Once attached, the per-step cost is the monitor's own (``runtime.hot_path``) plus one append
-in ``backward()``: the global hook is registered only around the steps the anatomy samples,
-where it notices a second optimizer.
+in ``backward()``: the global pre-step hook goes at the first step boundary, and the monitor's
+post-step hook is torch's global one, which sees the other optimizers' steps: a second one is
+named, and followed instead once the first has stopped stepping and it steps in its place.
 
 A process that never steps an optimizer (torchrun's launcher, DataLoader workers, tools)
 never attaches: no thread, no socket. It leaves ``bsmon run`` a note (``run_notes``) saying
@@ -82,6 +83,7 @@ PROBE_REASON = (
     "the probe needs the batch size under control: bsmon run --resizable, "
     "or attach(..., batch_size=N, loss_fn=...) in the script"
 )
+RESIZABLE_OFF = "bsmon run --resizable: "  # before why batch-size control is off all the same
 EARLY_EVENTS = 20  # events kept from before the first step (errors in the wrappers)
 EARLY_LOSSES = 256  # backward() scalars kept from before the first step (its micro-batches)
 UNSTEPPED_BACKWARDS = 3  # backward() calls with no optimizer step before bsmon run is told
@@ -90,6 +92,10 @@ HAND_UPDATES = (
     "bsmon attaches at the first optimizer.step()"
 )
 NOTHING_TRAINED = "it stepped no torch.optim optimizer (nothing trained)"
+# steps of another optimizer in a row, none of the followed one's between, before bsmon follows
+# it: a GAN's optimizers alternate in shorter runs (WGAN's critic: 5 steps per generator step,
+# 100 in its first 25 rounds and every 500th)
+TAKE_OVER_AFTER = 128
 
 _installed: list[AutoAttach] = []  # this process's agent, once installed
 
@@ -126,6 +132,8 @@ class AutoAttach:
         self._early: list[Event] = []
         self._early_losses: list[torch.Tensor] = []  # backward()'s scalars before attach
         self._others: set[int] = set()
+        # another optimizer's steps in a row: (it, the followed one's step count, their ends)
+        self._run: tuple[torch.optim.Optimizer, int, list[float]] | None = None
         self._total = 0  # training samples drawn before the first step
         self._first = 0  # the job's batch size, from the first training batch
         self._backwards = 0  # backward() calls before the first optimizer step
@@ -192,21 +200,19 @@ class AutoAttach:
 
     def _lean_after_attach(self, monitor: Any) -> None:
         """Once attached, the per-step cost drops to the monitor's own: ``backward()`` hands
-        its tensor over in one append, and the global step hook (there to find the first
-        optimizer) watches for other optimizers only around the steps the anatomy samples."""
+        its tensor over in one append, the monitor's post-step hook becomes torch's global one
+        (the same call per step) and sees the other optimizers' steps, and the global pre-step
+        hook (there to find the first optimizer) goes at the first step boundary."""
         if torch.Tensor.backward is self._backward:  # not wrapped again by someone since
             lean = monitor.record_backward_loss(self._original_backward)
             torch.Tensor.backward = lean  # type: ignore[method-assign]
-        monitor.at_scheduled_boundaries(self._watch_other_optimizers)
+        monitor.watch_every_optimizer(self._other_stepped)
+        monitor.at_scheduled_boundaries(self._drop_pre_step_hook)
 
-    def _watch_other_optimizers(self, sampled: bool) -> None:
+    def _drop_pre_step_hook(self, _sampled: bool) -> None:
         """At a step boundary (not inside torch's loop over the global hooks, which may not
-        change while it runs): the global hook on for a sampled step, off otherwise."""
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        if sampled and self._hook is None:
-            self._hook = register_optimizer_step_pre_hook(self._pre_step)
-        elif not sampled and self._hook is not None:
+        change while it runs)."""
+        if self._hook is not None:
             self._hook.remove()
             self._hook = None
 
@@ -305,9 +311,10 @@ class AutoAttach:
         if control_off:
             disable_batch_control(monitor, control_off)
         else:
-            take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
-        if control_off or model is None:
-            monitor.router.disable("probe", PROBE_REASON)
+            loader = take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
+            self._unwrap.append(loader.stop)
+        if (why_no_probe := self._probe_reason(control_off, model)) is not None:
+            monitor.router.disable("probe", why_no_probe)
         else:  # the next training step says where the loss is
             monitor.probe_source.why_not = WAITING
             StepWatch(model, monitor.probe_source.use_seen)
@@ -353,7 +360,19 @@ class AutoAttach:
         if not self._first:
             return NO_LOADER_REASON
         why = self._framework or why_not_resizable(self._first_iterator())
-        return f"bsmon run --resizable: {why}" if why is not None else None
+        return f"{RESIZABLE_OFF}{why}" if why is not None else None
+
+    def _probe_reason(self, control_off: str | None, model: nn.Module | None) -> str | None:
+        """Why the probe is off (None: it waits for the next training step); under
+        --resizable the reason itself, not the advice to use --resizable."""
+        if control_off is not None and not self.resizable:
+            return PROBE_REASON
+        if control_off is not None:
+            why = control_off.removeprefix(RESIZABLE_OFF)
+            return f"the probe needs the batch size under control; bsmon cannot change it: {why}"
+        if model is None:
+            return "the probe needs the model, and no nn.Module holds the optimizer's parameters"
+        return None
 
     def _follow_accelerator(self, accelerator: Any, monitor: Any) -> str:
         """accelerate divides the loss before backward(): show the one it was given (the
@@ -407,6 +426,38 @@ class AutoAttach:
             pass
         self._leave_note(record)  # after the record, so that bsmon run can say where it is
 
+    def _other_stepped(self, optimizer: torch.optim.Optimizer, end: float) -> None:
+        """The end of a step of an optimizer bsmon does not follow (training thread): noted
+        the first time; followed instead once it steps TAKE_OVER_AFTER times in a row with no
+        step of the followed one (one optimizer per layer or stage, one after the other)."""
+        run, step = self._run, self.monitor.step
+        if run is None or run[0] is not optimizer or run[1] != step:
+            self._run = (optimizer, step, [end])
+            if id(optimizer) not in self._others:
+                self._note_other(optimizer)
+            return
+        run[2].append(end)
+        if len(run[2]) >= TAKE_OVER_AFTER:
+            self._take_over(optimizer, run[2])
+
+    def _take_over(self, optimizer: torch.optim.Optimizer, ends: list[float]) -> None:
+        before, stopped = self.optimizer, self.monitor.step
+        self._run = None
+        self._others.add(id(before))
+        self.monitor.follow_optimizer(optimizer, ends[:-1])  # the last: the step in progress
+        self.optimizer = optimizer
+        note(
+            self.monitor,
+            "zero_code",
+            f"bsmon now counts the steps of {describe_optimizer(optimizer)}: it stepped "
+            f"{len(ends)} times in a row with no step of {describe_optimizer(before)}, which "
+            f"bsmon counted until step {stopped} (one optimizer per layer or stage, trained "
+            "one after the other); those steps are counted, the loss shown is still the value "
+            "backward() is called on",
+            optimizer=type(optimizer).__name__,
+            stopped=type(before).__name__,
+        )
+
     def _note_other(self, optimizer: torch.optim.Optimizer) -> None:
         key = id(optimizer)
         if key in self._others or len(self._others) >= 8:
@@ -423,10 +474,21 @@ class AutoAttach:
         note(
             self.monitor,
             "zero_code",
-            f"another optimizer steps too ({describe_optimizer(optimizer)}); bsmon counts the "
-            f"steps of the first one that stepped ({describe_optimizer(self.optimizer)})"
+            f"another optimizer steps too ({describe_optimizer(optimizer)}"
+            f"{self._trains_more(optimizer)}); bsmon counts a step each time "
+            f"{describe_optimizer(self.optimizer)} steps, the first that stepped, until the "
+            f"other steps {TAKE_OVER_AFTER} times in a row without it; the loss shown is each "
+            "value backward() is called on, both optimizers' if each has its own backward pass"
             f"{follows}",
         )
+
+    def _trains_more(self, optimizer: torch.optim.Optimizer) -> str:
+        """The parameters of the model ``optimizer`` trains (an optimizer per layer), if any."""
+        if self.model is None:
+            return ""
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        count = sum(p.numel() for p in self.model.parameters() if id(p) in own)
+        return f", training {count:,} parameters of {type(self.model).__name__}" if count else ""
 
     def _emit(self, event: Event) -> None:
         if self.monitor is not None:

@@ -26,6 +26,10 @@ for it with ``wake(step)``: the post-hook of the first step at or after it runs
 scale's next measured step, the anatomy's next sampled step, DDP timing), which returns the
 next step it needs. The tests on an ordinary step: one attribute, one integer comparison.
 
+Under ``bsmon run`` the post-step hook is torch's global one (``every_optimizer``: the same
+calls on an ordinary step), so the other optimizers' steps are seen too, and the hot path can
+``follow`` another optimizer once the one it followed has stopped stepping.
+
 The optimizer's pre-step hook is registered only while a step needs it (a step the noise scale
 measures or the anatomy samples), or for good when the optimizer's class can nest ``step()``
 calls: a subclass whose ``step`` calls ``super().step()`` fires torch's hooks twice per step
@@ -145,6 +149,8 @@ class HotPath:
         self._handed_back: list[Any] = []  # the job's tensors, let go of a few a step
         self._release_per_step = 1
         self._post_handle = optimizer.register_step_post_hook(self._post_hook)
+        # another optimizer's step, once the post-hook is torch's global one (every_optimizer)
+        self._on_other: Callable[[Any, float], None] = lambda _optimizer, _end: None
         if self._nested:
             self._pre_handle = optimizer.register_step_pre_hook(self._nested_pre_hook)
 
@@ -176,6 +182,40 @@ class HotPath:
         elif not needed and self._pre_handle is not None:
             self._pre_handle.remove()
             self._pre_handle = None
+
+    def every_optimizer(self, on_other: Callable[[Any, float], None]) -> None:
+        """Training thread, outside torch's loop over the followed optimizer's post-hooks: the
+        post-hook becomes torch's global one, the same call on an ordinary step; the followed
+        optimizer's steps are recorded, another's go to ``on_other(optimizer, its end)``."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        if self._post_handle is None:
+            return
+        self._post_handle.remove()
+        self._post_handle = register_optimizer_step_post_hook(self._post_hook)
+        self._on_other = on_other
+
+    def follow(self, optimizer: torch.optim.Optimizer, earlier: list[float]) -> None:
+        """Training thread, in a global post-hook of ``optimizer``'s step: record its steps
+        from this one on instead of the followed optimizer's; its steps before, which ended at
+        ``earlier``, are recorded first (their ends and sizes: what an ordinary step records)."""
+        if self._pre_handle is not None:
+            self._pre_handle.remove()
+            self._pre_handle = None
+        self._optimizer = optimizer
+        self._nested, self._depth = can_nest_steps(optimizer), 0
+        if self._nested:
+            self._pre_handle = optimizer.register_step_pre_hook(self._nested_pre_hook)
+        else:
+            self.need_pre_hook(self.noise_due or self.sampling)
+        progress, ring = self._progress, self._ring
+        for end in earlier:
+            progress.step += 1
+            slot = progress.step & ring.mask
+            ring.ends[slot] = end
+            ring.declared[slot] = self.declared
+            ring.written = progress.step
+        progress.quiet = False  # the step in progress takes the full path
 
     @property
     def pre_hook_registered(self) -> bool:
@@ -240,6 +280,9 @@ class HotPath:
             self._guard.report("optimizer pre-step hook", exc)
 
     def _post_hook(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if optimizer is not self._optimizer:  # torch's global post-hook: another optimizer
+            self._other_step(optimizer, args, kwargs)
+            return
         progress = self._progress
         if progress.quiet:  # an ordinary step: its end and batch size, nothing else
             step = progress.step + 1
@@ -255,6 +298,14 @@ class HotPath:
                     self._guard.report("optimizer post-step hook", exc)
                 return
         self._full_post_hook(optimizer, args, kwargs)
+
+    def _other_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            self._on_other(optimizer, perf_counter())
+        except Exception as exc:
+            self._guard.report("another optimizer's post-step hook", exc)
+        if optimizer is self._optimizer:  # followed from this step on (follow)
+            self._full_post_hook(optimizer, args, kwargs)
 
     def _full_post_hook(self, _optimizer: Any, args: tuple, kwargs: dict) -> None:
         """A step with more to record than its end (or the first, or a boundary)."""

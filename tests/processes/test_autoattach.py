@@ -237,8 +237,10 @@ def test_once_attached_bsmon_run_costs_one_append_at_backward_and_still_sees_a_s
         last_critic = critic(torch.ones(4, 3)).sum().item()
         assert abs(mon.stats()["scalars"]["loss"] - last_critic) < 0.05 * abs(last_critic) + 1e-3
         notes = [e.message for e in mon.telemetry.events if "another optimizer" in e.message]
-        assert len(notes) == 1  # seen on a sampled step, said once
-        assert 2 <= hooked_steps <= 60 // 3  # the global hook only around the sampled steps
+        assert len(notes) == 1  # seen by the monitor's global post-step hook, said once
+        assert mon.step == 60  # a step each time the first optimizer steps
+        # the global pre-step hook only until the first step boundary after the attach
+        assert 1 <= hooked_steps <= 2
     finally:
         agent.uninstall()
     assert torch.Tensor.backward is original_backward

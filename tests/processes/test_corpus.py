@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,10 @@ import pytest
 
 from bsmon.probes.anatomy.sampling import DEFAULT_STRIDE, STRIDE_VARIABLE
 from bsmon.probes.launch import autoattach
+from bsmon.probes.record.reader import open_record
 from bsmon.probes.summary.build import paths_beside
 from bsmon.probes.summary.schema import Summary
+from bsmon.probes.wire import protocol
 
 from ..helpers import ROOT, Processes
 
@@ -71,6 +74,11 @@ CASES = [
     Case("accelerate_accum.py", 96, both(3 * 2048), both(ESTIMATE)),
     # a loss summed over the batch (pytorch/examples' VAE): 2 epochs of 32 batches of 32
     Case("vae.py", 64, both(2 * 1024), both(ESTIMATE)),
+    # one optimizer per layer, the second from the second epoch on: bsmon run follows it once
+    # it steps alone (attach() is given the first, and counts its steps only); B_simple is the
+    # first's, up to its last step
+    Case("layerwise.py", 400, {RUN: 2 * 3200}, {RUN: ESTIMATE}),
+    Case("layerwise.py", 400, both(2 * 3200), both(ESTIMATE), args=("--together",)),
 ]
 
 
@@ -214,3 +222,28 @@ def test_a_script_without_an_optimizer_is_not_monitored_and_says_why(bsmon_dir, 
     summary = summary_of(record)
     assert summary.steps == 0
     assert summary.run.end_reason == f"bsmon did not attach: {autoattach.HAND_UPDATES}"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ((), "bsmon now counts the steps of Adam over 2 tensors: it stepped 128 times in a row"),
+        (("--together",), "bsmon counts a step each time SGD over 2 tensors steps"),
+    ],
+)
+def test_optimizers_stepped_one_after_the_other_count_one_step_an_iteration(bsmon_dir, args, said):
+    """One optimizer per layer, one after the other (layerwise.py): a step is an iteration,
+    whichever optimizer steps in it, the loss shown is the iteration's, and an event says
+    which optimizer's steps are counted."""
+    outcome = run("layerwise.py", args, RUN, bsmon_dir)
+    assert outcome.code == 0, outcome.stderr[-2000:]
+    found = re.search(r"iterations (\d+), last loss (\S+)", outcome.stdout)
+    assert found is not None, outcome.stdout
+    (record,) = outcome.records
+    summary = summary_of(record)
+    assert summary.steps == int(found[1])
+    assert summary.scalars["loss"].last == pytest.approx(float(found[2]), rel=1e-5)
+    with open_record(record) as reader:
+        events = [line.message for line in reader.lines() if isinstance(line, protocol.Event)]
+    assert any(said in message for message in events), events
+    assert summary.time.other_s < summary.time.steps_s / 4  # no second phase counted as other

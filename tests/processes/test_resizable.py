@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from bsmon.probes.maxbatch.seen_step import NOT_REPRODUCIBLE, WAITING
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
-from ..helpers import ROOT
+from ..helpers import ROOT, wait_until
 from ..watch import events_of, job_socket, kill_run_processes, metrics_until
 
 JOB = str(ROOT / "tests" / "resizable_job.py")
@@ -103,12 +104,9 @@ def test_a_key_resizes_the_loader_at_a_step_boundary_and_no_sample_is_lost(
     assert "batch 8 → 16" in change.message and "lr 0.01 → 0.02 (linear rule" in change.message
 
 
-def test_every_optimizer_the_job_steps_follows_the_batch(
-    bsmon_dir, processes, tmp_path, monkeypatch
-):
+def test_every_optimizer_the_job_steps_follows_the_batch(bsmon_dir, processes, tmp_path):
     """A GAN's two optimizers: the one bsmon watches (SGD, linear rule) and the other (Adam,
     square-root rule) both move their learning rate at the change, and the event says so."""
-    monkeypatch.setenv("BSMON_ANATOMY_STRIDE", "1")  # others are seen on sampled steps: all
     gate = tmp_path / "gate"
     run = start(processes, "gan", "--two-optimizers", "--gate", str(gate))
     with JobConnection(job_socket("gan", bsmon_dir)) as conn:
@@ -148,10 +146,13 @@ def test_a_loader_bsmon_cannot_resize_turns_the_keys_off_with_the_reason(
 ):
     run = start(processes, "off", "--epochs", "1", "--gate", "never", *job_args)
     with JobConnection(job_socket("off", bsmon_dir)) as conn:
-        capability = conn.hello().capabilities["set_batch_size"]
+        capabilities = conn.hello().capabilities
     run.kill()
+    capability, probe = capabilities["set_batch_size"], capabilities["probe"]
     assert not capability.available and reason in capability.reason
     assert capability.reason.startswith("bsmon run --resizable: ")
+    assert not probe.available and reason in probe.reason  # the reason, not "use --resizable"
+    assert probe.reason.startswith("the probe needs the batch size under control; bsmon cannot")
 
 
 def test_sizes_the_job_cannot_train_at_are_refused_with_the_reason(bsmon_dir, processes, tmp_path):
@@ -339,3 +340,67 @@ def test_a_loader_built_anew_each_epoch_gets_the_new_size_from_its_second_batch(
     assert second_epoch == [8] + [16] * 5 + [8]  # 96 = 8 + 5 × 16 + 8
     drawn = Counter(i for epoch, _, ids in steps if epoch == 1 for i in ids)
     assert sorted(drawn) == list(range(96)) and set(drawn.values()) == {1}
+
+
+def ask_and_open(
+    conn: JobConnection, value: int, gate: Path
+) -> tuple[protocol.Reply, list[protocol.Event]]:
+    """Ask for ``value``, open the job's gate, and wait for the size: the reply, the events."""
+    reply = conn.request(protocol.SetBatchSize(value=value, reason="+", confirm=True))
+    gate.touch()
+    assert reply.ok, reply.error
+    seen: list[protocol.Message] = []
+    metrics_until(conn, lambda m: m.batch_size == value, keep=seen)
+    return reply, events_of([*seen, *conn.messages(0.5)])
+
+
+def assert_each_sample_once(
+    steps: list[tuple[int, int, list[int]]], epochs: int, samples: int
+) -> None:
+    for epoch in range(epochs):  # every sample once an epoch: none dropped, none repeated
+        drawn = Counter(i for e, _, ids in steps if e == epoch for i in ids)
+        assert sorted(drawn) == list(range(samples)) and set(drawn.values()) == {1}, drawn
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_size_asked_while_the_script_evaluates_applies_from_the_next_epoch(
+    bsmon_dir, processes, tmp_path, workers
+):
+    """Between epochs the training iterator is gone but its loader is not: the request is
+    accepted, and the next epoch is cut at the new size from its first batch."""
+    gate = tmp_path / "gate"
+    run = start(processes, "between", "--workers", workers, "--eval-gate", str(gate))
+    with JobConnection(job_socket("between", bsmon_dir)) as conn:
+        wait_until((tmp_path / "gate.evaluating").exists, 90, 0.05, "the evaluation")
+        reply, events = ask_and_open(conn, 16, gate)
+    steps = steps_of(finish(run))
+    assert reply.result["applies_at"] == "from the next epoch's first batch (between epochs)"
+    assert [size for epoch, size, _ in steps if epoch == 0] == [8] * 12
+    assert [size for epoch, size, _ in steps if epoch == 1] == [16] * 6  # 96 / 16
+    assert_each_sample_once(steps, 2, 96)
+    (change,) = [e for e in events if e.kind == "batch_size"]
+    assert change.step == 12 and "batch 8 → 16" in change.message
+    (resized,) = [e for e in events if "the script's DataLoader cuts batches of 16" in e.message]
+    assert resized.message.endswith("from the first batch of the epoch it starts now")
+
+
+def test_workers_that_prefetched_the_whole_epoch_take_the_size_at_the_next_one(
+    bsmon_dir, processes, tmp_path
+):
+    """Two workers prefetch four batches at the epoch's start: a 32-sample epoch of 8 is all
+    cut before its first step. The keys stay on, and the change waits for the next epoch."""
+    gate = tmp_path / "gate"
+    args = ("--workers", "2", "--samples", "32", "--epochs", "3", "--gate", str(gate))
+    run = start(processes, "prefetched", *args)
+    with JobConnection(job_socket("prefetched", bsmon_dir)) as conn:
+        capability = conn.hello().capabilities["set_batch_size"]
+        assert capability.available, capability.reason
+        metrics_until(conn, lambda m: m.step >= 3)
+        reply, events = ask_and_open(conn, 16, gate)
+    steps = steps_of(finish(run))
+    why = "its workers already prefetched the rest of this epoch"
+    assert reply.result["applies_at"] == f"from the next epoch's first batch ({why})"
+    assert [size for _, size, _ in steps] == [8] * 4 + [16] * 4  # 32 = 4 × 8, then 2 × 16
+    assert_each_sample_once(steps, 3, 32)
+    (change,) = [e for e in events if e.kind == "batch_size"]
+    assert change.step == 4  # at the next epoch's start, not at the step after the request
