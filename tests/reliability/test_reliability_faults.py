@@ -29,7 +29,11 @@ def test_a_hundred_monitors_killed_while_attached_lose_the_job_nothing(bsmon_dir
     socket = job.wait_ready()
     assert kill_attached_monitors(start, socket, 100) == 100
     steps_after_kills = job.steps()
-    wait_until(lambda: job.steps() > steps_after_kills + 50, message="the job to step on")
+    wait_until(
+        lambda: job.steps() > steps_after_kills + 50,
+        message="the job to step on",
+        progress=job.steps,
+    )
     with JobConnection(socket) as conn:
         assert conn.hello().session.name == "killed-monitors"
         assert conn.request(protocol.Ping()).ok
