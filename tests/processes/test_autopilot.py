@@ -97,7 +97,7 @@ def test_switched_on_over_the_socket_it_grows_the_batch_and_says_why(bsmon_dir):
         paused = conn.wait_matching(  # what a monitor is told, not only the job's object
             lambda m: isinstance(m, protocol.Metrics) and m.autopilot.state == "paused",
             "metrics with the autopilot paused",
-            10.0,
+            60.0,
         )
         assert "by monitor" in paused.autopilot.why
     lines = [json.loads(line) for line in Path(record).read_text("utf-8").splitlines()]
@@ -198,7 +198,7 @@ def test_bsmon_run_autopilot_on_a_script_that_cuts_its_own_batches_says_why_not(
             attached = conn.wait_matching(
                 lambda m: isinstance(m, protocol.Event) and m.kind == "zero_code",
                 "the attach note",
-                30.0,
+                60.0,
             )
         run.kill()
     finally:

@@ -49,7 +49,7 @@ def test_a_deleted_socket_is_made_again_and_attached_monitors_stay(bsmon_dir):
         with JobConnection(mon.socket_path) as attached:
             attached.hello()
             discovery.remove_job_files(mon.socket_path)  # a tmp cleaner, or a stray rm
-            wait_until(mon.socket_path.exists, timeout=10, message="the socket to come back")
+            wait_until(mon.socket_path.exists, message="the socket to come back")
             job.step(mon)
             event = attached.wait_for(protocol.Event, timeout=10)
             while event.kind != "socket_rebound":
