@@ -46,6 +46,8 @@ def wait_until(
             seen, last_change = current, now
         if now - last_change > timeout or now - start > PATIENCE_S:
             said = message() if callable(message) else message
+            if now - last_change <= timeout:
+                pytest.fail(f"gave up after {now - start:.0f}s (progress and all) for {said}")
             stalled = " with no progress" if progress is not None else ""
             pytest.fail(f"timed out after {now - last_change:.1f}s{stalled} waiting for {said}")
         time.sleep(interval)
