@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from .helpers import wait_until
 
 
 class Tmux:
@@ -54,14 +55,21 @@ class Tmux:
         self.run("send-keys", "-t", "main", *keys)
 
     def wait_for(self, predicate, timeout: float = 60.0, what: str = "screen") -> str:
-        deadline = time.monotonic() + timeout
-        text = ""
-        while time.monotonic() < deadline:
-            text = self.screen()
-            if predicate(text):
-                return text
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; the screen was:\n{text}")
+        """The screen once ``predicate`` holds; ``timeout`` is how long it may stay unchanged
+        (a dashboard busy on a loaded machine still redraws)."""
+        shown = [""]
+
+        def wanted() -> str | None:
+            shown[0] = self.screen()
+            return shown[0] if predicate(shown[0]) else None
+
+        return wait_until(  # type: ignore[return-value]
+            wanted,
+            timeout=timeout,
+            interval=0.2,
+            message=lambda: f"{what}; the screen was:\n{shown[0]}",
+            progress=lambda: shown[0],
+        )
 
     def kill(self) -> None:
         subprocess.run(["tmux", "-L", self.server, "kill-server"], capture_output=True, timeout=30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,18 +30,27 @@ def metrics_until(
     keep: list[protocol.Message] | None = None,
 ) -> protocol.Metrics:
     """The first metrics message that satisfies ``condition`` (the others are dropped, or
-    appended to ``keep``)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    appended to ``keep``); fails once ``timeout`` goes by with no message of a later step
+    (the job stepping slowly on a busy machine is progress)."""
+    last: list[protocol.Metrics] = []
+
+    def wanted() -> protocol.Metrics | None:
         for message in conn.pump(0.2):
             if keep is not None:
                 keep.append(message)
             if isinstance(message, protocol.Metrics):
-                last = message
+                last[:] = [message]
                 if condition(message):
                     return message
-    raise AssertionError(f"no metrics as wanted within {timeout:.0f}s; the last: {last}")
+        return None
+
+    return wait_until(  # type: ignore[return-value]
+        wanted,
+        timeout=timeout,
+        interval=0,
+        message=lambda: f"metrics as wanted; the last: {last[0] if last else None}",
+        progress=lambda: last[0].step if last else None,
+    )
 
 
 def events_of(messages: list[protocol.Message]) -> list[protocol.Event]:

@@ -351,10 +351,7 @@ def probe_text(probe: dict) -> str:
 def _notes(title: str, notes: list[Note], empty: str) -> str:
     if not notes:
         return f"## {title}\n\n{empty}.\n"
-    lines = []
-    for note in notes:
-        where = f" (step {note.step:,}, {duration(note.t_s)} in)" if note.step is not None else ""
-        lines.append(f"- {note.message}{where}")
+    lines = [f"- {note.message}{_where(note)}" for note in notes]
     return f"## {title}\n\n" + "\n".join(lines) + "\n"
 
 
@@ -391,6 +388,15 @@ def _size(value: int | None) -> str:
 
 def num(value: float | None) -> str:
     return units.number(value)
+
+
+def _where(note: Note) -> str:
+    """Where a note stands: " (step 8,984, 2m 41s in)", or its step alone when its time is not
+    known."""
+    if note.step is None:
+        return ""
+    when = f", {duration(note.t_s)} in" if note.t_s is not None else ""
+    return f" (step {note.step:,}{when})"
 
 
 def _percent_of(fraction: float | None) -> float | None:

@@ -159,6 +159,7 @@ def _diverged(summary: Summary, notes: list[Note]) -> None:
                     "restore a checkpoint from before that step, or change the batch in smaller "
                     "steps",
                     warning.step,
+                    warning.t_s,
                 )
             )
 

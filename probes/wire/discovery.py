@@ -259,6 +259,7 @@ def resolve_target(target: str, directory: Path | None = None) -> Path:
         return matches[0].socket
     if not matches:
         known = ", ".join(f"{job.name} (pid {job.pid})" for job in jobs) or "none"
-        raise LookupError(f"no running job named {target!r}; running jobs: {known}")
+        wanted = f"with pid {target}" if target.isdigit() else f"named {target!r}"
+        raise LookupError(f"no running job {wanted}; running jobs: {known}")
     pids = ", ".join(str(job.pid) for job in matches)
     raise LookupError(f"several jobs are named {target!r} (pids {pids}); attach by pid")

@@ -4,7 +4,6 @@ driven by scripted sessions and by a real job."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import torch
 
@@ -19,6 +18,7 @@ from bsmon.tui.widgets.noise import NoiseChart, describe, fit, log_ticks
 from ..helpers import wait_until
 from ..noise_jobs import ISO, Regression
 from ..scripted import NOW, messages, scripted_app
+from ..watch import metrics_until
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
 ON = Capability(True, "per-example gradient norms")
@@ -253,13 +253,6 @@ def test_the_demo_job_serves_a_live_b_simple(bsmon_dir, processes):
     with JobConnection(path) as conn:
         hello = conn.hello()
         assert hello.noise_scale.available and "per-example" in hello.noise_scale.reason
-        deadline = time.monotonic() + 120
-        noise = None
-        while time.monotonic() < deadline:
-            seen = [m for m in conn.messages(0.5) if isinstance(m, protocol.Metrics)]
-            if seen and seen[-1].b_simple is not None:
-                noise = seen[-1].noise
-                break
-        assert noise is not None, "no B_simple from the demo within 120 s"
+        noise = metrics_until(conn, lambda m: m.b_simple is not None).noise
     assert noise.estimator == "per_example" and noise.coverage == 1.0
     assert noise.stderr > 0 and noise.ci_low < noise.b_simple < noise.ci_high

@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
@@ -70,6 +71,13 @@ def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
         assert "tq exited with code 130" in screen
         assert "the record of tq:" in screen.replace("\n", " ")
         wait_until(lambda: gone(pid), timeout=30, message="the training to stop")
+        # the output moved beside the record, named with the job's pid as the record is
+        joined = screen.replace("\n", "")
+        record = Path(re.search(r"the record of tq: (\S+?\.jsonl)", joined).group(1))
+        log = Path(re.search(r"its output: (\S+?\.log)", joined).group(1))
+        assert log == record.with_suffix(".log") and log.name.endswith(f"-tq-{pid}.log")
+        assert "epoch 0: loss" in log.read_text()  # the script's own output
+        assert not list(bsmon_dir.glob("*.log"))  # none left in the socket directory
 
 
 def test_d_detaches_bsmon_run_waits_and_ctrl_c_then_stops_the_training(bsmon_dir):
@@ -101,6 +109,9 @@ def test_a_crash_at_import_closes_the_dashboard_and_shows_why(bsmon_dir, tmp_pat
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-1" in s, timeout=90, what="exit 1")
         assert "tc exited with code 1" in screen
         assert "| broken: no data at /nowhere" in screen
+        # not monitored, no record: the output stays in the bsmon directory
+        log = Path(re.search(r"its output: (\S+?\.log)", screen.replace("\n", "")).group(1))
+        assert log.parent == bsmon_dir and "broken: no data" in log.read_text()
     finally:
         tmux.kill()
         kill_run_processes(bsmon_dir)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-from ..helpers import ROOT
+from ..helpers import ROOT, wait_until
 from ..tmux import Tmux
 
 
@@ -78,10 +77,11 @@ def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="exit 0")
         said = re.search(r"the record of demo: (\S+\.jsonl)", screen.replace("\n", ""))
         assert said and Path(said.group(1)).parent == bsmon_dir / "records"  # it says where
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and demo_processes(bsmon_dir):
-            time.sleep(0.1)
-        assert not demo_processes(bsmon_dir), "the demo job was left running"
+        wait_until(
+            lambda: not demo_processes(bsmon_dir),
+            interval=0.1,
+            message="the demo job to stop (it was left running)",
+        )
         assert not list(bsmon_dir.glob("*.sock"))
 
 

@@ -18,7 +18,7 @@ from ..jobs import TinyJob
 from ..scripted import scripted_app
 
 
-async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition"):
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -21,6 +21,7 @@ from bsmon.probes.wire.client import JobConnection
 
 from ..helpers import wait_until
 from ..jobs import TinyJob
+from ..watch import metrics_until
 
 
 def agent_threads() -> list[threading.Thread]:
@@ -120,12 +121,11 @@ def test_an_exception_in_bsmon_code_never_reaches_the_job(job, bsmon_dir, monkey
         monkeypatch.undo()
         assert mon.flush()
         assert mon.stats()["errors"] == 10 and mon.step == 10
-        event = conn.wait_for(protocol.Event, timeout=5)
+        event = conn.wait_for(protocol.Event, timeout=60)
         while event.kind != "agent_error":
-            event = conn.wait_for(protocol.Event, timeout=5)
+            event = conn.wait_for(protocol.Event, timeout=60)
         assert "ZeroDivisionError" in event.message and event.level == "error"
-        metrics = [m for m in conn.messages(1.5) if isinstance(m, protocol.Metrics)]
-        assert metrics and metrics[-1].errors == 10
+        assert metrics_until(conn, lambda m: m.errors == 10).errors == 10
     finally:
         conn.close()
         mon.close()

@@ -63,6 +63,7 @@ def test_list_removes_sockets_of_dead_jobs(bsmon_dir, processes):
 def test_list_with_no_jobs_says_how_to_start_one(bsmon_dir):
     result = run_cli("list")
     assert result.returncode == 0 and "bsmon demo" in result.stdout
+    assert "`bsmon run -- python train.py`" in result.stdout  # the path with no code change
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,21 @@ def test_wrong_arguments_are_one_line_and_exit_2(args, bsmon_dir):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bsmon: ")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "points_to"),
+    [
+        (["--bogus"], "`bsmon --help`"),
+        (["run", "--bogus", "--", "true"], "`bsmon run --help`"),
+        (["run", "--grace", "abc", "--", "true"], "`bsmon run --help`"),
+        (["list", "--interval", "2"], "`bsmon list --help`"),
+        (["probe", "job", "--interval", "2"], "`bsmon probe --help`"),
+    ],
+)
+def test_a_wrong_argument_points_to_the_help_of_its_own_command(args, points_to, capsys):
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err.strip().endswith(f"(see {points_to})")
 
 
 def test_attach_to_an_unknown_job_is_a_clear_error(bsmon_dir):
@@ -239,3 +255,13 @@ def test_help_has_examples_and_each_option_says_what_it_does(capsys):
     assert "the demo job's name" in demo and "the batch size it starts at" in demo
     assert "--readonly" not in export and "--dir" not in export  # they mean nothing there
     assert "--readonly" not in replay and "--interval" in replay
+
+
+def test_each_command_offers_only_the_options_that_act_there(capsys):
+    for argv in (["list", "--help"], ["probe", "--help"], ["attach", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    listing, probing, attaching = capsys.readouterr().out.split("usage: ")[1:]
+    assert "--dir" in listing and "--interval" not in listing and "--readonly" not in listing
+    assert "--dir" in probing and "--readonly" in probing and "--interval" not in probing
+    assert all(option in attaching for option in ("--dir", "--readonly", "--interval"))

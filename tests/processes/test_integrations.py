@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import lightning.pytorch as pl
 import pytest
@@ -19,6 +18,7 @@ from bsmon.probes.maxbatch.recipe import RecipeError
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 
+from ..helpers import Patience
 from ..watch import events_of, metrics_until
 
 # -- Lightning -----------------------------------------------------------------------------------
@@ -191,17 +191,18 @@ class Classifier(pl.LightningModule):
 
 class StopOnceGrown(pl.Callback):
     """Stops the fit after the first whole epoch at a larger batch, keeping the autopilot's
-    reading from before the monitor closes; fails past ``deadline_s``."""
+    reading from before the monitor closes; fails once ``at_most`` epochs and a minute have
+    gone by."""
 
-    def __init__(self, bsmon: lightning.BsmonCallback, deadline_s: float = 90.0) -> None:
-        self.bsmon, self.deadline = bsmon, time.monotonic() + deadline_s
+    def __init__(self, bsmon: lightning.BsmonCallback, at_most: int = 200) -> None:
+        self.bsmon, self.patience = bsmon, Patience(at_most)
         self.reading: protocol.AutopilotReading | None = None
 
     def on_train_epoch_end(self, trainer, pl_module):
         if pl_module.seen[-1][1] > 8:
             self.reading = self.bsmon.monitor.autopilot_reading()
             trainer.should_stop = True
-        elif time.monotonic() > self.deadline:
+        elif self.patience.spent(trainer.current_epoch + 1):
             reading = self.bsmon.monitor.autopilot_reading()
             pytest.fail(f"no growth by epoch {trainer.current_epoch}: {reading.waiting}")
 

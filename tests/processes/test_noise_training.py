@@ -4,7 +4,6 @@ layers bsmon cannot measure, faults in its own hooks, the automatic choice, the 
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from bsmon.probes.wire.client import JobConnection
 
 from ..helpers import wait_until
 from ..noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
+from ..watch import metrics_until
 
 BATCH = 128
 
@@ -401,14 +401,7 @@ def test_hello_and_metrics_carry_the_estimate(bsmon_dir):
             assert "per-example gradient norms" in hello.noise_scale.reason
             train(job, optimizer, steps=20, batch=BATCH)
             assert mon.flush()
-            deadline = time.monotonic() + 10
-            metrics = None
-            while time.monotonic() < deadline:
-                seen = [m for m in conn.messages(0.2) if isinstance(m, protocol.Metrics)]
-                if seen and seen[-1].step == 220:
-                    metrics = seen[-1]
-                    break
-            assert metrics is not None, "no metrics for step 220"
+            metrics = metrics_until(conn, lambda m: m.step == 220)
     noise = metrics.noise
     assert metrics.b_simple == noise.b_simple and noise.b_simple is not None
     assert noise.estimator == "per_example" and noise.coverage == 1.0

@@ -512,9 +512,9 @@ def test_a_second_probe_while_one_runs_is_refused_over_the_socket(bsmon_dir):
         assert not second.ok and "a probe is already running" in second.error
         bad = conn.request(protocol.ProbeCommand(memory_budget=-5))
         assert not bad.ok
-        metrics = conn.wait_for(protocol.Metrics, timeout=5)
+        metrics = conn.wait_for(protocol.Metrics, timeout=60)
         while metrics.probe.status != "running":
-            metrics = conn.wait_for(protocol.Metrics, timeout=5)
+            metrics = conn.wait_for(protocol.Metrics, timeout=60)
         assert metrics.probe.started is not None
 
 

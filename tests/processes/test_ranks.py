@@ -31,7 +31,7 @@ def test_summaries_travel_through_a_store_and_silence_means_late(tmp_path, monke
     rank0, rank1 = RankExchange(store, 0, 3), RankExchange(store, 1, 3)
     try:
         rank1.offer({"seq": 1, "host": "node-b", "local_rank": 1, "step": 42, "util_percent": None})
-        wait_until(lambda: 1 in rank0.received, timeout=10, message="rank 1's summary")
+        wait_until(lambda: 1 in rank0.received, message="rank 1's summary")
         view = RanksExtension(rank0, ("node-a", 0), lambda m: {"step": 42}, DdpTiming(None))
         view._own = {"step": 42, "host": "node-a", "local_rank": 0}
         reading = view.reading(time.time())

@@ -73,8 +73,8 @@ class Job:
     def wait_steps(self, seconds: float) -> None:
         wait_until(
             lambda: self.steps and self.steps[-1][0] - self.steps[0][0] >= seconds,
-            timeout=60,
             message=f"{seconds} s of steps",
+            progress=lambda: len(self.steps),
         )
 
     def finish(self, timeout: float = 60) -> int:
@@ -148,7 +148,11 @@ def test_a_job_that_ignores_sigterm_still_ignores_it(bsmon_dir, processes):
     job.wait_steps(0.5)
     job.process.send_signal(signal.SIGTERM)
     seen = len(job.steps)
-    wait_until(lambda: len(job.steps) > seen + 50, message="steps after SIGTERM")
+    wait_until(
+        lambda: len(job.steps) > seen + 50,
+        message="steps after SIGTERM",
+        progress=lambda: len(job.steps),
+    )
     assert job.process.poll() is None
     job.process.kill()
     job.finish()

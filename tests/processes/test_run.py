@@ -17,7 +17,7 @@ from bsmon.probes.launch import environment as launch
 from bsmon.probes.launch import notes as run_notes
 from bsmon.probes.wire import discovery, protocol
 from bsmon.probes.wire.client import JobConnection
-from bsmon.tui.cli.run import exit_status
+from bsmon.tui.cli.run import exit_status, keep_beside_record
 
 from ..helpers import ROOT, wait_until
 from ..watch import events_of, job_socket, kill_run_processes, metrics_until
@@ -238,6 +238,17 @@ def test_a_job_under_bsmon_run_leaves_its_record_in_the_data_directory(
     assert not list(bsmon_dir.rglob("*.jsonl"))
     listed = subprocess.run([*BSMON, "records"], capture_output=True, text=True, timeout=60)
     assert record.name in listed.stdout
+
+
+def test_a_log_that_cannot_move_beside_its_record_stays_where_it_is(tmp_path):
+    log = tmp_path / "train-7.log"
+    log.write_text("epoch 0\n")
+    record = tmp_path / "gone" / "20261201-140335-train-7.jsonl"  # its directory went away
+    assert keep_beside_record(log, [str(record)]) == log and log.read_text() == "epoch 0\n"
+    assert keep_beside_record(log, []) == log  # not monitored: no record
+    record.parent.mkdir()
+    assert keep_beside_record(log, [str(record)]) == record.with_suffix(".log")
+    assert record.with_suffix(".log").read_text() == "epoch 0\n" and not log.exists()
 
 
 def test_exit_status_is_what_a_shell_shows():

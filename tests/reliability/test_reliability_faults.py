@@ -29,7 +29,11 @@ def test_a_hundred_monitors_killed_while_attached_lose_the_job_nothing(bsmon_dir
     socket = job.wait_ready()
     assert kill_attached_monitors(start, socket, 100) == 100
     steps_after_kills = job.steps()
-    wait_until(lambda: job.steps() > steps_after_kills + 50, message="the job to step on")
+    wait_until(
+        lambda: job.steps() > steps_after_kills + 50,
+        message="the job to step on",
+        progress=job.steps,
+    )
     with JobConnection(socket) as conn:
         assert conn.hello().session.name == "killed-monitors"
         assert conn.request(protocol.Ping()).ok
@@ -45,7 +49,7 @@ def test_a_deleted_socket_is_made_again_and_attached_monitors_stay(bsmon_dir):
         with JobConnection(mon.socket_path) as attached:
             attached.hello()
             discovery.remove_job_files(mon.socket_path)  # a tmp cleaner, or a stray rm
-            wait_until(mon.socket_path.exists, timeout=10, message="the socket to come back")
+            wait_until(mon.socket_path.exists, message="the socket to come back")
             job.step(mon)
             event = attached.wait_for(protocol.Event, timeout=10)
             while event.kind != "socket_rebound":

@@ -102,6 +102,8 @@ def test_resolve_target_by_name_pid_and_path(bsmon_dir):
             LookupError, match="no running job named 'other'; running jobs: trainer"
         ):
             discovery.resolve_target("other")
+        with pytest.raises(LookupError, match="no running job with pid 99999999; running"):
+            discovery.resolve_target("99999999")  # a pid is not a name
         with pytest.raises(LookupError, match="no socket at"):
             discovery.resolve_target(str(bsmon_dir / "nope.sock"))
     finally:

@@ -5,13 +5,41 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from torch import nn
 
 from bsmon.probes import attach
+from bsmon.probes.runtime import hot_path
 from bsmon.probes.runtime.inbox import Inbox
 from bsmon.probes.runtime.logged import ALL_BELOW, SAMPLE_ABOVE, LoggedIntake
 from bsmon.probes.runtime.service import TICK_S
+
+from ..helpers import repeat_until
+
+
+class JobClock:
+    """The clock a job's steps are timed by (the hot path's ``perf_counter``) and its rate of
+    logging judged by (the intake's): each reading moves it on by ``per_read``, so that a
+    loop is as fast or as slow as the test says, whatever share of the CPU it gets: 160 tiny
+    steps took 0.7 s here beside other jobs, no fast loop at all."""
+
+    def __init__(self, per_read: float = 1e-5) -> None:
+        self.per_read = per_read
+        self.t = time.perf_counter()
+
+    def __call__(self) -> float:
+        self.t += self.per_read
+        return self.t
+
+
+@pytest.fixture
+def job_clock(monkeypatch: pytest.MonkeyPatch) -> JobClock:
+    """Jobs attached in the test run on a ``JobClock``, fast until the test slows it."""
+    clock = JobClock()
+    monkeypatch.setattr(hot_path, "perf_counter", clock)
+    monkeypatch.setattr(LoggedIntake.__init__, "__defaults__", (clock,))
+    return clock
 
 
 def intake_on(inbox: Inbox) -> tuple[LoggedIntake, list[bool]]:
@@ -114,7 +142,7 @@ def test_a_loop_slow_from_its_start_keeps_every_call():
     assert columns == {"loss": [float(i) for i in range(10)]}
 
 
-def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir):
+def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir, job_clock):
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(8, 4), torch.randn(8, 1)
@@ -129,7 +157,7 @@ def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir):
     assert modes[SAMPLE_ABOVE] and not modes[SAMPLE_ABOVE - 1], modes
 
 
-def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
+def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir, job_clock):
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -145,11 +173,9 @@ def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir):
             return loss.item()
 
         mon.log(val_loss=0.25)
-        deadline = time.monotonic() + 20
-        while not mon.telemetry.logged_intake.latest_only and time.monotonic() < deadline:
-            for _ in range(SAMPLE_ABOVE):  # a tick (0.25 s) takes hundreds of these steps
-                step()
-        assert mon.telemetry.logged_intake.latest_only
+        for _ in range(SAMPLE_ABOVE + 1):  # a tick (0.25 s) takes hundreds of these steps
+            step()
+        assert keeps_latest(mon)
         last = [step() for _ in range(5)][-1]
         assert mon.flush()
         scalars = mon.stats()["scalars"]
@@ -162,7 +188,9 @@ def keeps_latest(mon) -> bool:
     return mon.telemetry.logged_intake.latest_only
 
 
-def test_on_a_fast_loop_log_is_the_dict_update_itself_and_a_method_again_once_slow(bsmon_dir):
+def test_on_a_fast_loop_log_is_the_dict_update_itself_and_a_method_again_once_slow(
+    bsmon_dir, job_clock
+):
     """While only the latest values are kept, ``mon.log`` adds no frame of bsmon's to the
     training thread: the instance's attribute is the inbox's ``dict.update``."""
     model = nn.Linear(4, 1)
@@ -170,22 +198,19 @@ def test_on_a_fast_loop_log_is_the_dict_update_itself_and_a_method_again_once_sl
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
 
-        def step(pause: float = 0.0) -> None:
+        def step() -> None:
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             mon.log(loss=loss)
-            time.sleep(pause)
 
-        deadline = time.monotonic() + 20
-        while not keeps_latest(mon) and time.monotonic() < deadline:
+        for _ in range(SAMPLE_ABOVE + 1):
             step()
         assert keeps_latest(mon)
         assert mon.log == mon._inbox.latest.update
-        while keeps_latest(mon) and time.monotonic() < deadline:
-            step(pause=0.01)  # ~10 steps a tick: under ALL_BELOW, every call is kept again
-        assert not keeps_latest(mon)
+        job_clock.per_read = 0.01  # ~10 steps a tick, under ALL_BELOW: every call kept again
+        repeat_until(step, lambda: not keeps_latest(mon), 1000, "every call kept again")
         assert mon.log.__func__ is type(mon).log
         assert mon.flush()
         assert mon.stats()["scalars"]["loss"] > 0
@@ -214,7 +239,7 @@ def run_with_lean_backward(mon, model, optimizer, steps: int, give=None) -> list
     return values
 
 
-def test_a_fast_loop_keeps_only_its_latest_loss_at_backward(bsmon_dir):
+def test_a_fast_loop_keeps_only_its_latest_loss_at_backward(bsmon_dir, job_clock):
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
@@ -228,7 +253,7 @@ def test_a_fast_loop_keeps_only_its_latest_loss_at_backward(bsmon_dir):
         assert mon.stats()["scalars"]["loss"] == values[-1]
 
 
-def test_with_a_framework_s_loss_the_latest_tensor_at_backward_is_not_shown(bsmon_dir):
+def test_with_a_framework_s_loss_the_latest_tensor_at_backward_is_not_shown(bsmon_dir, job_clock):
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:

@@ -399,6 +399,18 @@ def test_a_loss_that_diverged_after_a_change_is_a_warning_and_a_recommendation(t
     assert any(w.kind == "loss_diverged" and message in w.message for w in summary.warnings)
     (note,) = [r for r in summary.recommendations if r.kind == "loss_diverged_after_batch_change"]
     assert message in note.message and "restore a checkpoint" in note.message
+    assert (note.step, note.t_s) == (30, 3.0)  # when, as its warning says
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "n/a in" not in markdown
+    assert markdown.count("(step 30, 3.0 s in)") == 2  # the warning and the recommendation
+
+
+def test_a_note_whose_time_is_not_known_gives_its_step_alone():
+    from bsmon.probes.summary.markdown import _notes
+    from bsmon.probes.summary.schema import Note
+
+    text = _notes("Warnings", [Note("k", "said", step=8984)], "none")
+    assert text.endswith("- said (step 8,984)\n") and "n/a" not in text
 
 
 def test_spikes_in_a_short_run_name_the_slowest_step_not_a_share_of_steps():

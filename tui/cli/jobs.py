@@ -40,7 +40,10 @@ def cmd_list(as_json: bool) -> int:
         print(json.dumps({"dir": str(discovery.default_dir()), "jobs": rows}, indent=2))
         return 0
     if not rows:
-        print(f"no running jobs in {discovery.default_dir()} (try `bsmon demo`)")
+        print(
+            f"no running jobs in {discovery.default_dir()} (start one with "
+            "`bsmon run -- python train.py`, or try `bsmon demo`)"
+        )
         return 0
     print(f"{'NAME':<20} {'PID':>8} {'HOST':<16} {'STEP':>10} {'AGE':>10}  SOCKET")
     for row in rows:

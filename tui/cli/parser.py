@@ -66,6 +66,11 @@ def _add_global_options(
             help=f"where jobs put their sockets (default: ${discovery.ENV_DIR}, "
             "else $XDG_RUNTIME_DIR/bsmon, else /tmp/bsmon-$UID)",
         )
+    if "interval" in names:
+        _add_interval(parser, default)
+
+
+def _add_interval(parser: argparse.ArgumentParser, default: object) -> None:
     parser.add_argument(
         "--interval",
         type=_interval,
@@ -88,16 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(common, argparse.SUPPRESS)
     viewing = _Parser(add_help=False)  # a record on screen: only the redraw interval matters
     _add_global_options(viewing, argparse.SUPPRESS, ("interval",))
+    listing = _Parser(add_help=False)  # no dashboard, nothing acted on: only where jobs are
+    _add_global_options(listing, argparse.SUPPRESS, ("dir",))
+    probing = _Parser(add_help=False)  # no dashboard (--readonly refuses the probe)
+    _add_global_options(probing, argparse.SUPPRESS, ("readonly", "dir"))
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    p = sub.add_parser("list", parents=[common], help="list running jobs")
+    p = sub.add_parser("list", parents=[listing], help="list running jobs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("attach", parents=[common], help="open the dashboard on one job")
     p.add_argument("target", help="job name, pid, or socket path")
 
     p = sub.add_parser(
-        "probe", parents=[common], help="probe a job's largest batch size in a sidecar process"
+        "probe", parents=[probing], help="probe a job's largest batch size in a sidecar process"
     )
     p.add_argument("target", help="job name, pid, or socket path")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -176,7 +185,7 @@ def _positive_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(build_parser(), argv)
         if args.dir is not None:
             os.environ[discovery.ENV_DIR] = str(args.dir)
         if args.interval is not None:
@@ -191,6 +200,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown option is the subcommand's to name, so that its
+    error points to that subcommand's help (`bsmon run --help`), as a bad value's does."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner = _subcommand_parser(parser, args.command) or parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _subcommand_parser(
+    parser: argparse.ArgumentParser, command: str | None
+) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)  # type: ignore[arg-type]
+    return None
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -9,15 +9,16 @@ loads bsmon's agent at start-up, which attaches at the first ``optimizer.step()`
   and the process group; SIGTERM, and SIGINT/SIGHUP that the terminal did not already deliver
   to it, are passed on. ``bsmon run`` returns the command's exit code (128+N for signal N).
 - otherwise the dashboard takes the terminal; the command runs in its own session with its
-  output in a log file. ``q`` or Ctrl-C stops the command as a terminal would (SIGINT to its
-  process group, then SIGTERM, then SIGKILL, each after 10 s or at the next Ctrl-C:
-  ``stopping.GroupStop``); ``d`` detaches, leaving it running (``bsmon attach NAME`` shows it
-  again) while ``bsmon run`` waits for it. Either way ``bsmon run`` returns the command's exit
-  code, so ``bsmon run -- python train.py && next_step`` means what it says. SIGTERM or
-  SIGINT sent to ``bsmon run`` is passed on to the command's process group; a hang-up (the
-  terminal went away) leaves it running. If the command ends before it ever served a socket
-  (it crashed at import, or never stepped an optimizer), the dashboard closes by itself and
-  the end of its output is printed.
+  output in a log file (``--log``, else ``<name>-<pid>.log`` in the bsmon directory, moved
+  beside the session's record once the command ends). ``q`` or Ctrl-C stops the command as a
+  terminal would (SIGINT to its process group, then SIGTERM, then SIGKILL, each after 10 s or
+  at the next Ctrl-C: ``stopping.GroupStop``); ``d`` detaches, leaving it running (``bsmon
+  attach NAME`` shows it again) while ``bsmon run`` waits for it. Either way ``bsmon run``
+  returns the command's exit code, so ``bsmon run -- python train.py && next_step`` means what
+  it says. SIGTERM or SIGINT sent to ``bsmon run`` is passed on to the command's process
+  group; a hang-up (the terminal went away) leaves it running. If the command ends before it
+  ever served a socket (it crashed at import, or never stepped an optimizer), the dashboard
+  closes by itself and the end of its output is printed.
 - without a terminal on stdin or stdout (nohup, sbatch, CI, ``> log``) it runs headless, and
   says so in one line.
 
@@ -82,7 +83,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
         type=Path,
         default=None,
         help="where the command's output goes while the dashboard shows (default: a file in "
-        "the bsmon directory, printed at the end)",
+        "the bsmon directory, moved beside the session's record when the command ends; its "
+        "path is printed at the end)",
     )
     p.add_argument(
         "--grace",
@@ -147,13 +149,12 @@ def run(args: argparse.Namespace, readonly: bool) -> int:
             code = run_headless(command, env)
             say_record_or_why(name, run_notes.read(directory, run_id), code)
             return code
-        log_path = args.log or directory / f"{launch.log_name(name)}-{os.getpid()}.log"
         return run_with_dashboard(
             command,
             env,
             name=name,
             directory=directory,
-            log_path=log_path,
+            log_path=args.log,
             readonly=readonly,
             run_id=run_id,
             grace_s=args.grace,
@@ -237,15 +238,19 @@ def run_with_dashboard(
     *,
     name: str,
     directory: Path,
-    log_path: Path,
+    log_path: Path | None,
     readonly: bool,
     run_id: str,
     grace_s: float = GRACE_S,
 ) -> int:
+    """``log_path``: where the command's output goes (None: ``default_log``'s, moved beside
+    the session's record once the command has ended: ``keep_beside_record``)."""
     from ..app import BsmonApp
     from ..sources import SocketSource
 
-    with check_writable(log_path) as log:
+    chosen_log = log_path is not None
+    opened = log_path or default_log(directory, name, os.getpid())
+    with check_writable(opened) as log:
         process = start(
             command,
             env,
@@ -254,6 +259,9 @@ def run_with_dashboard(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    log_path = (
+        opened if chosen_log else named_for(opened, default_log(directory, name, process.pid))
+    )
     served = threading.Event()
     stopping: list[int] = []
     find = JobFinder(process.pid, name, directory)
@@ -310,8 +318,43 @@ def run_with_dashboard(
                 )
             code = wait_for(process, name, first=first, grace_s=grace_s)
     status = exit_status(code) if code is not None else None
-    say_record_or_why(name, run_notes.read(directory, run_id), status)
+    notes = run_notes.read(directory, run_id)
+    say_record_or_why(name, notes, status)
+    if code is not None and not chosen_log:
+        log_path = keep_beside_record(log_path, run_notes.records(notes))
     return report_end(name, code, log_path)
+
+
+def default_log(directory: Path, name: str, pid: int) -> Path:
+    return directory / f"{launch.log_name(name)}-{pid}.log"
+
+
+def named_for(opened: Path, wanted: Path) -> Path:
+    """The log renamed for the command's pid (the pid its record and the dashboard show; the
+    file had to be open before the command started); where it was if that fails."""
+    try:
+        os.replace(opened, wanted)
+    except OSError:
+        return opened
+    return wanted
+
+
+def keep_beside_record(log_path: Path, records: list[str]) -> Path:
+    """An ended command's output moves beside its session's record (rank 0's), as
+    ``<record>.log``: kept with the record and its summary, not piled up in the socket
+    directory, which the system clears at logout or reboot. Where it was when the command was
+    not monitored (no record) or the move fails."""
+    if not records:
+        return log_path
+    target = Path(records[0]).with_suffix(".log")
+    try:
+        shutil.move(log_path, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            if log_path.exists():
+                target.unlink(missing_ok=True)  # a partial copy (a full disk)
+        return log_path
+    return target
 
 
 def report_end(name: str, code: int | None, log_path: Path) -> int:

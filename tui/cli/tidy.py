@@ -4,9 +4,10 @@ starts (never raises; another user's files are never there: the directory is pri
 - ``notes/<run-id>-<pid>.json``: ``bsmon run`` clears its run's notes when it ends; one that
   was killed, or whose terminal hung up while the job ran on, leaves them. Notes whose
   ``bsmon run`` (the run id starts with its pid) is gone are removed.
-- ``<name>-<pid>.log``: the command's output under each ``bsmon run`` (its path is printed),
-  and a killed ``bsmon demo``'s. The newest ``KEEP_LOGS`` stay; older ones whose process is
-  gone are removed.
+- ``<name>-<pid>.log``: the command's output under a ``bsmon run`` whose command goes on, was
+  not monitored, or ended while ``bsmon run`` was killed (one that ended monitored moves
+  beside its record; the path is printed), and a killed ``bsmon demo``'s. The newest
+  ``KEEP_LOGS`` stay; older ones whose process is gone are removed.
 """
 
 from __future__ import annotations
