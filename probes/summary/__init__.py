@@ -5,7 +5,7 @@ Modules, one job each:
 - ``schema``: the shape of summary.json, version 1 (docs/summary.md);
 - ``build``: the summary computed from a record in one streaming pass, and written;
 - ``recommend``: recommendations drawn from a summary, each with its basis stated;
-- ``markdown``: summary.md, for a person, with text charts drawn by plotext.
+- ``markdown``: summary.md, for a person; ``text_charts``: its charts, drawn by plotext.
 
 This package is the dashboard's face on summaries: it imports neither torch nor textual.
 """

@@ -1,21 +1,15 @@
-"""``summary.md``: the summary for a person, with text charts drawn by plotext."""
+"""``summary.md``: the summary for a person (its charts: ``text_charts``)."""
 
 from __future__ import annotations
 
 import shlex
-import threading
 from collections.abc import Sequence
-
-import plotext
 
 from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
-from .schema import BatchSegment, Note, Point, Run, Summary
-
-CHART_WIDTH = 76
-CHART_HEIGHT = 13
-_plotext_lock = threading.Lock()  # plotext draws on one global figure
+from .schema import BatchSegment, Note, Run, Summary
+from .text_charts import charts_section
 
 
 def render_markdown(s: Summary) -> str:
@@ -27,7 +21,7 @@ def render_markdown(s: Summary) -> str:
         _anatomy(s),
         _batch_sizes(s),
         _autopilot(s),
-        _charts(s),
+        charts_section(s),
         _scalars(s),
         _probes(s),
         _notes("Warnings", s.warnings, "none"),
@@ -278,31 +272,6 @@ def _autopilot(s: Summary) -> str:
     return f"## Autopilot\n\n{claim}{decisions}\n{said}"
 
 
-def _charts(s: Summary) -> str:
-    series = s.series
-    charts = []
-    specs = [
-        ("step_time_ms", "step time (ms) by step", "step"),
-        ("samples_per_s", "throughput (samples/s) by step", "step"),
-    ]
-    specs += [
-        (k, f"{k.removeprefix('scalar:')} by step", "step")
-        for k in series
-        if k.startswith("scalar:")
-    ]
-    specs += [("b_simple", "B_simple (estimate) by step", "step")]
-    specs += [
-        (k, f"GPU{k[3:].split('_')[0]} utilization (%) by seconds into the run", "seconds")
-        for k in series
-        if k.startswith("gpu")
-    ]
-    for key, title, xlabel in specs:
-        points = series.get(key)
-        if points and len(points) >= 2:
-            charts.append(f"```text\n{chart(points, title, xlabel)}\n```\n")
-    return "## Charts\n\n" + "\n".join(charts) if charts else ""
-
-
 def _scalars(s: Summary) -> str:
     if not s.scalars:
         return ""
@@ -353,26 +322,6 @@ def _notes(title: str, notes: list[Note], empty: str) -> str:
         return f"## {title}\n\n{empty}.\n"
     lines = [f"- {note.message}{_where(note)}" for note in notes]
     return f"## {title}\n\n" + "\n".join(lines) + "\n"
-
-
-# -- charts ---------------------------------------------------------------------------------------
-
-
-def chart(points: list[Point], title: str, xlabel: str) -> str:
-    xs = [p[0] for p in points]
-    ys = [p[1] for p in points]
-    with _plotext_lock:
-        plotext.clear_figure()
-        plotext.plot_size(CHART_WIDTH, CHART_HEIGHT)
-        plotext.theme("clear")
-        plotext.plot(xs, ys, marker="braille")
-        for axis, values, whole in ((plotext.xticks, xs, True), (plotext.yticks, ys, False)):
-            axis(*units.labelled_ticks(min(values), max(values), 5, whole))  # 2.5k, not 3527.5
-        plotext.title(title)
-        plotext.xlabel(xlabel)
-        text = plotext.uncolorize(plotext.build())
-        plotext.clear_figure()
-    return "\n".join(line.rstrip() for line in text.splitlines())
 
 
 # -- numbers for people ---------------------------------------------------------------------------

@@ -491,7 +491,7 @@ def test_a_hand_cut_jobs_uncounted_first_step_is_explained_under_the_history(tmp
 
 
 def test_summary_charts_label_their_axes_with_round_ticks():
-    from bsmon.probes.summary.markdown import chart
+    from bsmon.probes.summary.text_charts import chart
 
     points = [(119 + 100 * i, 8000 + 737.3 * math.sin(i / 5)) for i in range(137)]
     text = chart(points, "samples/s by step", "step")
