@@ -5,9 +5,11 @@ The command gets ``bsmon.probes.launch.child_environment``: every Python process
 loads bsmon's agent at start-up, which attaches at the first ``optimizer.step()``
 (docs/zero-code.md). Then:
 
-- ``--headless``: a transparent wrapper. The command shares the terminal (its output, Ctrl-C)
-  and the process group; SIGTERM, and SIGINT/SIGHUP that the terminal did not already deliver
-  to it, are passed on. ``bsmon run`` returns the command's exit code (128+N for signal N).
+- ``--headless``: a transparent wrapper. The command shares the terminal (its output, Ctrl-C);
+  each signal reaches it exactly once (``run_headless``: in the terminal's foreground it shares
+  our process group and Ctrl-C comes from the terminal; elsewhere it leads its own group and
+  what reaches ``bsmon run`` is passed on). ``bsmon run`` returns the command's exit code
+  (128+N for signal N).
 - otherwise the dashboard takes the terminal; the command runs in its own session with its
   output in a log file. ``q`` or Ctrl-C stops the command as a terminal would (SIGINT to its
   process group, then SIGTERM, then SIGKILL, each after 10 s or at the next Ctrl-C:
@@ -172,13 +174,32 @@ def start(command: list[str], env: dict[str, str], **options: Any) -> subprocess
 # -- headless -------------------------------------------------------------------------------
 
 
+def foreground_group() -> int | None:
+    """The process group that Ctrl-C and hang-ups of our controlling terminal reach (None:
+    there is no controlling terminal: nohup, sbatch, CI, a daemon)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        return os.tcgetpgrp(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def terminal_signals_reach(pid_group: int) -> bool:
     """Whether Ctrl-C and hang-ups from our terminal reach ``pid_group`` by themselves (it is
     the terminal's foreground process group)."""
-    for stream in (sys.stdin, sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            return os.tcgetpgrp(stream.fileno()) == pid_group
-    return False
+    return foreground_group() == pid_group
+
+
+def own_group_options() -> dict[str, Any]:
+    """Popen's arguments that start the child as the leader of a process group of its own."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
 
 
 def check_writable(log_path: Path) -> BinaryIO:
@@ -202,11 +223,17 @@ def say_record_or_why(name: str, notes: list[run_notes.Note], status: int | None
 
 
 def run_headless(command: list[str], env: dict[str, str]) -> int:
-    process = start(command, env)
-    from_terminal = terminal_signals_reach(os.getpgrp())
+    """Run ``command`` so that every signal reaches it exactly once (docs/zero-code.md,
+    "Signals and quitting"). In the terminal's foreground the command stays in our process
+    group: Ctrl-C reaches it from the terminal (not passed on), and it may read the terminal.
+    Elsewhere (no terminal, a background job) it leads a group of its own, so a signal sent to
+    our group (``timeout -s INT``, ``kill -- -PGID``, a batch system) reaches only us, and we
+    pass it on once."""
+    own_group = not terminal_signals_reach(os.getpgrp())
+    process = start(command, env, **(own_group_options() if own_group else {}))
 
     def forward(signum: int) -> None:
-        if signum in TERMINAL_SIGNALS and from_terminal:
+        if signum in TERMINAL_SIGNALS and not own_group:
             return  # the terminal sent it to the command too
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signum)
