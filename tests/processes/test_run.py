@@ -349,11 +349,22 @@ def signals_reaching_the_job(
     return counted(log)
 
 
+def as_gnu_timeout_does(signum: int) -> Callable[[int], None]:
+    """``timeout -s SIG``: the signal to the command, then at once to its whole group."""
+
+    def send(pid: int) -> None:
+        os.kill(pid, signum)
+        os.killpg(pid, signum)
+
+    return send
+
+
 @pytest.mark.parametrize(
     "send",
     [
         pytest.param(lambda pid: os.killpg(pid, signal.SIGINT), id="to-the-group"),
         pytest.param(lambda pid: os.kill(pid, signal.SIGINT), id="to-bsmon-run-alone"),
+        pytest.param(as_gnu_timeout_does(signal.SIGINT), id="to-both-at-once"),
     ],
 )
 def test_a_sigint_reaches_the_job_once_whoever_it_was_sent_to(processes, tmp_path, send):

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -55,6 +56,9 @@ EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
 LOG_TAIL_LINES = 5
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# The same signal twice within this is one sent twice at once (GNU timeout sends it to bsmon
+# run and again to its group): passed on once, as the kernel merges them for a bare job.
+SAME_SIGNAL_S = 0.2
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -231,10 +235,15 @@ def run_headless(command: list[str], env: dict[str, str]) -> int:
     pass it on once."""
     own_group = not terminal_signals_reach(os.getpgrp())
     process = start(command, env, **(own_group_options() if own_group else {}))
+    passed_on: dict[int, float] = {}  # signal -> when it was last passed on
 
     def forward(signum: int) -> None:
         if signum in TERMINAL_SIGNALS and not own_group:
             return  # the terminal sent it to the command too
+        now = time.monotonic()
+        if now - passed_on.get(signum, -SAME_SIGNAL_S) < SAME_SIGNAL_S:
+            return
+        passed_on[signum] = now
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signum)
 
