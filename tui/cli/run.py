@@ -234,20 +234,25 @@ def run_headless(command: list[str], env: dict[str, str]) -> int:
     our group (``timeout -s INT``, ``kill -- -PGID``, a batch system) reaches only us, and we
     pass it on once."""
     own_group = not terminal_signals_reach(os.getpgrp())
-    process = start(command, env, **(own_group_options() if own_group else {}))
+    process: subprocess.Popen | None = None
+    early: list[int] = []  # what came before the command was there to get it
     passed_on: dict[int, float] = {}  # signal -> when it was last passed on
 
     def forward(signum: int) -> None:
-        if signum in TERMINAL_SIGNALS and not own_group:
+        if process is None:
+            early.append(signum)
+        elif signum in TERMINAL_SIGNALS and not own_group:
             return  # the terminal sent it to the command too
-        now = time.monotonic()
-        if now - passed_on.get(signum, -SAME_SIGNAL_S) < SAME_SIGNAL_S:
-            return
-        passed_on[signum] = now
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
+        elif time.monotonic() - passed_on.get(signum, -SAME_SIGNAL_S) >= SAME_SIGNAL_S:
+            passed_on[signum] = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
 
     with signals_handled(forward, (signal.SIGTERM, *TERMINAL_SIGNALS)):
+        process = start(command, env, **(own_group_options() if own_group else {}))
+        for signum in dict.fromkeys(early):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
         return exit_status(process.wait())
 
 
