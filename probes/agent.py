@@ -991,7 +991,20 @@ class Monitor:
             self.recorder.probe(result, self._progress.step)
 
     def _close_at_exit(self) -> None:
-        self.close(interrupts.exit_reason())
+        """``close`` at exit, whatever lands meanwhile: a second Ctrl-C is held back until it
+        is done (``interrupts.signals_deferred``); one that gets in before, or an error, ends
+        the record saying its close was cut short, and is never printed over the job's end."""
+        reason = interrupts.EXITED
+        try:
+            reason = interrupts.exit_reason()
+            with interrupts.signals_deferred():
+                self.close(reason)
+        except BaseException as exc:
+            with contextlib.suppress(BaseException), interrupts.signals_deferred():
+                if self.recorder is not None:
+                    cut = f"{reason}; bsmon's close was cut short ({type(exc).__name__})"
+                    if self.recorder.close(cut, self._progress.step):
+                        self._write_summary(self.recorder.path)
 
     def close(self, reason: str = "closed") -> None:
         """Remove every hook, stop every thread, remove the socket, end the record and write

@@ -5,6 +5,7 @@ waits; SIGTERM stops it; a crash at import is reported at once."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -140,3 +141,29 @@ def test_the_time_view_of_an_unmodified_script_says_it_waits_for_data(bsmon_dir)
     finally:
         tmux.kill()
         kill_run_processes(bsmon_dir)
+
+
+def test_ctrl_c_in_the_terminal_reaches_a_headless_job_once(bsmon_dir, tmp_path):
+    """--headless in a terminal's foreground, stdout to a file: Ctrl-C reaches the job from the
+    terminal and bsmon run does not pass it on again (SIGTERM, sent to bsmon run alone, is
+    passed on after anything it passed on before)."""
+    log = tmp_path / "signals.txt"
+    job = f"{sys.executable} tests/signal_count_job.py {log}"
+    tmux = start(bsmon_dir, f"{BSMON} run --headless -- {job} > {tmp_path / 'out.txt'}")
+    try:
+        ready = wait_until(lambda: read_lines(log), timeout=60, message="the job to be ready")
+        bsmon_run_pid = int(ready[0].split()[1])
+        tmux.send("C-c")
+        wait_until(lambda: "SIGINT" in read_lines(log), timeout=30, message="the Ctrl-C")
+        os.kill(bsmon_run_pid, signal.SIGTERM)
+        wait_until(lambda: "SIGTERM" in read_lines(log), timeout=30, message="the SIGTERM")
+        tmux.send("C-d")  # the job reads the terminal (it is in the foreground): end of input
+        tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="exit 0")
+        assert read_lines(log)[1:] == ["SIGINT", "SIGTERM"]
+    finally:
+        tmux.kill()
+        kill_run_processes(bsmon_dir)
+
+
+def read_lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

@@ -3,10 +3,12 @@ codes and signals passed through, wrong arguments refused in one line."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -329,3 +331,69 @@ def test_ctrl_c_before_the_first_step_says_interrupted_not_nothing_trained(
         "bsmon: slow was not monitored: it was interrupted (Ctrl-C) before bsmon attached at "
         "its first optimizer step"
     )
+
+
+COUNT_JOB = str(ROOT / "tests" / "signal_count_job.py")
+
+
+def counted(log: Path) -> collections.Counter:
+    """The signals the counting job noted in ``log``."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return collections.Counter(line for line in lines if line.startswith("SIG"))
+
+
+def signals_reaching_the_job(
+    processes, tmp_path, send: Callable[[int], None], fence: signal.Signals
+) -> collections.Counter:
+    """What the counting job got under ``bsmon run --headless`` without a terminal, after
+    ``send(pid of bsmon run)`` and then ``fence`` sent to bsmon run alone. bsmon run passes
+    signals on in the order it handles them, the lower number first, as the job does: with
+    a fence numbered above the signal sent, a duplicate passed on is counted before the
+    fence."""
+    log = tmp_path / "signals.txt"
+    run = bsmon_run(processes, "--headless", "--", sys.executable, COUNT_JOB, str(log))
+    assert run.stdout.readline().strip() == "ready"
+    send(run.pid)
+    os.kill(run.pid, fence)
+    wait_until(lambda: counted(log)[fence.name], timeout=60, message=f"the job to get {fence}")
+    run.stdin.close()
+    assert run.wait(60) == 0  # the job's own exit code
+    return counted(log)
+
+
+def as_gnu_timeout_does(signum: int) -> Callable[[int], None]:
+    """``timeout -s SIG``: the signal to the command, then at once to its whole group."""
+
+    def send(pid: int) -> None:
+        os.kill(pid, signum)
+        os.killpg(pid, signum)
+
+    return send
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        pytest.param(lambda pid: os.killpg(pid, signal.SIGINT), id="to-the-group"),
+        pytest.param(lambda pid: os.kill(pid, signal.SIGINT), id="to-bsmon-run-alone"),
+        pytest.param(as_gnu_timeout_does(signal.SIGINT), id="to-both-at-once"),
+    ],
+)
+def test_a_sigint_reaches_the_job_once_whoever_it_was_sent_to(processes, tmp_path, send):
+    """`timeout -s INT`, `kill -INT -- -PGID`, a batch system: a signal sent to the process
+    group bsmon run is in reaches the job once, as it would without bsmon (it used to get it
+    twice: directly and passed on), and so does one sent to bsmon run alone."""
+    got = signals_reaching_the_job(processes, tmp_path, send, fence=signal.SIGTERM)
+    assert got == {"SIGINT": 1, "SIGTERM": 1}
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        pytest.param(lambda pid: os.killpg(pid, signal.SIGTERM), id="to-the-group"),
+        pytest.param(lambda pid: os.kill(pid, signal.SIGTERM), id="to-bsmon-run-alone"),
+    ],
+)
+def test_a_sigterm_reaches_the_job_once_whoever_it_was_sent_to(processes, tmp_path, send):
+    got = signals_reaching_the_job(processes, tmp_path, send, fence=signal.SIGINT)
+    assert got == {"SIGTERM": 1, "SIGINT": 1}

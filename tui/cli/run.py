@@ -5,9 +5,11 @@ The command gets ``bsmon.probes.launch.child_environment``: every Python process
 loads bsmon's agent at start-up, which attaches at the first ``optimizer.step()``
 (docs/zero-code.md). Then:
 
-- ``--headless``: a transparent wrapper. The command shares the terminal (its output, Ctrl-C)
-  and the process group; SIGTERM, and SIGINT/SIGHUP that the terminal did not already deliver
-  to it, are passed on. ``bsmon run`` returns the command's exit code (128+N for signal N).
+- ``--headless``: a transparent wrapper. The command shares the terminal (its output, Ctrl-C);
+  each signal reaches it exactly once (``run_headless``: in the terminal's foreground it shares
+  our process group and Ctrl-C comes from the terminal; elsewhere it leads its own group and
+  what reaches ``bsmon run`` is passed on). ``bsmon run`` returns the command's exit code
+  (128+N for signal N).
 - otherwise the dashboard takes the terminal; the command runs in its own session with its
   output in a log file (``--log``, else ``<name>-<pid>.log`` in the bsmon directory, moved
   beside the session's record once the command ends). ``q`` or Ctrl-C stops the command as a
@@ -36,6 +38,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -54,6 +57,9 @@ EXIT_NOT_FOUND = 127  # as a shell answers a command it cannot find
 EXIT_CANNOT_RUN = 126  # ... and one it found but cannot run
 LOG_TAIL_LINES = 5
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# The same signal twice within this is one sent twice at once (GNU timeout sends it to bsmon
+# run and again to its group): passed on once, as the kernel merges them for a bare job.
+SAME_SIGNAL_S = 0.2
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -173,13 +179,32 @@ def start(command: list[str], env: dict[str, str], **options: Any) -> subprocess
 # -- headless -------------------------------------------------------------------------------
 
 
+def foreground_group() -> int | None:
+    """The process group that Ctrl-C and hang-ups of our controlling terminal reach (None:
+    there is no controlling terminal: nohup, sbatch, CI, a daemon)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        return os.tcgetpgrp(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def terminal_signals_reach(pid_group: int) -> bool:
     """Whether Ctrl-C and hang-ups from our terminal reach ``pid_group`` by themselves (it is
     the terminal's foreground process group)."""
-    for stream in (sys.stdin, sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            return os.tcgetpgrp(stream.fileno()) == pid_group
-    return False
+    return foreground_group() == pid_group
+
+
+def own_group_options() -> dict[str, Any]:
+    """Popen's arguments that start the child as the leader of a process group of its own."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
 
 
 def check_writable(log_path: Path) -> BinaryIO:
@@ -205,16 +230,32 @@ def say_record_or_why(name: str, notes: list[run_notes.Note], status: int | None
 
 
 def run_headless(command: list[str], env: dict[str, str]) -> int:
-    process = start(command, env)
-    from_terminal = terminal_signals_reach(os.getpgrp())
+    """Run ``command`` so that every signal reaches it exactly once (docs/zero-code.md,
+    "Signals and quitting"). In the terminal's foreground the command stays in our process
+    group: Ctrl-C reaches it from the terminal (not passed on), and it may read the terminal.
+    Elsewhere (no terminal, a background job) it leads a group of its own, so a signal sent to
+    our group (``timeout -s INT``, ``kill -- -PGID``, a batch system) reaches only us, and we
+    pass it on once."""
+    own_group = not terminal_signals_reach(os.getpgrp())
+    process: subprocess.Popen | None = None
+    early: list[int] = []  # what came before the command was there to get it
+    passed_on: dict[int, float] = {}  # signal -> when it was last passed on
 
     def forward(signum: int) -> None:
-        if signum in TERMINAL_SIGNALS and from_terminal:
+        if process is None:
+            early.append(signum)
+        elif signum in TERMINAL_SIGNALS and not own_group:
             return  # the terminal sent it to the command too
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
+        elif time.monotonic() - passed_on.get(signum, -SAME_SIGNAL_S) >= SAME_SIGNAL_S:
+            passed_on[signum] = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
 
     with signals_handled(forward, (signal.SIGTERM, *TERMINAL_SIGNALS)):
+        process = start(command, env, **(own_group_options() if own_group else {}))
+        for signum in dict.fromkeys(early):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
         return exit_status(process.wait())
 
 
