@@ -31,6 +31,7 @@ from torch import nn
 
 from . import audience
 from .fault_guard import FaultGuard
+from .layer_inputs import flat_input_examples
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
 LayerCall = Callable[[nn.Module, tuple, Any, int], None]  # (module, args, output, pass id)
@@ -131,6 +132,7 @@ class ForwardWatch:
         self._pending_batch: int | None = None  # a sequence-first layer's batch in this pass
         self.wrapper = compiled_wrapper(model)
         self.refusal: str | None = None
+        self.uncounted: str | None = None  # why a pass's examples could not be counted
         if model is None:
             self.refusal = audience.say(
                 attach="no model was given to attach()",
@@ -285,7 +287,9 @@ class ForwardWatch:
     def _examples_of(self, x: torch.Tensor | None) -> int | None:
         """The examples in the root input ``x``: along ``batch_dim`` when the user gave it;
         else where a sequence-first layer of this pass found its batch (dim 1 of its input);
-        else along dim 0."""
+        else along dim 0 of an input of two dims or more. A 0- or 1-D input is judged by the
+        model's first layer, the rule the noise scale applies to each layer's input
+        (``layer_inputs``); when that cannot say, None and ``uncounted`` says why."""
         seen = self._pending_batch
         if x is None:
             return seen
@@ -296,5 +300,8 @@ class ForwardWatch:
                 dim = 1 if 1 in dims else dims[0]
                 self.learned_dim = dim
         if dim is None:
+            if self.learned_dim is None and x.dim() < 2 and self.model is not None:
+                examples, self.uncounted = flat_input_examples(self.model, x)
+                return examples
             dim = self.learned_dim if self.learned_dim is not None else 0
         return int(x.shape[dim]) if x.dim() > dim else None
