@@ -24,7 +24,14 @@ import msgspec
 
 from ..anatomy.verdict import judged
 from ..batch.verdict import SizeThroughput
-from ..record.buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_value
+from ..record.buckets import (
+    add_counts,
+    merge_devices,
+    merge_range,
+    merge_stat,
+    quantiles,
+    step_bin_value,
+)
 from ..record.format import (
     DeviceSpan,
     End,
@@ -111,6 +118,17 @@ class _Segment:
     timed_s: float = 0.0
     timed_samples: int = 0
     uncounted_s: float = 0.0
+    varies: list[int] | None = None  # no one size: the least and most examples per step
+
+
+def _varies(span: list[int] | None) -> str | None:
+    """The words for a batch size that varied step to step over ``span`` (least, most)."""
+    return f"varies {span[0]:,}–{span[1]:,} per step" if span else None
+
+
+def _segment_key(seg: _Segment) -> tuple[int | None, bool]:
+    """A segment's batch size, and whether it is one that varies step to step."""
+    return seg.batch_size, seg.varies is not None
 
 
 @dataclass
@@ -122,6 +140,7 @@ class _SizeTotals:
     best: float | None = None
     hist: dict[int, int] = field(default_factory=dict)
     windows: SizeThroughput = field(default_factory=SizeThroughput)
+    varies: list[int] | None = None  # no one size: the least and most examples per step
 
 
 class SummaryBuilder:
@@ -153,7 +172,8 @@ class SummaryBuilder:
         self.noise_last: float | None = None
         self.segments: list[_Segment] = []
         self.segments_left_out = 0
-        self.sizes: dict[int | None, _SizeTotals] = {}
+        # by batch size, and whether the size varied step to step (then None)
+        self.sizes: dict[tuple[int | None, bool], _SizeTotals] = {}
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
         self.autopilot: Autopilot | None = None
         self.event_notes: list[Note] = []
@@ -248,20 +268,24 @@ class SummaryBuilder:
 
     def _batch(self, span: Span) -> None:
         seg = self.segments[-1] if self.segments else None
-        if seg is None or seg.batch_size != span.batch_size:
+        same = seg is not None and _segment_key(seg) == (span.batch_size, bool(span.batch_range))
+        if not same:
             if len(self.segments) >= MAX_SEGMENTS:
                 self.segments_left_out += 1
+                seg = None
             else:
                 seg = _Segment(span.batch_size, span.step - span.steps + 1, span.t0)
                 self.segments.append(seg)
-        if seg is not None and seg.batch_size == span.batch_size:
+        if seg is not None:
+            seg.varies = merge_range(seg.varies, span.batch_range)
             seg.to_step, seg.t1 = span.step, span.t1
             seg.steps += span.steps
             seg.timed_steps += span.timed_steps
             seg.timed_s += span.timed_s
             seg.timed_samples += span.timed_samples
             seg.uncounted_s += span.uncounted_s
-        totals = self.sizes.setdefault(span.batch_size, _SizeTotals())
+        totals = self.sizes.setdefault((span.batch_size, bool(span.batch_range)), _SizeTotals())
+        totals.varies = merge_range(totals.varies, span.batch_range)
         totals.steps += span.steps
         totals.timed_s += span.timed_s
         totals.timed_samples += span.timed_samples
@@ -336,7 +360,7 @@ class SummaryBuilder:
             ),
             b_simple=self._noise(),
             batch_size_history=[self._segment(s) for s in self.segments],
-            batch_sizes=[self._size(size, t) for size, t in self.sizes.items()],
+            batch_sizes=[self._size(size, t) for (size, _), t in self.sizes.items()],
             scalars={
                 name: Scalar(
                     stat.n, _round(first), _round(last), stat.min, stat.max, _round(stat.mean)
@@ -479,6 +503,7 @@ class SummaryBuilder:
             steps=s.steps,
             samples_per_s=_round(throughput(s.timed_samples, s.timed_s, s.uncounted_s)),
             step_time_s=_round(s.timed_s / s.timed_steps) if s.timed_steps else None,
+            varies=_varies(s.varies),
         )
 
     @staticmethod
@@ -492,6 +517,7 @@ class SummaryBuilder:
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
             samples_per_s_se=_round(t.windows.se),
+            varies=_varies(t.varies),
         )
 
     def _series(self) -> dict[str, list[Point]]:

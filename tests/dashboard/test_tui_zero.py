@@ -62,3 +62,9 @@ def test_a_held_change_says_where_it_applies():
     assert describe_success(command, result) == "batch size 128 → 256 at the end of the epoch"
     now = protocol.BatchSizeResult(old=128, new=256, applies_after_step=7)
     assert describe_success(command, now) == "batch size 128 → 256 after step 7"
+
+
+def test_a_size_that_varies_is_shown_as_the_agent_says():
+    metrics = next(m for m in messages() if isinstance(m, protocol.Metrics))
+    metrics.batch_size, metrics.batch_varies = 31, "varies 10–500 per step"
+    assert size_line(metrics) == "[b]31[/b] [$text-muted](varies 10–500 per step)[/]"
