@@ -20,6 +20,7 @@ from ..anatomy.phases import Phases, phases_of, with_comm
 from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepRun
 from ..record.history import DecimatingHistory, metrics_history
+from ..wire.describe import batch_varies
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
@@ -195,7 +196,7 @@ class Telemetry:
         nominal = self.tally.nominal
         span = nominal.range if size is None else None
         self.batch_size = nominal.last if span is not None else size
-        self.batch_varies = f"varies {span[0]:,}–{span[1]:,} per step" if span else None
+        self.batch_varies = batch_varies(span)
 
     @staticmethod
     def _marks_of(steps: range, marks: list[tuple[int, Any]]) -> tuple[list[Any], list[tuple]]:

@@ -46,6 +46,7 @@ from ..record.format import (
 )
 from ..record.history import DecimatingHistory
 from ..record.reader import RecordReader, open_record
+from ..wire.describe import batch_varies
 from ..wire.protocol import Event, StepAnatomy
 from .recommend import recommendations
 from .schema import (
@@ -119,11 +120,6 @@ class _Segment:
     timed_samples: int = 0
     uncounted_s: float = 0.0
     varies: list[int] | None = None  # no one size: the least and most examples per step
-
-
-def _varies(span: list[int] | None) -> str | None:
-    """The words for a batch size that varied step to step over ``span`` (least, most)."""
-    return f"varies {span[0]:,}–{span[1]:,} per step" if span else None
 
 
 def _segment_key(seg: _Segment) -> tuple[int | None, bool]:
@@ -503,7 +499,7 @@ class SummaryBuilder:
             steps=s.steps,
             samples_per_s=_round(throughput(s.timed_samples, s.timed_s, s.uncounted_s)),
             step_time_s=_round(s.timed_s / s.timed_steps) if s.timed_steps else None,
-            varies=_varies(s.varies),
+            varies=batch_varies(s.varies),
         )
 
     @staticmethod
@@ -517,7 +513,7 @@ class SummaryBuilder:
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
             samples_per_s_se=_round(t.windows.se),
-            varies=_varies(t.varies),
+            varies=batch_varies(t.varies),
         )
 
     def _series(self) -> dict[str, list[Point]]:
