@@ -22,6 +22,7 @@ alone, which dynamo never traces and which the wrapper's pickling leaves out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -31,7 +32,7 @@ from torch import nn
 
 from . import audience
 from .fault_guard import FaultGuard
-from .layer_inputs import flat_input_examples
+from .layer_inputs import FirstLayer, first_layer, flat_input_examples
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
 LayerCall = Callable[[nn.Module, tuple, Any, int], None]  # (module, args, output, pass id)
@@ -140,6 +141,11 @@ class ForwardWatch:
             )
         elif compiled_in_place(model):
             self.refusal = "the model was compiled with Module.compile()"
+
+    @functools.cached_property
+    def first_layer(self) -> FirstLayer:
+        """The model's first layer of a known kind: it says whether a 1-D input is a batch."""
+        return first_layer(self.model) if self.model is not None else None
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -301,7 +307,7 @@ class ForwardWatch:
                 self.learned_dim = dim
         if dim is None:
             if self.learned_dim is None and x.dim() < 2 and self.model is not None:
-                examples, self.uncounted = flat_input_examples(self.model, x)
+                examples, self.uncounted = flat_input_examples(self.first_layer, x)
                 return examples
             dim = self.learned_dim if self.learned_dim is not None else 0
         return int(x.shape[dim]) if x.dim() > dim else None

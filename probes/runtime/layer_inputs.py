@@ -71,15 +71,22 @@ def _takes_features(module: nn.Module, kind: str, width: int) -> bool:
     return False
 
 
-def flat_input_examples(model: nn.Module, x: torch.Tensor) -> tuple[int | None, str | None]:
-    """The examples in a 0- or 1-dimensional input ``x`` of ``model``, decided by its first
-    layer of a known kind, as ``(examples, None)``, or ``(None, why)`` when that layer cannot
-    say: a ``[n]`` that layer takes as features is one unbatched example; a ``[n]`` it takes
-    with a batch dim (token ids of an embedding) is ``n`` examples."""
+FirstLayer = tuple[nn.Module, str] | None  # a model's first layer of a known kind, and its kind
+
+
+def first_layer(model: nn.Module) -> FirstLayer:
+    """The first of ``model``'s modules (in registration order) of a kind ``kind_of`` knows."""
+    return next(((m, k) for m in model.modules() if (k := kind_of(m)) is not None), None)
+
+
+def flat_input_examples(first: FirstLayer, x: torch.Tensor) -> tuple[int | None, str | None]:
+    """The examples in a 0- or 1-dimensional model input ``x``, decided by the model's
+    ``first`` layer (``first_layer``), as ``(examples, None)``, or ``(None, why)`` when that
+    layer cannot say: a ``[n]`` it takes as features is one unbatched example; a ``[n]`` it
+    takes with a batch dim (token ids of an embedding) is ``n`` examples."""
     shape = list(x.shape)
     if x.dim() == 0:
         return None, f"the model's input is a single number ({shape}), with no batch dimension"
-    first = next(((m, k) for m in model.modules() if (k := kind_of(m)) is not None), None)
     if first is None:
         return None, (
             f"the model's input {shape} has one dimension and none of its layers says "
