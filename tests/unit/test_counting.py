@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from bsmon.probes import attach
 from bsmon.probes.batch.loader import NominalBatch
 from bsmon.probes.runtime.fault_guard import FaultGuard
 from bsmon.probes.runtime.forward_watch import ForwardWatch
@@ -101,3 +102,23 @@ def test_a_one_dimensional_input_the_model_cannot_explain_is_not_counted_and_say
     assert seen == [None]
     assert why in (watch.uncounted or "")
     assert str(list(x.shape)) in (watch.uncounted or "")
+
+
+def test_a_live_job_whose_episodes_vary_shows_the_last_count_and_the_range():
+    """The agent's own reading (what the dashboard shows): the last step's examples and the
+    range of the recent ones; the samples are every forward call's."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = [5 + (episode * 7) % 23 for episode in range(40)]
+    with attach(model, optimizer, serve=False, record=False, noise_scale=None) as mon:
+        for length in lengths:
+            outputs = [model(torch.randn(4)).sum() for _ in range(length)]
+            optimizer.zero_grad()
+            torch.stack(outputs).sum().backward()
+            optimizer.step()
+            assert mon.flush()
+        telemetry = mon.telemetry
+        assert telemetry.samples == sum(lengths[1:])  # the first step has no count
+        assert telemetry.batch_size == lengths[-1]
+        recent = lengths[-NominalBatch.VARY_WINDOW :]
+        assert telemetry.batch_varies == f"varies {min(recent)}–{max(recent)} per step"
