@@ -687,7 +687,8 @@ class Monitor:
         first step: the model's inputs are counted from the second on)."""
         if step <= 1:
             return None
-        seen = self._watch.blocked() or "the model's own forward was not called"
+        watch = self._watch
+        seen = watch.blocked() or watch.uncounted or "the model's own forward was not called"
         fix = audience.say(
             attach="attach(..., batch_size=N) declares them",
             run="bsmon run counts the batches of a DataLoader or the model's input",

@@ -21,6 +21,7 @@ import msgspec
 from textual.binding import Binding
 
 from bsmon.probes.record import End, Header, Span, Status, conversions, open_record
+from bsmon.probes.wire.describe import batch_varies
 from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
     PROTOCOL_VERSION,
@@ -256,6 +257,7 @@ class RecordSource(Source):
             t=position,
             step=span.step,
             batch_size=span.batch_size,
+            batch_varies=batch_varies(span.batch_range),
             step_time_s=point.step_time_s if point else None,
             samples_per_s=point.samples_per_s if point else None,
             b_simple=span.b_simple.mean if span.b_simple else None,

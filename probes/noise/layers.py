@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..runtime.layer_inputs import batch_axes, kind_of, transposed_linear
 from . import pernorms
 from .autograd import grad_accumulator
 from .scaling import AdamPreconditioner
@@ -39,43 +40,6 @@ SUPPORTED_NAMES = (
     "Linear (and Hugging Face's Conv1D), Conv1d/2d, Embedding, LayerNorm, RMSNorm, GroupNorm, "
     "BatchNorm"
 )
-_RMSNorm = getattr(nn, "RMSNorm", None)
-
-
-def transposed_linear(module: nn.Module) -> bool:
-    """Hugging Face's ``Conv1D`` (GPT-2's projections): a linear layer whose weight is stored
-    (in, out), ``x @ W + b``. Known by its shape, so transformers need not be imported."""
-    weight = getattr(module, "weight", None)
-    return (
-        type(module).__name__ == "Conv1D"
-        and isinstance(weight, Tensor)
-        and weight.dim() == 2
-        and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
-    )
-
-
-def kind_of(module: nn.Module) -> str | None:
-    if isinstance(module, nn.Linear) or transposed_linear(module):
-        return "linear"
-    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
-        return "conv"
-    if isinstance(module, nn.Embedding):
-        return None if module.scale_grad_by_freq else "embedding"
-    if isinstance(module, nn.LayerNorm):
-        return "layer_norm"
-    if _RMSNorm is not None and isinstance(module, _RMSNorm):
-        return "rms_norm"
-    if isinstance(module, nn.GroupNorm):
-        return "group_norm"
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
-        module, nn.SyncBatchNorm
-    ):
-        return "batch_norm"
-    return None
-
-
-# trailing input dims that are features, not positions (layer and RMS norms: their shape)
-_FEATURE_DIMS = {"linear": 1, "embedding": 0}
 
 
 class FastestMethod:
@@ -164,17 +128,9 @@ class Layer:
         return sum(p.numel() for p in self.params)
 
     def batch_axes(self, dims: int) -> tuple[int, ...]:
-        """The dims of a ``dims``-dimensional input that may hold the examples: 0, and 1 for
-        layers applied position by position (a sequence-first input)."""
-        module = self.module
-        if self.kind == "conv":
-            return (0,) if dims == (3 if isinstance(module, nn.Conv1d) else 4) else ()
-        if self.kind in ("group_norm", "batch_norm"):
-            return (0,) if dims >= 2 else ()
-        features = _FEATURE_DIMS.get(self.kind)
-        if features is None:
-            features = len(module.normalized_shape)  # type: ignore[arg-type]
-        return tuple(range(min(dims - features, 2)))
+        """The dims of a ``dims``-dimensional input that may hold the examples
+        (``layer_inputs.batch_axes``: the rule the sample count shares)."""
+        return batch_axes(self.module, self.kind, dims)
 
     def batch_axis(
         self, shape: tuple[int, ...], examples: int, index_dims: int | None, prefer: int

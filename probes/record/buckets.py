@@ -192,6 +192,13 @@ def _merge_host(a: HostSpan | None, b: HostSpan | None) -> HostSpan | None:
     return HostSpan(cpu=merge_stat(a.cpu, b.cpu), rss=merge_stat(a.rss, b.rss))
 
 
+def merge_range(a: list[int] | None, b: list[int] | None) -> list[int] | None:
+    """The least and most of two ranges (None: no range)."""
+    if a is None or b is None:
+        return a or b
+    return [min(a[0], b[0]), max(a[1], b[1])]
+
+
 def merge_spans(a: Span, b: Span) -> Span:
     """One span for ``a`` followed by ``b``."""
     return Span(
@@ -202,6 +209,7 @@ def merge_spans(a: Span, b: Span) -> Span:
         steps=a.steps + b.steps,
         samples=max(a.samples, b.samples),
         batch_size=b.batch_size if b.batch_size is not None else a.batch_size,
+        batch_range=merge_range(a.batch_range, b.batch_range),
         timed_steps=a.timed_steps + b.timed_steps,
         timed_s=a.timed_s + b.timed_s,
         timed_samples=a.timed_samples + b.timed_samples,

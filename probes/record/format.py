@@ -182,6 +182,8 @@ class Span(RecordLine, tag="span"):
     steps: int = 0  # steps completed in the span
     samples: int = 0  # samples seen since the start, at the end of the span
     batch_size: int | None = None  # one batch size per span: a change closes the span
+    # batch_size None because the examples per step varied: their least and most
+    batch_range: list[int] | None = None
     timed_steps: int = 0
     timed_s: float = 0.0  # the summed durations of the timed steps
     timed_samples: int = 0  # the samples of the timed steps

@@ -46,12 +46,21 @@ if TYPE_CHECKING:
 from .writer import CLOSE_TIMEOUT_S, RecordWriter
 
 
+def _widen(bucket: _Bucket, low: int, high: int) -> None:
+    """Steps without one batch size (``NominalBatch``: the examples per step vary): the
+    span keeps their least and most examples per step."""
+    if bucket.examples_range is not None:
+        low, high = min(low, bucket.examples_range[0]), max(high, bucket.examples_range[1])
+    bucket.examples_range = (low, high)
+
+
 class _Bucket:
     """The open span (agent thread)."""
 
     __slots__ = (
         "batch_size",
         "eval_s",
+        "examples_range",
         "first",
         "hist",
         "phases",
@@ -68,6 +77,7 @@ class _Bucket:
     def __init__(self, t0: float, batch_size: int | None) -> None:
         self.t0 = t0
         self.batch_size = batch_size
+        self.examples_range: tuple[int, int] | None = None  # no one size: examples per step
         self.steps = 0
         self.timed_steps = 0
         self.timed_s = 0.0
@@ -167,6 +177,8 @@ class Recorder(Extension):
         bucket.steps += len(run.steps)
         self.step = run.steps[-1]
         durations, samples, phases = run.durations, run.samples, run.phases
+        if batch_size is None and (counted := [n for n in samples if n]):
+            _widen(bucket, min(counted), max(counted))
         try:  # a None (unknown) among them makes sum raise: counted as 0
             self.samples += sum(samples)  # type: ignore[arg-type]
         except TypeError:
@@ -271,6 +283,7 @@ class Recorder(Extension):
             steps=bucket.steps,
             samples=self.samples,
             batch_size=bucket.batch_size,
+            batch_range=list(bucket.examples_range) if bucket.examples_range else None,
             timed_steps=bucket.timed_steps,
             timed_s=bucket.timed_s,
             timed_samples=bucket.timed_samples,

@@ -15,6 +15,8 @@ Modules, one job each:
 - ``forward_watch``, ``loader_watch``, ``mode_watch``, ``call_watch``: the model's forward
   passes, every DataLoader's batches, ``train()``/``eval()`` switches, and torch functions
   wrapped once per process with subscribers;
+- ``layer_inputs``: which dims of a layer's input may hold the examples (a 1-D model input's
+  count and the noise scale's layers, one rule);
 - ``telemetry``: step records in, metrics windows and history points out (agent thread);
 - ``window``: the sums of a window of steps (count, time, samples, scalars);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;

@@ -22,6 +22,7 @@ alone, which dynamo never traces and which the wrapper's pickling leaves out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -31,6 +32,7 @@ from torch import nn
 
 from . import audience
 from .fault_guard import FaultGuard
+from .layer_inputs import FirstLayer, first_layer, flat_input_examples
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
 LayerCall = Callable[[nn.Module, tuple, Any, int], None]  # (module, args, output, pass id)
@@ -131,6 +133,7 @@ class ForwardWatch:
         self._pending_batch: int | None = None  # a sequence-first layer's batch in this pass
         self.wrapper = compiled_wrapper(model)
         self.refusal: str | None = None
+        self.uncounted: str | None = None  # why a pass's examples could not be counted
         if model is None:
             self.refusal = audience.say(
                 attach="no model was given to attach()",
@@ -138,6 +141,11 @@ class ForwardWatch:
             )
         elif compiled_in_place(model):
             self.refusal = "the model was compiled with Module.compile()"
+
+    @functools.cached_property
+    def first_layer(self) -> FirstLayer:
+        """The model's first layer of a known kind: it says whether a 1-D input is a batch."""
+        return first_layer(self.model) if self.model is not None else None
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -285,7 +293,9 @@ class ForwardWatch:
     def _examples_of(self, x: torch.Tensor | None) -> int | None:
         """The examples in the root input ``x``: along ``batch_dim`` when the user gave it;
         else where a sequence-first layer of this pass found its batch (dim 1 of its input);
-        else along dim 0."""
+        else along dim 0 of an input of two dims or more. A 0- or 1-D input is judged by the
+        model's first layer, the rule the noise scale applies to each layer's input
+        (``layer_inputs``); when that cannot say, None and ``uncounted`` says why."""
         seen = self._pending_batch
         if x is None:
             return seen
@@ -296,5 +306,8 @@ class ForwardWatch:
                 dim = 1 if 1 in dims else dims[0]
                 self.learned_dim = dim
         if dim is None:
+            if self.learned_dim is None and x.dim() < 2 and self.model is not None:
+                examples, self.uncounted = flat_input_examples(self.first_layer, x)
+                return examples
             dim = self.learned_dim if self.learned_dim is not None else 0
         return int(x.shape[dim]) if x.dim() > dim else None

@@ -198,6 +198,9 @@ class StepTally:
             self._last,
             nominal.size,
             nominal.candidate,
+            nominal.varies,
+            nominal.last,
+            nominal.repeats,
         )
 
     def _follow(self, examples: int) -> None:

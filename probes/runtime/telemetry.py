@@ -20,6 +20,7 @@ from ..anatomy.phases import Phases, phases_of, with_comm
 from ..anatomy.window import PhaseWindow, anatomy_of
 from ..record.format import StepRun
 from ..record.history import DecimatingHistory, metrics_history
+from ..wire.describe import batch_varies
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
 from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
@@ -91,6 +92,7 @@ class Telemetry:
         self.samples: int | None = 0  # None once a step's samples could not be counted
         self.samples_note: str | None = None  # why they are not counted (set by the monitor)
         self.batch_size: int | None = None
+        self.batch_varies: str | None = None  # the size changes step to step: its range
         self.last_step_time = 0.0
         self.step_time_s: float | None = None
         self.samples_per_s: float | None = None
@@ -179,7 +181,7 @@ class Telemetry:
                 else:
                     self.samples = (self.samples or 0) + step_samples
         self.step = steps[-1]
-        self.batch_size = sizes[-1]
+        self._take_size(sizes[-1])
         self.tally.follow_rate(len(ends) - 1, ends[-1] - ends[0])
         self.last_step_time = ends[-1] + time.time() - time.perf_counter()
         if any(eval_s):
@@ -188,6 +190,14 @@ class Telemetry:
         if self._marks:
             step_marks, self._marks = self._marks_of(steps, self._marks)
         self._steps.append(_Steps(steps, ends, samples, sizes, eval_s, step_marks))
+
+    def _take_size(self, size: int | None) -> None:
+        """The batch size shown: the steps' nominal size, or while the examples per step vary
+        (``NominalBatch``) the last step's, marked with their recent range."""
+        nominal = self.tally.nominal
+        span = nominal.range if size is None else None
+        self.batch_size = nominal.last if span is not None else size
+        self.batch_varies = batch_varies(span)
 
     @staticmethod
     def _marks_of(steps: range, marks: list[tuple[int, Any]]) -> tuple[list[Any], list[tuple]]:
@@ -369,6 +379,7 @@ class Telemetry:
             t=now,
             step=self.step,
             batch_size=self.batch_size,
+            batch_varies=self.batch_varies,
             step_time_s=self.step_time_s,
             samples_per_s=self.samples_per_s,
             b_simple=self.noise.b_simple,

@@ -23,7 +23,14 @@ import msgspec
 
 from ..anatomy.verdict import judged
 from ..batch.verdict import SizeThroughput
-from ..record.buckets import add_counts, merge_devices, merge_stat, quantiles, step_bin_value
+from ..record.buckets import (
+    add_counts,
+    merge_devices,
+    merge_range,
+    merge_stat,
+    quantiles,
+    step_bin_value,
+)
 from ..record.format import (
     DeviceSpan,
     End,
@@ -38,6 +45,7 @@ from ..record.format import (
 )
 from ..record.history import DecimatingHistory
 from ..record.reader import RecordReader, open_record
+from ..wire.describe import batch_varies
 from ..wire.discovery import replace_atomically
 from ..wire.protocol import Event, StepAnatomy
 from .recommend import recommendations
@@ -111,6 +119,12 @@ class _Segment:
     timed_s: float = 0.0
     timed_samples: int = 0
     uncounted_s: float = 0.0
+    varies: list[int] | None = None  # no one size: the least and most examples per step
+
+
+def _segment_key(seg: _Segment) -> tuple[int | None, bool]:
+    """A segment's batch size, and whether it is one that varies step to step."""
+    return seg.batch_size, seg.varies is not None
 
 
 @dataclass
@@ -122,6 +136,7 @@ class _SizeTotals:
     best: float | None = None
     hist: dict[int, int] = field(default_factory=dict)
     windows: SizeThroughput = field(default_factory=SizeThroughput)
+    varies: list[int] | None = None  # no one size: the least and most examples per step
 
 
 class SummaryBuilder:
@@ -153,7 +168,8 @@ class SummaryBuilder:
         self.noise_last: float | None = None
         self.segments: list[_Segment] = []
         self.segments_left_out = 0
-        self.sizes: dict[int | None, _SizeTotals] = {}
+        # by batch size, and whether the size varied step to step (then None)
+        self.sizes: dict[tuple[int | None, bool], _SizeTotals] = {}
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
         self.autopilot: Autopilot | None = None
         self.event_notes: list[Note] = []
@@ -251,20 +267,24 @@ class SummaryBuilder:
 
     def _batch(self, span: Span) -> None:
         seg = self.segments[-1] if self.segments else None
-        if seg is None or seg.batch_size != span.batch_size:
+        same = seg is not None and _segment_key(seg) == (span.batch_size, bool(span.batch_range))
+        if not same:
             if len(self.segments) >= MAX_SEGMENTS:
                 self.segments_left_out += 1
+                seg = None
             else:
                 seg = _Segment(span.batch_size, span.step - span.steps + 1, span.t0)
                 self.segments.append(seg)
-        if seg is not None and seg.batch_size == span.batch_size:
+        if seg is not None:
+            seg.varies = merge_range(seg.varies, span.batch_range)
             seg.to_step, seg.t1 = span.step, span.t1
             seg.steps += span.steps
             seg.timed_steps += span.timed_steps
             seg.timed_s += span.timed_s
             seg.timed_samples += span.timed_samples
             seg.uncounted_s += span.uncounted_s
-        totals = self.sizes.setdefault(span.batch_size, _SizeTotals())
+        totals = self.sizes.setdefault((span.batch_size, bool(span.batch_range)), _SizeTotals())
+        totals.varies = merge_range(totals.varies, span.batch_range)
         totals.steps += span.steps
         totals.timed_s += span.timed_s
         totals.timed_samples += span.timed_samples
@@ -341,7 +361,7 @@ class SummaryBuilder:
             ),
             b_simple=self._noise(),
             batch_size_history=[self._segment(s) for s in self.segments],
-            batch_sizes=[self._size(size, t) for size, t in self.sizes.items()],
+            batch_sizes=[self._size(size, t) for (size, _), t in self.sizes.items()],
             scalars={
                 name: Scalar(
                     stat.n,
@@ -492,6 +512,7 @@ class SummaryBuilder:
             steps=s.steps,
             samples_per_s=_round(throughput(s.timed_samples, s.timed_s, s.uncounted_s)),
             step_time_s=_round(s.timed_s / s.timed_steps) if s.timed_steps else None,
+            varies=batch_varies(s.varies),
         )
 
     @staticmethod
@@ -505,6 +526,7 @@ class SummaryBuilder:
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
             samples_per_s_se=_round(t.windows.se),
+            varies=batch_varies(t.varies),
         )
 
     def _series(self) -> dict[str, list[Point]]:

@@ -196,7 +196,7 @@ def _batch_sizes(s: Summary) -> str:
     history = _table(
         [
             (
-                _size(seg.batch_size),
+                seg.varies or _size(seg.batch_size),
                 f"{seg.from_step:,}–{seg.to_step:,}",
                 duration(seg.duration_s),
                 rate(seg.samples_per_s),
@@ -209,7 +209,7 @@ def _batch_sizes(s: Summary) -> str:
     by_size = _table(
         [
             (
-                _size(b.batch_size),
+                b.varies or _size(b.batch_size),
                 f"{b.steps:,}",
                 duration(b.duration_s),
                 rate(b.samples_per_s)

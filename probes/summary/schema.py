@@ -114,6 +114,8 @@ class BatchSegment(msgspec.Struct):
     steps: int
     samples_per_s: float | None
     step_time_s: float | None
+    # batch_size None because the examples per step changed step to step: their range, said
+    varies: str | None = None
 
 
 class BatchSize(msgspec.Struct):
@@ -128,6 +130,8 @@ class BatchSize(msgspec.Struct):
     # the standard error of samples_per_s, from the scatter of its spans (the live
     # throughput verdicts use the same estimator: probes/batch/verdict.py)
     samples_per_s_se: float | None = None
+    # batch_size None because the examples per step changed step to step: their range, said
+    varies: str | None = None
 
 
 class Scalar(msgspec.Struct):

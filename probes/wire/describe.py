@@ -18,6 +18,12 @@ def extrapolation_note(extrapolation: float | None) -> str:
     return f"extrapolated {extrapolation:.1f}×"
 
 
+def batch_varies(span: tuple[int, int] | list[int] | None) -> str | None:
+    """A batch size that varied step to step over ``span`` (least, most examples per step) in
+    words, as the dashboard, its replay and the summary say it; None without a span."""
+    return f"varies {span[0]:,}–{span[1]:,} per step" if span else None
+
+
 def describe_prediction(result: ProbeResult) -> str | None:
     """The predicted largest batch in words, said to be a prediction, or None."""
     if result.predicted_max is None:

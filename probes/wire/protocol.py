@@ -387,6 +387,9 @@ class Metrics(Message, tag="metrics"):
     b_simple: float | None
     samples: int | None = 0  # None: the job's samples are not counted (samples_note says why)
     samples_note: str | None = None
+    # the examples per step change step to step ("varies 10–500 per step"): batch_size is the
+    # last step's; None: one size holds
+    batch_varies: str | None = None
     eval_s: float = 0.0  # evaluation inside the training loop so far, not in step times
     steps_in_window: int = 0
     idle_s: float | None = None

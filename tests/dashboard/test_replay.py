@@ -7,13 +7,16 @@ import json
 import msgspec
 import pytest
 
+from bsmon.probes.record.format import End, Span, encode_line, header_for
 from bsmon.probes.summary.schema import Summary
+from bsmon.probes.wire.describe import batch_varies
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.replay import RecordSource, ReplayScreen, load_replay
 from bsmon.tui.session import ConnState
 from bsmon.tui.widgets.banner import StateBanner
+from bsmon.tui.widgets.batch import size_line
 
-from ..records import START, two_phase
+from ..records import START, session, two_phase
 from ..scripted import autopilot_reading, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
@@ -252,3 +255,16 @@ def test_a_replay_is_never_shown_silent_between_its_spans(record):
     source.position += 30  # 30 s further, nothing fed
     assert source.model.silent_s() is not None  # the live rule would say silent
     assert source.snapshot().silent_s is None
+
+
+def test_a_span_whose_size_varied_replays_with_the_agent_s_words(tmp_path):
+    span = Span(t0=START, t1=START + 1, step=40, steps=40, samples=600, batch_range=[5, 27])
+    path = tmp_path / "varied.jsonl"
+    end = End(t=START + 1, reason="closed", step=40, samples=600)
+    path.write_bytes(
+        b"".join(encode_line(i) for i in (header_for(session(), None, START), span, end))
+    )
+    source = RecordSource(load_replay(path), playing=False)
+    metrics = source._metrics(0, 1.0)
+    assert metrics.batch_size is None and metrics.batch_varies == batch_varies([5, 27])
+    assert "varies 5–27 per step" in size_line(metrics)

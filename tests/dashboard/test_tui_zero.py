@@ -90,3 +90,9 @@ async def test_an_empty_loss_chart_of_an_attached_job_says_mon_log():
     async with app.run_test(size=(120, 40)) as pilot:
         await dashboard_ready(pilot)
         await wait_for(pilot, lambda: "mon.log(loss=loss)" in text_of(app, "#scalars"), what="hint")
+
+
+def test_a_size_that_varies_is_shown_as_the_agent_says():
+    metrics = next(m for m in messages() if isinstance(m, protocol.Metrics))
+    metrics.batch_size, metrics.batch_varies = 31, "varies 10–500 per step"
+    assert size_line(metrics) == "[b]31[/b] [$text-muted](varies 10–500 per step)[/]"

@@ -247,3 +247,40 @@ def test_optimizers_stepped_one_after_the_other_count_one_step_an_iteration(bsmo
         events = [line.message for line in reader.lines() if isinstance(line, protocol.Event)]
     assert any(said in message for message in events), events
     assert summary.time.other_s < summary.time.steps_s / 4  # no second phase counted as other
+
+
+def episode_examples(stdout: str) -> list[int]:
+    """episodes.py's own count of each episode's examples (one episode per step)."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith("examples per episode")]
+    return [int(n) for n in line.split()[3:]]
+
+
+def test_episodes_of_every_length_show_a_batch_size_that_varies(bsmon_dir):
+    """One step per episode, as long as the episode (pytorch/examples' reinforce.py): the
+    size is not frozen at the first episode's; the stretch whose size varies says the range
+    of the examples its steps had, by the script's own count."""
+    outcome = run("episodes.py", (), RUN, bsmon_dir)
+    examples = episode_examples(outcome.stdout)
+    summary = summary_of(outcome.records[0])
+    assert summary.samples == sum(examples[1:])  # the first step is not counted
+    last = summary.batch_size_history[-1]
+    covered = examples[last.from_step - 1 : last.to_step]
+    assert last.to_step == len(examples) and last.from_step <= 4, summary.batch_size_history
+    assert last.batch_size is None
+    assert last.varies == f"varies {min(covered)}–{max(covered)} per step"
+
+
+@pytest.mark.parametrize("mode", [RUN, ATTACH])
+def test_a_one_dimensional_state_is_one_example_per_call(mode, bsmon_dir):
+    """actor_critic.py's model takes a [4] state: one example, not four."""
+    outcome = run("episodes.py", ("--unbatched",), mode, bsmon_dir)
+    examples = episode_examples(outcome.stdout)
+    assert summary_of(outcome.records[0]).samples == sum(examples[1:])
+
+
+def test_a_one_dimensional_input_bsmon_cannot_explain_is_not_counted_and_says_why(bsmon_dir):
+    outcome = run("episodes.py", ("--flat",), RUN, bsmon_dir)
+    summary = summary_of(outcome.records[0])
+    assert summary.samples is None
+    reasons = [w.message for w in summary.warnings if w.message.startswith("samples not counted")]
+    assert len(reasons) == 1 and "the model's input [8] has one dimension" in reasons[0], reasons

@@ -500,3 +500,38 @@ def test_summary_charts_label_their_axes_with_round_ticks():
     y_labels = [line.split("┤")[0].strip() for line in text.splitlines() if "┤" in line]
     assert len(y_labels) >= 2 and all(label.endswith("k") for label in y_labels)
     assert all(float(label[:-1]) * 1000 % 250 == 0 for label in y_labels), y_labels
+
+
+def test_a_size_that_varies_is_one_stretch_with_its_range_apart_from_unknown_steps(tmp_path):
+    first = timed_span(0, 1, samples=None)
+    varying = [
+        msgspec.structs.replace(
+            timed_span(k, 5, samples=12),
+            step=1 + 5 * k,
+            samples=60 * k,
+            batch_size=None,
+            batch_range=r,
+        )
+        for k, r in ((1, [10, 40]), (2, [5, 27]))
+    ]
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), None, START),
+            first,
+            *varying,
+            End(t=START + 3, reason="closed", step=11, samples=120),
+        ],
+    )
+    history = summary.batch_size_history
+    assert [(s.batch_size, s.varies) for s in history] == [
+        (None, None),
+        (None, "varies 5–40 per step"),
+    ]
+    assert history[1].steps == 10 and history[1].samples_per_s == 120  # 12 per 0.1 s step
+    assert sorted((b.steps, b.varies or "") for b in summary.batch_sizes) == [
+        (1, ""),
+        (10, "varies 5–40 per step"),
+    ]
+    md = (tmp_path / "summary.md").read_text()
+    assert "| varies 5–40 per step | 2–11 |" in md

@@ -18,6 +18,8 @@ HISTORY_LINES = 3
 def size_line(m: Metrics) -> str:
     batch = m.batch
     text = f"[b]{m.batch_size:,}[/b]" if m.batch_size is not None else "n/a"
+    if m.batch_varies:
+        text += f" [$text-muted]({m.batch_varies})[/]"
     if batch.accumulation_steps:
         text += f" = {batch.accumulation_steps}×{batch.micro_batch_size}"
     if batch.pending is not None:
