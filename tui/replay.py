@@ -21,7 +21,7 @@ import msgspec
 from textual.binding import Binding
 
 from bsmon.probes.record import End, Header, Span, Status, conversions, open_record
-from bsmon.probes.wire.describe import batch_varies
+from bsmon.probes.wire import batch_varies
 from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
     PROTOCOL_VERSION,

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from . import discovery, protocol
 from .client import ConnectionLost, JobConnection
-from .describe import describe_prediction, describe_recommendation, describe_what_if
+from .describe import (
+    batch_varies,
+    describe_prediction,
+    describe_recommendation,
+    describe_what_if,
+)
 from .discovery import BsmonDirError, JobEntry
 
 __all__ = [
@@ -26,6 +31,7 @@ __all__ = [
     "ConnectionLost",
     "JobConnection",
     "JobEntry",
+    "batch_varies",
     "describe_prediction",
     "describe_recommendation",
     "describe_what_if",
