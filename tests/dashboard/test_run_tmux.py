@@ -65,6 +65,12 @@ def test_q_stops_the_training_and_bsmon_run_returns_its_exit_code(bsmon_dir):
         assert "+/- is off: bsmon run leaves the script's DataLoader" in screen
         tmux.send("Escape")
         tmux.wait_for(lambda s: "Loss" in s and "loss" in s, what="the loss chart")
+        wait_until(  # the script's own first line, before q stops it (a busy machine is slow)
+            lambda: any("epoch 0: loss" in log.read_text() for log in bsmon_dir.glob("*.log")),
+            timeout=120,
+            interval=0.1,
+            message="the script's first epoch line in its output",
+        )
         tmux.send("q")
         # SIGINT, as Ctrl-C in a terminal: the script ends with KeyboardInterrupt (130)
         screen = tmux.wait_for(lambda s: "BSMON-EXITED-130" in s, timeout=30, what="exit 130")

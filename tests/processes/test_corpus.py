@@ -77,8 +77,8 @@ CASES = [
     # one optimizer per layer, the second from the second epoch on: bsmon run follows it once
     # it steps alone (attach() is given the first, and counts its steps only); B_simple is the
     # first's, up to its last step
-    Case("layerwise.py", 400, {RUN: 2 * 3200}, {RUN: ESTIMATE}),
-    Case("layerwise.py", 400, both(2 * 3200), both(ESTIMATE), args=("--together",)),
+    Case("layerwise.py", 1200, {RUN: 2 * 9600}, {RUN: ESTIMATE}),
+    Case("layerwise.py", 1200, both(2 * 9600), both(ESTIMATE), args=("--together",)),
 ]
 
 
