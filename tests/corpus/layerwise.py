@@ -17,11 +17,9 @@ from common import maybe_attach, setup
 def main() -> None:
     setup()
     together = "--together" in sys.argv[1:]
-    # 600 batches an epoch: the first phase lasts long enough on a busy machine for the agent
-    # to publish the noise scale it measured before the second optimizer takes over
-    x = torch.randn(9600, 8)
+    x = torch.randn(3200, 8)
     data = TensorDataset(x, x.sum(1, keepdim=True))
-    loader = DataLoader(data, batch_size=16, shuffle=True)
+    loader = DataLoader(data, batch_size=16, shuffle=True)  # 200 batches an epoch
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     first = torch.optim.SGD(model[0].parameters(), lr=0.01)
     second = torch.optim.Adam(model[2].parameters(), lr=1e-3)
