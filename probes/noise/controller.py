@@ -149,6 +149,7 @@ class NoiseScale:
         self.why = "turned off: attach(noise_scale=None)"
         self._accumulating_steps = 0
         self._single_steps = 0
+        self._single_seen_at = 0  # the step a waiting job was first seen not to accumulate
         self._auto_microbatch = False
         self._per_example_unfit: str | None = None  # why auto never uses per-example norms
         self._reported: set[str] = set()
@@ -312,6 +313,7 @@ class NoiseScale:
                 # auto's micro-batches in a job seen not to accumulate (a step with no pass
                 # counted, as bsmon run's first, is no evidence): its passes are counted on
                 # one step in WAITING_CHECK_EVERY, the others cost nothing
+                self._single_seen_at = self._single_seen_at or step
                 self.next_measured = step + WAITING_CHECK_EVERY
                 source.set_counting(False)
             else:
@@ -442,7 +444,7 @@ class NoiseScale:
         self.phase = WARMING_UP
         self.warmup.restart(self._step())
         self._auto_microbatch = auto_microbatch
-        self._accumulating_steps = self._single_steps = 0
+        self._accumulating_steps = self._single_steps = self._single_seen_at = 0
         if restart_why:
             self.why = (
                 "micro-batch norms across the backward passes of each step (auto: gradient "
@@ -500,7 +502,8 @@ class NoiseScale:
             return
         self._reported.add(UNMEASURABLE)
         message = f"{NO_ESTIMATE}{why}"
-        telemetry.add_event(Event(time.time(), self._step(), "noise_scale", message, "warning"))
+        step = self._single_seen_at or self._step()  # when it was seen, not when the agent came
+        telemetry.add_event(Event(time.time(), step, "noise_scale", message, "warning"))
 
     def _report_below_zero(self, telemetry: Telemetry) -> None:
         """Once: enough steps, and |G|² below zero beyond its error (BatchNorm, for
