@@ -300,7 +300,8 @@ def settle(started: object, loop: Loop) -> None:
     """Let bsmon's agent (if ``started`` is one, or its monitor) see two ticks of steps and
     then take all of them: what it decides from them (the logging mode, a steady count of
     examples, the end of the noise scale's dense start) is what a step after the warm-up
-    costs, whatever the tick's period and however slowly the warm-up ran."""
+    costs, whatever the tick's period and however slowly the warm-up ran; the logging mode
+    is then held."""
     from bsmon.probes.runtime.service import TICK_S
 
     monitor = getattr(started, "monitor", started)
@@ -311,6 +312,9 @@ def settle(started: object, loop: Loop) -> None:
     while time.monotonic() < until:
         loop.step()
     flush()
+    # the steps counted next run under cProfile, several times slower: on a loaded machine
+    # the agent would judge them slow and change the mode half-way through the count
+    monitor.telemetry.logged_intake.hold_mode()
 
 
 def count_calls(

@@ -51,6 +51,12 @@ class LoggedIntake:
         self._clock = clock
         self._window_start = clock()
         self._window_steps = self._window_calls = 0
+        self._held = False
+
+    def hold_mode(self) -> None:
+        """Judge the mode no more: a benchmark counting the calls of steps it slows (under
+        a profiler) counts them in the mode the job's own speed chose."""
+        self._held = True
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep
@@ -92,8 +98,8 @@ class LoggedIntake:
                     seen[name] = value
                     into.setdefault(name, []).append(value)
         steps_a_tick, calls_a_tick = self._rates(steps, calls)
-        if steps_a_tick is None:
-            pass  # under a period since the rate was last judged
+        if steps_a_tick is None or self._held:
+            pass  # under a period since the rate was last judged, or held
         elif self.latest_only and steps_a_tick < ALL_BELOW:
             self._switch(False)
         elif not self.latest_only and calls_a_tick > SAMPLE_ABOVE:

@@ -96,6 +96,17 @@ def test_slow_steps_keep_every_call_again():
     assert switched == [False] and not intake.latest_only
 
 
+def test_a_held_mode_is_judged_no_more():
+    """The call-counting benchmark slows the steps it counts (cProfile): it holds the mode
+    the job's own speed chose, so that the count does not depend on the machine's load."""
+    inbox = Inbox()
+    intake, switched = intake_on(inbox)
+    intake.latest_only = True
+    intake.hold_mode()
+    intake.take(inbox, 1, {}, step=1)
+    assert switched == [] and intake.latest_only
+
+
 def test_a_tick_soon_after_the_last_is_not_a_slow_loop():
     """A flush wakes a tick a moment after the last one, with a few steps in between: the
     rate is judged over at least a tick's period, so that is no reason to keep every call."""
