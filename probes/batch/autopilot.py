@@ -403,6 +403,8 @@ class Autopilot:
                 return
             claimed, note = self._ledger.claim()
             said = f"{claimed:.2f}× claimed {note}" if claimed is not None else f"no claim: {note}"
+            if not self.decided and self.waiting and self.state == "on":  # what held it
+                said = f"{self.waiting}; {said}"
             self._say(
                 f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
                 f"{self.decided} decision{'' if self.decided == 1 else 's'}; {said}",

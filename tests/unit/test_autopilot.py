@@ -314,6 +314,9 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_s
     why = "none — BatchNorm in training mode couples the examples; waiting will not bring one"
     job = Job(noise=lambda _s: NoiseScaleReading(status=why)).run(60)
     assert job.decisions() == [] and job.autopilot.reading().waiting == f"B_simple: {why}"
+    job.autopilot.finish()  # its last line says what held it, not only that nothing was claimed
+    end = job.events[-1].message
+    assert end.startswith(f"autopilot at the end: batch 16 → 16 in 0 decisions; B_simple: {why}")
 
 
 def falling(after: int, phi: float, spread: float) -> Noise:
