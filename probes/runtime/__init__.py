@@ -18,6 +18,7 @@ Modules, one job each:
 - ``layer_inputs``: which dims of a layer's input may hold the examples (a 1-D model input's
   count and the noise scale's layers, one rule);
 - ``telemetry``: step records in, metrics windows and history points out (agent thread);
+- ``steps``: resolved steps as the telemetry hands them on (one, or a run as columns);
 - ``window``: the sums of a window of steps (count, time, samples, scalars);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
