@@ -180,7 +180,7 @@ def zero_code(resizable: bool = False) -> Setup:
     @contextlib.contextmanager
     def setup(loop: Loop) -> Iterator[object]:  # the agent: its monitor from the first step
         from bsmon.probes.launch.autoattach import AutoAttach
-        from bsmon.probes.launch.environment import ENV_RESIZABLE
+        from bsmon.probes.runtime.audience import ENV_RESIZABLE
 
         os.environ[ENV_RESIZABLE] = "1" if resizable else "0"
         agent = AutoAttach("hostcost")
