@@ -7,13 +7,9 @@ the dashboard can use the protocol modules without importing torch.
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = metadata.version("bsmon")
-except metadata.PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0+unknown"
+from .version import __version__
 
 if TYPE_CHECKING:
     from .agent import Monitor, attach
