@@ -221,6 +221,14 @@ def test_few_imports_run_back_up_a_floor():
     assert not UPWARD - upward, f"gone: take them out of UPWARD: {sorted(UPWARD - upward)}"
 
 
+def test_the_benchmarks_never_import_the_tests():
+    """The jobs both run live in workloads/; a test reaches a benchmark's module only through
+    tests/gpu_check_kit.py, so the two trees do not depend on each other."""
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        for target, _ in import_statements(path.stem, path, top_level_only=False):
+            assert target.split(".")[0] != "tests", f"{path.relative_to(ROOT)} imports {target}"
+
+
 LONG_MODULE = 420  # lines
 
 
