@@ -60,8 +60,8 @@ def device_sample(k: int):
 
 def agent_record(path: Path, steps: int, per_bucket: int = 20) -> dict:
     """Drive the real Recorder: ``per_bucket`` steps every half second of fake time."""
-    from bsmon.probes.record.format import StepDone
     from bsmon.probes.record.recorder import Recorder
+    from bsmon.probes.runtime.steps import StepDone
     from bsmon.probes.runtime.telemetry import Telemetry
     from bsmon.probes.wire.protocol import Capability, Event
 

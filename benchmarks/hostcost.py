@@ -180,7 +180,7 @@ def zero_code(resizable: bool = False) -> Setup:
     @contextlib.contextmanager
     def setup(loop: Loop) -> Iterator[object]:  # the agent: its monitor from the first step
         from bsmon.probes.launch.autoattach import AutoAttach
-        from bsmon.probes.launch.environment import ENV_RESIZABLE
+        from bsmon.probes.runtime.audience import ENV_RESIZABLE
 
         os.environ[ENV_RESIZABLE] = "1" if resizable else "0"
         agent = AutoAttach("hostcost")
@@ -302,7 +302,7 @@ def settle(started: object, loop: Loop) -> None:
     examples, the end of the noise scale's dense start) is what a step after the warm-up
     costs, whatever the tick's period and however slowly the warm-up ran; the logging mode
     is then held."""
-    from bsmon.probes.runtime.service import TICK_S
+    from bsmon.probes.runtime.inbox import TICK_S
 
     monitor = getattr(started, "monitor", started)
     flush = getattr(monitor, "flush", None)

@@ -63,9 +63,10 @@ def child(config: str, steps: int, warmup: int, tick_steps: int = 0) -> None:
     sys.path.insert(0, str(HERE))
     import hostcost
 
-    from bsmon.probes.runtime import service
+    from bsmon.probes.runtime import logged, service
 
-    service.TICK_S = AGENT_IDLE_S if tick_steps else TICK_S
+    # the tick's period, and the one over which the logging rate is judged
+    service.TICK_S = logged.TICK_S = AGENT_IDLE_S if tick_steps else TICK_S
     torch.set_num_threads(1)
     name = next(n for n in hostcost.CONFIGS if n.startswith(config))
     loop = hostcost.make_loop("tiny")

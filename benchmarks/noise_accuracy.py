@@ -6,7 +6,7 @@ Three parts, each printed as a table (docs/benchmarks.md keeps the figures):
    the defaults; the step at which the estimate first reaches a relative standard error of
    20% (the warm-up ends: every step measured until then) and what it reads there.
 2. **Closed form**: linear regressions whose B_simple is known exactly (learning rate 0,
-   fresh data every step, tests/noise_jobs.py) train 3,000 steps at the defaults — one
+   fresh data every step, workloads/noise_jobs.py) train 3,000 steps at the defaults — one
    device, 4 micro-batches, 2 DDP ranks over gloo, and a batch size that doubles halfway —
    and the estimate is compared with the truth (goal: within 10%).
 3. **Sequential calibration**: 16 seeds of the sequential estimator at learning rate 0: the
@@ -42,7 +42,7 @@ from gpt import GPT  # noqa: E402
 
 from bsmon.probes import attach  # noqa: E402
 from bsmon.probes.demo import DemoCNN, make_dataset  # noqa: E402
-from tests.noise_jobs import ISO, ISO_BIAS, Case, Regression, train  # noqa: E402
+from workloads.noise_jobs import ISO, ISO_BIAS, Case, Regression, train  # noqa: E402
 
 WARMUP_STEPS = 300  # the goal: a first estimate with ±20% within this many steps
 CLOSED_STEPS = 3000

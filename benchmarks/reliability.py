@@ -2,7 +2,7 @@
 measured in the same benchmark; the faults it survived, the inputs it was sent, and the
 samples bsmon lost (must be 0).
 
-Each row is a fresh tests/reliability_job.py (a real training loop, as fast as it goes,
+Each row is a fresh workloads/reliability_job.py (a real training loop, as fast as it goes,
 recording its session) measured over ``--window`` seconds while one disturbance runs beside
 it. The undisturbed run is measured first and last; the ratio is against their mean.
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bsmon.probes.summary.build import summarize_record  # noqa: E402
 from bsmon.probes.wire import discovery, protocol  # noqa: E402
 from bsmon.probes.wire.client import JobConnection  # noqa: E402
-from tests.reliability_kit import JobProcess, kill_attached_monitors, raw_client  # noqa: E402
+from workloads.reliability_kit import JobProcess, kill_attached_monitors, raw_client  # noqa: E402
 
 REDRAW_GAP_S = 0.005
 Disturb = Callable[["Bench", JobProcess, float], "Tally"]
@@ -267,9 +267,8 @@ def main() -> int:
         bench.cleanup()
         shutil.rmtree(directory, ignore_errors=True)
     base = (first.rate + last.rate) / 2
-    print(
-        f"job: tests/reliability_job.py, as fast as it goes; {args.window:.0f} s per row; ", end=""
-    )
+    job = "workloads/reliability_job.py"
+    print(f"job: {job}, as fast as it goes; {args.window:.0f} s per row; ", end="")
     print(f"{os.cpu_count()} cores; undisturbed {base:,.0f} steps/s")
     print()
     header = "| condition | steps/s | ratio | faults survived | inputs | samples lost | notes |"

@@ -1,19 +1,18 @@
 """bsmon.probes: everything that runs inside or beside the training job.
 
-This package never imports textual or rich; the dashboard talks to it only through the
-wire protocol (see docs/protocol.md). ``attach`` and ``Monitor`` are imported lazily so that
-the dashboard can use the protocol modules without importing torch.
+This package never imports textual or rich. The dashboard talks to a job through the wire
+protocol (docs/protocol.md) and reads its record (docs/record.md); of this package it imports
+only the faces tests/unit/test_layout.py lists in ``FACES`` (this module's ``__version__``, the
+protocol, the record, the summary, ``bsmon run``'s launch, the units and the demo job).
+``attach`` and ``Monitor`` are imported lazily so that the dashboard can use the faces
+without importing torch.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = metadata.version("bsmon")
-except metadata.PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0+unknown"
+from .version import __version__
 
 if TYPE_CHECKING:
     from .agent import Monitor, attach

@@ -1,6 +1,8 @@
-"""For the GPU check's tests: ``benchmarks/`` on the import path (its modules are scripts'
-helpers, not installed), and stand-in checks for the runner — one passes, one raises, one is
-killed by a signal, one overruns its budget with a descendant in a session of its own."""
+"""``benchmarks/`` on the import path (its modules are scripts' helpers, not installed): the
+one way a test reaches a benchmark's module (the jobs both run are in ``workloads/``, and
+benchmarks/ never imports tests/: tests/unit/test_layout.py). And, for the GPU check's tests,
+stand-in checks for the runner — one passes, one raises, one is killed by a signal, one
+overruns its budget with a descendant in a session of its own."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bsmon.probes import attach
 from bsmon.probes.noise import ddp as ddp_source
-from tests.noise_jobs import ANISO, ISO_BIAS, Regression, train
+from workloads.noise_jobs import ANISO, ISO_BIAS, Regression, train
 
 CASES = {"iso+bias": ISO_BIAS, "aniso": ANISO}
 calls = {"user_hook": 0}

@@ -45,15 +45,6 @@ def shares(anatomy: StepAnatomy) -> list[float | None]:
     return out
 
 
-def headline(anatomy: StepAnatomy | None) -> str | None:
-    """The verdict in a few words for the Batch panel's step line (None: no verdict yet)."""
-    if anatomy is None or anatomy.verdict is None:
-        return None
-    colour = "$success" if anatomy.verdict == "compute-bound" else "$warning"
-    short = anatomy.verdict.replace("communication", "comm")
-    return f"[{colour}]{short}[/]"  # the footer's `t Time` opens the breakdown
-
-
 def bar_lines(anatomy: StepAnatomy, width: int) -> list[str]:
     """One line per phase: label, milliseconds per step, share, and a bar."""
     lines = []

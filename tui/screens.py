@@ -43,6 +43,7 @@ from .ranks_screen import RanksScreen
 from .session import Snapshot
 from .settings import interval_text, next_interval, settings
 from .sources import Source, Update
+from .widgets import Panel
 from .widgets.banner import StateBanner
 from .widgets.batch import BatchPanel
 from .widgets.charts import ScalarChart, ThroughputChart
@@ -187,8 +188,9 @@ class DashboardScreen(Screen):
         self.snapshot = snap
         self.query_one(JobHeader).show(snap)
         self.query_one(StateBanner).show(snap)
-        for widget in self.query(".panel"):
-            widget.show(snap)  # type: ignore[attr-defined]
+        for panel in self.query(".panel"):
+            if isinstance(panel, Panel):  # every one is (tests/dashboard/test_tui_layout.py)
+                panel.show(snap)
         self.query_one("#scalars").border_title = ScalarChart.title(snap)
         screen = self.app.screen
         if isinstance(screen, (ProbeScreen, RanksScreen, AnatomyScreen)) and screen.is_mounted:

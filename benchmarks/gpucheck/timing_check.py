@@ -28,7 +28,7 @@ from .procs import Deadline
 from .report import Criterion, Finding, Table
 
 if TYPE_CHECKING:
-    from bsmon.probes.record.format import StepRun
+    from bsmon.probes.runtime.steps import StepRun
 
 MIN_STEP_S = 0.004
 MAX_BATCH = 8192

@@ -9,6 +9,8 @@ Modules, one job each:
 - ``sampling``: which steps are timed (one in every 4 to 12, drawn at random, fewer on
   very fast steps);
 - ``phases``: one step's marks turned into seconds per phase (agent thread);
+- ``seconds``: the types: a step's seconds per phase and their sums (no torch: the record
+  holds them);
 - ``window``: the last steps' totals and each history interval's;
 - ``verdict``: input-, communication-, host- or compute-bound, with evidence and advice;
 - ``extension``: the reading and its verdict in each metrics message, an event on change.

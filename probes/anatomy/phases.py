@@ -19,11 +19,9 @@ forward pass (an evaluation loop without a DataLoader) is taken out of the forwa
 
 from __future__ import annotations
 
-from ..record.format import Phases
 from ..runtime.timing import Mark, elapsed
 from .marks import StepMarks
-
-__all__ = ["Phases", "phases_of", "with_comm"]
+from .seconds import Phases
 
 
 def phases_of(marks: StepMarks, begin: Mark | None, end: Mark, training_s: float) -> Phases | None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..record.format import PhaseTotals
 from ..wire.protocol import StepAnatomy, Verdict
+from .seconds import PhaseTotals
 from .window import anatomy_of
 
 INPUT_SHARE = 0.20

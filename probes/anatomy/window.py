@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..record.format import Phases, PhaseTotals
 from ..wire.protocol import StepAnatomy
+from .seconds import Phases, PhaseTotals
 
 RECENT_STEPS = 100  # the live anatomy averages this many steps
 

@@ -89,64 +89,6 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
-class NominalBatch:
-    """The job's batch size as a person would state it, from the batches its steps drew: a
-    new size takes over once two steps in a row have it, so the short last batch of an epoch
-    is not a change of batch size (its samples still count as drawn).
-
-    A job whose count changes every step (an episode per step, as long as the episode) has
-    no one size: once a new count is followed by a third one, not the size it replaced, the
-    size *varies* — ``update`` returns None (no one number for the step), ``last`` is the
-    latest count and ``range`` the least and most of the last ``VARY_WINDOW`` — until
-    ``SETTLE_AFTER`` steps in a row have the same count again."""
-
-    VARY_WINDOW = 32
-    SETTLE_AFTER = 4
-
-    def __init__(self) -> None:
-        self.size: int | None = None
-        self.candidate: int | None = None  # a new size seen once, not yet twice in a row
-        self.last: int | None = None  # the latest count
-        self.recent: deque[int] = deque(maxlen=self.VARY_WINDOW)  # while varying
-        self.repeats = 0  # steps in a row with the latest count, while varying
-
-    @property
-    def varies(self) -> bool:
-        return bool(self.recent)
-
-    @property
-    def range(self) -> tuple[int, int] | None:
-        """The least and most of the recent counts while the size varies, else None."""
-        return (min(self.recent), max(self.recent)) if self.recent else None
-
-    def update(self, observed: int | None) -> int | None:
-        if self.recent:
-            return self._varying(observed)
-        if observed is None or observed == self.size:
-            self.candidate = None
-        elif self.size is None or observed == self.candidate:
-            self.size, self.candidate = observed, None
-        elif self.candidate is not None:  # a third count before the second was confirmed
-            self.recent.extend((self.size, self.candidate, observed))
-            self.size = self.candidate = None
-            self.repeats = 1
-        else:
-            self.candidate = observed
-        self.last = observed if observed is not None else self.last
-        return self.size
-
-    def _varying(self, observed: int | None) -> int | None:
-        if observed is None:
-            return None
-        self.repeats = self.repeats + 1 if observed == self.last else 1
-        self.last = observed
-        self.recent.append(observed)
-        if self.repeats >= self.SETTLE_AFTER:
-            self.recent.clear()
-            self.size = observed
-        return self.size
-
-
 OnBatch = Callable[["MonitoredDataLoader", Any, list[int]], None]
 
 

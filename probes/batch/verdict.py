@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..wire.protocol import ThroughputVerdict
+
 Z = 3.5  # standard errors of the difference that make it a verdict (see the docs)
 MIN_WINDOWS = 10  # windows at each size before an SE means anything
 MAX_WAIT_S = 60.0  # timed seconds at the new size before "no measurable difference"
 
-FASTER, SLOWER, SAME, LEFT = "faster", "slower", "no measurable difference", "left before a verdict"
-UNCOMPARED = "too little measured before it"  # the old size ran too briefly to compare
+FASTER: ThroughputVerdict = "faster"
+SLOWER: ThroughputVerdict = "slower"
+SAME: ThroughputVerdict = "no measurable difference"
+LEFT: ThroughputVerdict = "left before a verdict"
+UNCOMPARED: ThroughputVerdict = "too little measured before it"  # the old size ran too briefly
 
 
 @dataclass
@@ -66,7 +71,7 @@ class SizeThroughput:
 
 @dataclass(frozen=True)
 class Verdict:
-    outcome: str  # FASTER, SLOWER or SAME
+    outcome: ThroughputVerdict  # FASTER, SLOWER, SAME or UNCOMPARED
     before: float
     after: float
     se_before: float

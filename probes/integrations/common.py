@@ -5,11 +5,9 @@ from __future__ import annotations
 import functools
 import importlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
-
-import torch
 
 from ..wire.protocol import Event
 
@@ -30,17 +28,6 @@ def require(module: str, extra: str, framework: str) -> ModuleType:
 def rank_name(base: str, rank: int, world_size: int) -> str:
     """Rank 0 keeps the job's name (``bsmon attach NAME`` finds it); the others get a suffix."""
     return base if world_size <= 1 or rank == 0 else f"{base}-rank{rank}"
-
-
-def loss_of(output: Any) -> Any:
-    """The loss in what a training step returned: a scalar tensor, ``output["loss"]``, or
-    ``output.loss`` (a Hugging Face ``ModelOutput``); None when there is none."""
-    if isinstance(output, torch.Tensor):
-        return output if output.numel() == 1 else None
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return loss
-    return None
 
 
 def disable_batch_control(monitor: Any, reason: str) -> None:

@@ -39,7 +39,8 @@ import torch
 from torch.utils.data import BatchSampler
 
 from ..batch.loader import batch_length
-from .common import disable_batch_control, guarded, loss_of, note, rank_name, require
+from ..runtime.losses import loss_of
+from .common import disable_batch_control, guarded, note, rank_name, require
 
 transformers = require("transformers", "hf", "transformers")
 TrainerCallback = transformers.TrainerCallback

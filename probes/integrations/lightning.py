@@ -21,7 +21,8 @@ import importlib
 from typing import Any
 
 from ..batch.loader import batch_length
-from .common import disable_batch_control, guarded, loss_of, note, rank_name, require
+from ..runtime.losses import loss_of
+from .common import disable_batch_control, guarded, note, rank_name, require
 
 APPLY_AT = "at the end of the epoch"
 

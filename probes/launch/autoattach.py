@@ -63,13 +63,13 @@ from ..integrations.common import disable_batch_control, note, rank_name
 from ..maxbatch.seen_step import WAITING, StepWatch
 from ..record.writer import write_unattached
 from ..runtime import audience, distributed, loader_watch
+from ..runtime.audience import ENV_AUTOPILOT, ENV_RESIZABLE
 from ..runtime.fault_guard import FaultGuard
 from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
 from ..wire.protocol import Event
 from . import accelerate_loss
 from . import notes as run_notes
-from .environment import ENV_AUTOPILOT, ENV_RESIZABLE
 
 CONTROL_REASON = (
     "bsmon run leaves the script's DataLoader as it is; "

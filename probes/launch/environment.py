@@ -13,12 +13,10 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..runtime.audience import ENV_AUTOPILOT, ENV_RESIZABLE, ENV_RUN
 from ..wire import discovery
 from . import notes as run_notes
 
-ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
-ENV_RESIZABLE = "BSMON_RESIZABLE"  # "1": the agent may resize the script's DataLoader
-ENV_AUTOPILOT = "BSMON_AUTOPILOT"  # "1": and switch the autopilot on (docs/autopilot.md)
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 PYTHON_LAUNCHERS = ("python", "torchrun", "accelerate", "deepspeed", "uv", "lightning", "fabric")
 LAUNCHER_MODULES = (

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from ..launch.environment import ENV_RESIZABLE, ENV_RUN
+from ..runtime.audience import ENV_RESIZABLE, ENV_RUN
 from ..runtime.service import Extension, MetricsPart
 from ..wire.describe import extrapolation_note
 from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_hook
 
 from ..batch.loader import batch_length
-from ..integrations.common import loss_of
+from ..runtime.losses import loss_of
 
 NOT_REPRODUCIBLE = (
     "bsmon run: the loss is computed outside the model by code bsmon cannot replay "

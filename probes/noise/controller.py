@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..record.format import StepRun
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.inbox import take_all
 from ..runtime.service import Extension
+from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Capability, Event, NoiseScaleReading
 from . import reasons

@@ -13,7 +13,7 @@ Modules, one job each:
 This package is the dashboard's face on the record: it imports neither torch nor textual
 (``recorder`` and ``writer`` run in the job and are not exported here). ``conversions`` is
 imported on demand (``from bsmon.probes.record import conversions``): it reads the step
-anatomy, which itself builds on ``format``.
+anatomy's verdict, which a reader of spans alone need not load.
 """
 
 from __future__ import annotations

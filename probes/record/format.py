@@ -1,7 +1,8 @@
 """The session record, format version 1: JSON Lines, one object per line, each with a ``type``.
 
 A record is what the agent writes to disk for every session (docs/record.md describes it for
-people; this module is the single source of truth for the shapes). The first line is a
+people; this module is the single source of truth for the shapes, but for a span's
+``phases``, the step anatomy's ``anatomy.seconds.PhaseTotals``). The first line is a
 ``record`` header; then ``span`` lines (metrics aggregated over about half a second, merged
 into coarser spans as they age), ``event`` lines (the wire protocol's events, verbatim),
 ``status`` lines (when what the job can measure changes), ``probe`` lines (probe results) and,
@@ -10,10 +11,11 @@ when the job closed cleanly, one ``end`` line. Readers ignore line types they do
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
+from ..anatomy.seconds import PhaseTotals
 from ..wire.protocol import PROTOCOL_VERSION, Capability, Event, SessionInfo
 
 RECORD_FORMAT = "bsmon-record"
@@ -75,101 +77,6 @@ class DeviceSpan(msgspec.Struct, omit_defaults=True):
 class HostSpan(msgspec.Struct, omit_defaults=True):
     cpu: Stat | None = None  # percent of one core
     rss: Stat | None = None  # bytes
-
-
-class Phases(NamedTuple):
-    """One step's seconds in each phase (None: not measured); see ``anatomy.phases``."""
-
-    data: float | None
-    forward: float
-    backward: float
-    optimizer: float | None
-    other: float
-    comm: float | None = None  # the all-reduce wait, taken out of backward (DDP)
-
-
-class StepDone(NamedTuple):
-    """One resolved training step (``Recorder.on_step``; the telemetry hands its steps over
-    as ``StepRun`` columns)."""
-
-    step: int
-    duration: float | None  # training seconds (evaluation taken out); None: not timed
-    samples: int | None  # None: not counted
-    batch_size: int | None
-    eval_s: float = 0.0
-    phases: Phases | None = None
-
-
-class StepRun(NamedTuple):
-    """Consecutive resolved training steps as columns, each with one item a step, as the
-    telemetry hands a poll's steps to its tap (the recorder) and duration listeners (the
-    noise budget): a list per field, not a tuple per step, which the agent thread would
-    make and take apart again while the training thread waits for the GIL."""
-
-    steps: range
-    durations: list[float | None]  # as ``StepDone.duration``
-    samples: list[int | None]
-    sizes: list[int | None]
-    eval_s: list[float]
-    phases: list[Phases | None] | None = None  # None: no step of them was sampled
-
-    @classmethod
-    def of(cls, done: StepDone) -> StepRun:
-        return cls(
-            range(done.step, done.step + 1),
-            [done.duration],
-            [done.samples],
-            [done.batch_size],
-            [done.eval_s],
-            None if done.phases is None else [done.phases],
-        )
-
-    def part(self, start: int, stop: int) -> StepRun:
-        return StepRun(*(None if c is None else c[start:stop] for c in self))  # type: ignore[arg-type]
-
-
-class PhaseTotals(msgspec.Struct, omit_defaults=True):
-    """Summed seconds of each step phase over ``steps`` steps (the step anatomy). A phase
-    that none of the steps measured stays None. Merges exactly."""
-
-    steps: int = 0
-    step_s: float = 0.0  # the steps' training time
-    data_s: float | None = None
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    optimizer_s: float | None = None
-    other_s: float = 0.0
-    comm_s: float | None = None
-
-    def add(self, step_s: float, phases: Phases, *, steps: int = 1) -> None:
-        """Count ``steps`` steps with these summed seconds in (-1: take one out again)."""
-        sign = 1 if steps > 0 else -1
-        self.steps += steps
-        self.step_s += sign * step_s
-        self.forward_s += sign * phases.forward
-        self.backward_s += sign * phases.backward
-        self.other_s += sign * phases.other
-        if phases.data is not None:
-            self.data_s = (self.data_s or 0.0) + sign * phases.data
-        if phases.optimizer is not None:
-            self.optimizer_s = (self.optimizer_s or 0.0) + sign * phases.optimizer
-        if phases.comm is not None:
-            self.comm_s = (self.comm_s or 0.0) + sign * phases.comm
-
-    def merged(self, other: PhaseTotals | None) -> PhaseTotals:
-        """These steps followed by ``other``'s, as a new total."""
-        out = msgspec.structs.replace(self)
-        if other is not None:
-            sums = Phases(
-                other.data_s,
-                other.forward_s,
-                other.backward_s,
-                other.optimizer_s,
-                other.other_s,
-                other.comm_s,
-            )
-            out.add(other.step_s, sums, steps=other.steps)
-        return out
 
 
 class Span(RecordLine, tag="span"):

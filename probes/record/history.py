@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from ..anatomy.window import anatomy_of, totals_of
 from ..wire.protocol import MetricsPoint, StepAnatomy
 
 T = TypeVar("T")
@@ -89,8 +90,6 @@ def merge_anatomy(a: StepAnatomy | None, b: StepAnatomy | None) -> StepAnatomy |
     """Two step anatomies as one over both their steps (the phases' totals summed)."""
     if a is None or b is None or not a.steps or not b.steps:
         return b if b is not None else a
-    from ..anatomy.window import anatomy_of, totals_of  # the anatomy builds on this package
-
     return anatomy_of(totals_of(a).merged(totals_of(b)), b.clock)
 
 

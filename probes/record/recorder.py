@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..anatomy.seconds import PhaseTotals
 from ..runtime.service import Extension, TickDone
+from ..runtime.steps import StepDone, StepRun
 from ..runtime.telemetry import sampled_indices
 from ..wire.protocol import Capability, Event, SessionInfo
 from .buckets import StatAcc, count_step_bins, single
@@ -29,12 +31,9 @@ from .format import (
     DeviceSpan,
     End,
     HostSpan,
-    PhaseTotals,
     ProbeLine,
     Span,
     Status,
-    StepDone,
-    StepRun,
     encode_line,
     header_for,
     throughput,

@@ -7,7 +7,8 @@ Modules, one job each:
 - ``progress``: the step count, and whether the step in progress is an ordinary one;
 - ``inbox``: the records the training thread hands to the agent thread;
 - ``logged``: ``mon.log``'s values taken as columns, every call's or each name's latest;
-- ``losses``: which tensors ``backward()`` saw are the loss (``bsmon run``, a framework's);
+- ``losses``: which tensors ``backward()`` saw are the loss (``bsmon run``, a framework's),
+  and the loss in what a step returned;
 - ``session``: who this process is (the session the protocol and the record describe);
 - ``timing``: timing marks (wall clock, or CUDA events on a GPU) for the sampled steps;
 - ``samples``: the samples of each step, and the batch size a person would say;
@@ -18,6 +19,7 @@ Modules, one job each:
 - ``layer_inputs``: which dims of a layer's input may hold the examples (a 1-D model input's
   count and the noise scale's layers, one rule);
 - ``telemetry``: step records in, metrics windows and history points out (agent thread);
+- ``steps``: resolved steps as the telemetry hands them on (one, or a run as columns);
 - ``window``: the sums of a window of steps (count, time, samples, scalars);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);

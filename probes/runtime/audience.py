@@ -5,9 +5,17 @@ A reason that ends "pass batch_size= to attach()" helps the first and means noth
 second, who never called attach(). The few reasons that say what to change are worded for
 the process's audience: ``bsmon run``'s agent says so once, just before it attaches
 (``launch.autoattach``), and the reasons ask ``say(attach=..., run=...)``.
+
+The names of the variables ``bsmon run`` sets for the command it runs live here too, below
+both their readers: ``launch`` sets and reads them, and a probe's sidecar (``maxbatch``),
+started from the job, must be started without them.
 """
 
 from __future__ import annotations
+
+ENV_RUN = "BSMON_RUN"  # the job's name; boot/sitecustomize.py reads it (keep the two in step)
+ENV_RESIZABLE = "BSMON_RESIZABLE"  # "1": the agent may resize the script's DataLoader
+ENV_AUTOPILOT = "BSMON_AUTOPILOT"  # "1": and switch the autopilot on (docs/autopilot.md)
 
 _zero_code = [False]
 

@@ -1,12 +1,12 @@
 """The training thread's inbox: what it hands to the agent thread.
 
-Nothing here takes a lock or reads a device; the agent thread drains it every tick. On a
-host-bound step the agent thread's work per step is what the training thread waits for (the
-two share the GIL), and the largest part of that work was not Python but memory: the first
-touch, on the agent's core, of every object the training thread made for a step (a step's
-tuple and floats read once cost 3× what they cost read again). So a step is written as
-numbers into preallocated lists, and the records that do come every step are taken a tick's
-worth at a time and read as columns (C loops):
+Nothing here takes a lock or reads a device; the agent thread drains it every tick
+(``TICK_S``). On a host-bound step the agent thread's work per step is what the training
+thread waits for (the two share the GIL), and the largest part of that work was not Python
+but memory: the first touch, on the agent's core, of every object the training thread made
+for a step (a step's tuple and floats read once cost 3× what they cost read again). So a
+step is written as numbers into preallocated lists, and the records that do come every step
+are taken a tick's worth at a time and read as columns (C loops):
 
 - ``ring``: one slot per step (``StepRing``): its end, samples drawn, examples, batch size and
   evaluation time, written by the optimizer's post-hook (``hot_path``); the step anatomy's
@@ -29,6 +29,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .samples import NOT_COUNTED
+
+# The tick's period. The training thread waits for a tick through the GIL, and a tick costs
+# a fixed part (the extensions, the metrics) plus a part a step that is dearer the fewer steps
+# a tick brings (the steps' data comes off another core's cache): on a 160 µs step, 0.25 s
+# ticks cost the job 300 ns a step with telemetry and 690 with the record, 0.1 s ones 630 and
+# 1,110 (docs/benchmarks.md). 4 Hz is still faster than the dashboard redraws (1 s); a flush
+# wakes the tick at once.
+TICK_S = 0.25
 
 CAPACITY = 1 << 16
 

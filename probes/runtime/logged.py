@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..wire.protocol import Event
-from .inbox import Inbox, take_all
+from .inbox import TICK_S, Inbox, take_all
 
 SAMPLE_ABOVE = 160  # calls a tick (0.25 s) above which only each name's latest value is kept
 ALL_BELOW = 80  # steps a tick under which every call is kept again
@@ -67,8 +67,6 @@ class LoggedIntake:
             return self._timed_to
         if step < self._timed_to:  # a boundary something else asked for
             return self._timed_to
-        from .service import TICK_S  # (service imports this module through telemetry)
-
         self.timing_start = False
         steps = step - self._timed_to + SAMPLE_ABOVE
         per_tick = int(steps * TICK_S / max(now - self._first_end, 1e-9))
@@ -121,8 +119,6 @@ class LoggedIntake:
     def _rates(self, steps: int, calls: int) -> tuple[int | None, int]:
         """Steps and calls a tick's period over the takes since the rate was last judged,
         once that is at least a period ago (else None, 0)."""
-        from .service import TICK_S
-
         self._window_steps += steps
         self._window_calls += calls
         now = self._clock()

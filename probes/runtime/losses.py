@@ -7,13 +7,17 @@ one), or, while the loop is fast, only the latest tensor (``Inbox.latest_loss``)
 
 ``reduction_of`` reads from a loss tensor's graph whether it sums over the batch (a VAE's
 ``reduction='sum'``: the value is the batch's total, the script prints it per example), so
-that the loss shown says so.
+that the loss shown says so. ``loss_of`` finds the loss in what a training step returned
+(the framework callbacks, and the probe's replay of a step it saw).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from ..wire.protocol import Event
 
@@ -28,6 +32,17 @@ _JOINS = {"AddBackward0", "SubBackward0", "MulBackward0", "MulBackward1", "NegBa
 _REDUCTIONS = {"SumBackward0": "sum", "MeanBackward0": "mean"}
 _SAVED_REDUCTION = {1: "mean", 2: "sum"}  # torch's at::Reduction of a loss function's node
 _MAX_NODES = 32
+
+
+def loss_of(output: Any) -> Any:
+    """The loss in what a training step returned: a scalar tensor, ``output["loss"]``, or
+    ``output.loss`` (a Hugging Face ``ModelOutput``); None when there is none."""
+    if isinstance(output, torch.Tensor):
+        return output if output.numel() == 1 else None
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    return None
 
 
 class BackwardLosses:

@@ -23,16 +23,9 @@ from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
 from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
-from .inbox import Inbox
+from .inbox import TICK_S, Inbox
 from .telemetry import Telemetry
 
-# The tick's period. The training thread waits for a tick through the GIL, and a tick costs
-# a fixed part (the extensions, the metrics) plus a part a step that is dearer the fewer steps
-# a tick brings (the steps' data comes off another core's cache): on a 160 µs step, 0.25 s
-# ticks cost the job 300 ns a step with telemetry and 690 with the record, 0.1 s ones 630 and
-# 1,110 (docs/benchmarks.md). 4 Hz is still faster than the dashboard redraws (1 s); a flush
-# wakes the tick at once.
-TICK_S = 0.25
 SOCKET_CHECK_S = 1.0
 HISTORY_CHUNK = 512
 

@@ -10,14 +10,9 @@ from pathlib import Path
 
 import torch
 
+from ..version import __version__
 from ..wire.protocol import SessionInfo
 from . import audience, distributed
-
-
-def bsmon_version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def session_info(name: str) -> SessionInfo:
@@ -31,7 +26,7 @@ def session_info(name: str) -> SessionInfo:
         start_time=time.time(),
         python=sys.version.split()[0],
         torch_version=str(torch.__version__),
-        bsmon_version=bsmon_version(),
+        bsmon_version=__version__,
         cwd=os.getcwd(),
         rank=rank,
         world_size=world_size,

@@ -16,9 +16,9 @@ from operator import is_not, sub
 from typing import Any, NamedTuple, Protocol
 
 from ..anatomy.marks import StepMarks
-from ..anatomy.phases import Phases, phases_of, with_comm
+from ..anatomy.phases import phases_of, with_comm
+from ..anatomy.seconds import Phases
 from ..anatomy.window import PhaseWindow, anatomy_of
-from ..record.format import StepRun
 from ..record.history import DecimatingHistory, metrics_history
 from ..wire.describe import batch_varies
 from ..wire.protocol import Event, Metrics, MetricsPoint, NoiseScaleReading
@@ -26,6 +26,7 @@ from .inbox import Flush, Inbox, StepColumns, take_all
 from .logged import LoggedIntake
 from .losses import BackwardLosses, LossUnits
 from .samples import StepTally
+from .steps import StepRun
 from .timing import (
     Captured,
     CudaMark,

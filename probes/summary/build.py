@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from ..anatomy.seconds import PhaseTotals
 from ..anatomy.verdict import judged
 from ..batch.verdict import SizeThroughput
 from ..record.buckets import (
@@ -35,7 +36,6 @@ from ..record.format import (
     DeviceSpan,
     End,
     Header,
-    PhaseTotals,
     ProbeLine,
     Span,
     Stat,

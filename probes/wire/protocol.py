@@ -135,6 +135,18 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     status: str | None = None
 
 
+# What a batch-size change bought in throughput, said once the step-time noise resolves it
+# (batch/verdict.py decides it): "too little measured before it" when the old size ran too
+# briefly to compare, "left before a verdict" when another change came first
+ThroughputVerdict = Literal[
+    "faster",
+    "slower",
+    "no measurable difference",
+    "too little measured before it",
+    "left before a verdict",
+]
+
+
 class BatchChange(msgspec.Struct, omit_defaults=True):
     """One applied batch-size change and what it bought (``after`` fills in later)."""
 
@@ -149,9 +161,8 @@ class BatchChange(msgspec.Struct, omit_defaults=True):
     lr_factor: float | None = None
     lr_note: str | None = None  # "lr 0.001 → 0.00141 (sqrt rule for Adam)", or why unchanged
     # throughput verdict (the sizes' mean samples/s over all their timed steps, ± standard
-    # error; docs/batch-control.md): "faster", "slower", "no measurable difference", or
-    # "left before a verdict"; None while it is being measured
-    verdict: str | None = None
+    # error; docs/batch-control.md); None while it is being measured
+    verdict: ThroughputVerdict | None = None
     samples_per_s_se_before: float | None = None
     samples_per_s_se_after: float | None = None
     loss: str | None = None  # the loss after the change: "held", "diverged", None: watching

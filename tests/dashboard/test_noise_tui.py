@@ -14,9 +14,9 @@ from bsmon.probes.wire.protocol import Capability, NoiseScaleReading
 from bsmon.tui.app import BsmonApp, follow_job
 from bsmon.tui.sources import ScriptedSource
 from bsmon.tui.widgets.noise import NoiseChart, describe, fit, log_ticks
+from workloads.noise_jobs import ISO, Regression
 
 from ..helpers import wait_until
-from ..noise_jobs import ISO, Regression
 from ..scripted import NOW, messages, scripted_app
 from ..watch import metrics_until
 from .test_tui_pilot import dashboard_ready, text_of, wait_for

@@ -9,9 +9,10 @@ import pytest
 from textual.widgets import Static
 
 from bsmon.probes.wire import protocol
-from bsmon.tui.anatomy_screen import AnatomyScreen, PhaseChart, bar_lines, headline
+from bsmon.tui.anatomy_screen import AnatomyScreen, PhaseChart, bar_lines
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.sources import ScriptedSource
+from bsmon.tui.widgets.batch import headline
 
 from ..scripted import NOW, anatomy_reading, messages, scripted_app
 from .test_tui_pilot import dashboard_ready

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bsmon.tui.widgets import Panel
 from bsmon.tui.widgets.eventlog import EventLog
 
 from ..scripted import scripted_app
@@ -33,6 +34,14 @@ async def test_events_keep_readable_rows_and_wrap_inside_the_panel(size):
             if key.region.width and key.region.right <= size[0]
         }
         assert {"Help", "Events", "Quit"} <= set(shown)  # q stays on screen at 80 columns
+
+
+async def test_every_panel_of_the_dashboard_is_a_panel_that_shows_a_snapshot():
+    app = scripted_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await dashboard_ready(pilot)
+        panels = list(screen.query(".panel"))
+        assert len(panels) == 6 and all(isinstance(panel, Panel) for panel in panels)
 
 
 async def test_l_expands_the_events_over_the_dashboard_and_l_or_escape_restores_it():

@@ -17,9 +17,9 @@ from bsmon.tui.app import BsmonApp
 from bsmon.tui.session import SILENT_AFTER_S, ConnState
 from bsmon.tui.sources import ScriptedSource, SocketSource, Update
 from bsmon.tui.widgets.banner import StateBanner
+from workloads.reliability_kit import JobProcess
 
 from ..helpers import wait_until
-from ..reliability_kit import JobProcess
 from ..scripted import NOW, messages
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 

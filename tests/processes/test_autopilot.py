@@ -114,7 +114,7 @@ def test_on_a_fast_loop_the_agent_ticks_by_steps_while_it_ramps_and_at_its_pace_
     """A step of a fraction of a millisecond: a tick of the agent's (a quarter second) is
     hundreds of steps, so while the autopilot ramps the agent ticks every few steps; at the
     policy's maximum it holds, and the agent is back at its own pace."""
-    from bsmon.probes.runtime.service import TICK_S
+    from bsmon.probes.runtime.inbox import TICK_S
 
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from bsmon.probes.noise.tracker import NEGATIVE_G2
-
-from ..noise_jobs import (
+from workloads.noise_jobs import (
     ANISO,
     ANISO_BIAS,
     ISO,

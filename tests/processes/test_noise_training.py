@@ -16,9 +16,9 @@ from bsmon.probes.noise.controller import TRACKING
 from bsmon.probes.noise.warmup import LIMIT
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
+from workloads.noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
 
 from ..helpers import wait_until
-from ..noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
 from ..watch import metrics_until
 
 BATCH = 128

@@ -12,10 +12,12 @@ import msgspec
 import pytest
 
 from bsmon.probes import attach
-from bsmon.probes.record.format import End, Phases, ProbeLine, Span, StepDone, StepRun
+from bsmon.probes.anatomy.seconds import Phases
+from bsmon.probes.record.format import End, ProbeLine, Span
 from bsmon.probes.record.reader import open_record
 from bsmon.probes.record.recorder import Recorder
 from bsmon.probes.runtime.devices import DeviceSample
+from bsmon.probes.runtime.steps import StepDone, StepRun
 from bsmon.probes.runtime.telemetry import Telemetry
 from bsmon.probes.summary.build import paths_beside, summarize_record
 from bsmon.probes.summary.schema import Summary

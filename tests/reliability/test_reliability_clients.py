@@ -15,10 +15,10 @@ import pytest
 from bsmon.probes import attach
 from bsmon.probes.wire import pacing, protocol, server
 from bsmon.probes.wire.client import JobConnection
+from workloads.reliability_kit import JobProcess, raw_client, read_to_eof
 
 from ..helpers import wait_until
 from ..jobs import TinyJob
-from ..reliability_kit import JobProcess, raw_client, read_to_eof
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ from bsmon.probes.runtime.devices import DeviceSampler, Nvml
 from bsmon.probes.summary.build import summarize_record
 from bsmon.probes.wire import discovery, protocol
 from bsmon.probes.wire.client import JobConnection
+from workloads.reliability_kit import JobProcess, kill_attached_monitors
 
 from ..fakes import FakeCuda, FakeGpu, FakeNvml
 from ..helpers import wait_until
 from ..jobs import TinyJob
-from ..reliability_kit import JobProcess, kill_attached_monitors
 
 
 @pytest.fixture

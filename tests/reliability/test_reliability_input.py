@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from bsmon.probes import attach
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
+from workloads.reliability_kit import raw_client, read_to_eof
 
 from ..jobs import TinyJob
-from ..reliability_kit import raw_client, read_to_eof
 
 BATCHES = 100
 LINES_PER_BATCH = 100  # 10,000 generated lines in all

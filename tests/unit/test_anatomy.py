@@ -21,6 +21,7 @@ from bsmon.probes.anatomy.sampling import (
     AnatomySampler,
     stride_from_environment,
 )
+from bsmon.probes.anatomy.seconds import Phases, PhaseTotals
 from bsmon.probes.anatomy.verdict import (
     SETTLE,
     Judgement,
@@ -29,7 +30,6 @@ from bsmon.probes.anatomy.verdict import (
     judge,
 )
 from bsmon.probes.anatomy.window import RECENT_STEPS, PhaseWindow
-from bsmon.probes.record.format import Phases, PhaseTotals
 from bsmon.probes.wire.protocol import StepAnatomy
 
 # -- phases from marks (pure) -------------------------------------------------------------------

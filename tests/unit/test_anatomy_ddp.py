@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bsmon.probes import attach
+from bsmon.probes.anatomy.seconds import Phases, PhaseTotals
 from bsmon.probes.anatomy.verdict import DDP_NOT_YET, DDP_SAMPLED, NO_DDP, judged
-from bsmon.probes.record.format import Phases, PhaseTotals
 from bsmon.probes.runtime import session as session_module
 
 

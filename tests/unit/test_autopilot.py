@@ -27,7 +27,7 @@ from bsmon.probes.batch.policy import BatchPolicy
 from bsmon.probes.batch.verdict import SizeThroughput
 from bsmon.probes.runtime.devices import DeviceSample
 from bsmon.probes.runtime.fault_guard import FaultGuard
-from bsmon.probes.runtime.service import TICK_S
+from bsmon.probes.runtime.inbox import TICK_S
 from bsmon.probes.wire.protocol import (
     BatchChange,
     Capability,

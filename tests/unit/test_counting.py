@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from bsmon.probes import attach
-from bsmon.probes.batch.loader import NominalBatch
 from bsmon.probes.runtime.fault_guard import FaultGuard
 from bsmon.probes.runtime.forward_watch import ForwardWatch
+from bsmon.probes.runtime.samples import NominalBatch
 
 
 def sizes(counts: list[int]) -> tuple[NominalBatch, list[int | None]]:

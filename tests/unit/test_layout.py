@@ -94,23 +94,33 @@ def package_modules() -> dict[str, Path]:
     return modules
 
 
-def imports_of(name: str, path: Path, top_level_only: bool, names: bool = True) -> set[str]:
-    """The modules ``name`` imports, by absolute name: with ``names``, ``from a import b`` gives
-    a.b as well as a (b may be a module); with ``top_level_only``, not the imports inside
-    functions or under TYPE_CHECKING."""
+def import_statements(name: str, path: Path, top_level_only: bool) -> list[tuple[str, list[str]]]:
+    """Each import of module ``name`` as (the module imported from, by absolute name, the
+    names taken from it: none for ``import a``); with ``top_level_only``, not the imports
+    inside functions or under TYPE_CHECKING."""
     tree = ast.parse(path.read_text())
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found = set()
+    found = []
     for node in nodes:
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             target = ".".join([*base, *([node.module] if node.module else [])])
-            found.add(target)
-            if names:
-                found.update(f"{target}.{alias.name}" for alias in node.names)
+            found.append((target, [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found.extend((alias.name, []) for alias in node.names)
+    return found
+
+
+def imports_of(name: str, path: Path, top_level_only: bool, names: bool = True) -> set[str]:
+    """The modules ``name`` imports, by absolute name: with ``names``, ``from a import b`` gives
+    a.b as well as a (b may be a module); with ``top_level_only``, not the imports inside
+    functions or under TYPE_CHECKING."""
+    found = set()
+    for target, taken in import_statements(name, path, top_level_only):
+        found.add(target)
+        if names:
+            found.update(f"{target}.{one}" for one in taken)
     return found
 
 
@@ -127,10 +137,13 @@ def test_the_dashboard_imports_only_the_faces_of_probes():
 
 
 def test_no_import_cycles():
+    """Counting the imports inside functions and under TYPE_CHECKING too: one that is put off
+    to run later still closes a circle (runtime/logged -> service -> telemetry -> logged
+    did, through two imports inside functions)."""
     modules = package_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        imported = {m for m in imports_of(name, path, top_level_only=True) if m in modules}
+        imported = {m for m in imports_of(name, path, top_level_only=False) if m in modules}
         parents = {  # importing a.b.c runs a.b's __init__ first
             ".".join(m.split(".")[:n]) for m in imported for n in range(2, m.count(".") + 1)
         }
@@ -149,6 +162,71 @@ def test_no_import_cycles():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+# The floors of bsmon.probes, lowest first (docs/architecture.md): a module imports from its
+# own floor and those below. A wing (package) or a top-level module each; "" is the package's
+# own __init__ (attach, __version__).
+FLOORS = {
+    "wire": 1,
+    "units": 1,
+    "version": 1,
+    "runtime": 2,
+    "anatomy": 3,
+    "batch": 3,
+    "noise": 3,
+    "record": 4,
+    "maxbatch": 4,
+    "options": 4,
+    "agent": 5,
+    "summary": 5,
+    "integrations": 6,
+    "demo": 6,
+    "": 6,
+    "launch": 7,
+}
+# The imports that still run back up a floor: 13 before issue 44 moved the types home.
+# Telemetry still computes the step anatomy's phases and keeps the metrics history.
+UPWARD = {
+    ("bsmon.probes.runtime.steps", "bsmon.probes.anatomy.seconds"),  # StepDone.phases, typing
+    ("bsmon.probes.runtime.telemetry", "bsmon.probes.anatomy.marks"),
+    ("bsmon.probes.runtime.telemetry", "bsmon.probes.anatomy.phases"),
+    ("bsmon.probes.runtime.telemetry", "bsmon.probes.anatomy.seconds"),
+    ("bsmon.probes.runtime.telemetry", "bsmon.probes.anatomy.window"),
+    ("bsmon.probes.runtime.telemetry", "bsmon.probes.record.history"),
+}
+
+
+def floor_of(module: str) -> int:
+    room = module.split(".")[2] if module.count(".") > 1 else ""
+    assert room in FLOORS, f"{module}: give bsmon.probes.{room} a floor in FLOORS"
+    return FLOORS[room]
+
+
+def test_few_imports_run_back_up_a_floor():
+    """Every import in bsmon.probes (inside functions and under TYPE_CHECKING too) goes to
+    its own floor or one below, but for the few in ``UPWARD``. ``from a import b`` imports
+    a.b when b is a module, else a."""
+    modules = package_modules()
+    upward = set()
+    for name, path in modules.items():
+        if not name.startswith("bsmon.probes"):
+            continue
+        for target, taken in import_statements(name, path, top_level_only=False):
+            submodules = [f"{target}.{one}" for one in taken if f"{target}.{one}" in modules]
+            for imported in submodules or [target]:
+                if imported in modules and floor_of(imported) > floor_of(name):
+                    upward.add((name, imported))
+    assert not upward - UPWARD, f"imports that run back up a floor: {sorted(upward - UPWARD)}"
+    assert not UPWARD - upward, f"gone: take them out of UPWARD: {sorted(UPWARD - upward)}"
+
+
+def test_the_benchmarks_never_import_the_tests():
+    """The jobs both run live in workloads/; a test reaches a benchmark's module only through
+    tests/gpu_check_kit.py, so the two trees do not depend on each other."""
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        for target, _ in import_statements(path.stem, path, top_level_only=False):
+            assert target.split(".")[0] != "tests", f"{path.relative_to(ROOT)} imports {target}"
 
 
 LONG_MODULE = 420  # lines

@@ -11,9 +11,8 @@ from torch import nn
 
 from bsmon.probes import attach
 from bsmon.probes.runtime import hot_path
-from bsmon.probes.runtime.inbox import Inbox
+from bsmon.probes.runtime.inbox import TICK_S, Inbox
 from bsmon.probes.runtime.logged import ALL_BELOW, SAMPLE_ABOVE, LoggedIntake
-from bsmon.probes.runtime.service import TICK_S
 
 from ..helpers import repeat_until
 

@@ -195,3 +195,18 @@ def test_protocol_doc_describes_every_message_and_field():
             assert f"`{field.name}`" in doc, (
                 f"docs/protocol.md does not mention {kind}.{field.name}"
             )
+
+
+def test_a_change_s_throughput_verdict_is_one_of_the_words_the_doc_lists():
+    from typing import get_args
+
+    from bsmon.probes.batch import verdict
+
+    from ..helpers import ROOT
+
+    words = set(get_args(protocol.ThroughputVerdict))
+    assert words == {verdict.FASTER, verdict.SLOWER, verdict.SAME, verdict.LEFT, verdict.UNCOMPARED}
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    assert all(f"`{word}`" in doc for word in words)
+    change = protocol.BatchChange(1, 0.0, 8, 16, reason="", source="keys", verdict="faster")
+    assert b'"verdict":"faster"' in msgspec.json.encode(change)  # on the wire as before

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from bsmon.probes.wire.protocol import AutopilotReading, BatchChange, BatchReading, Metrics
+from bsmon.probes.wire.protocol import (
+    AutopilotReading,
+    BatchChange,
+    BatchReading,
+    Metrics,
+    StepAnatomy,
+)
 
 from .. import format as fmt
-from ..anatomy_screen import headline
 from ..disabled import keys_off
 from ..session import ConnState, Snapshot
 
@@ -25,6 +30,15 @@ def size_line(m: Metrics) -> str:
     if batch.pending is not None:
         text += f" [$warning]→ {batch.pending:,} {batch.applies_at or 'at the next step'}[/]"
     return text
+
+
+def headline(anatomy: StepAnatomy | None) -> str | None:
+    """The step anatomy's verdict in a few words for the step line (None: no verdict yet)."""
+    if anatomy is None or anatomy.verdict is None:
+        return None
+    colour = "$success" if anatomy.verdict == "compute-bound" else "$warning"
+    short = anatomy.verdict.replace("communication", "comm")
+    return f"[{colour}]{short}[/]"  # the footer's `t Time` opens the breakdown
 
 
 def memory_line(batch: BatchReading, gpu: bool) -> str:

@@ -15,7 +15,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_ENV_RUN = "BSMON_RUN"  # the job's name, set by `bsmon run` (launch/environment.py's ENV_RUN)
+_ENV_RUN = "BSMON_RUN"  # the job's name, set by `bsmon run` (runtime/audience.py's ENV_RUN)
 
 
 def _warn(message: str) -> None:

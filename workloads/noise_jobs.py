@@ -1,4 +1,5 @@
-"""Linear regression with a closed-form simple noise scale, for the noise-scale tests.
+"""Linear regression with a closed-form simple noise scale, for the noise-scale tests and
+benchmarks/noise_accuracy.py.
 
 x ~ N(0, diag(c)), y = w*·x (+ b*) + ξ with ξ ~ N(0, σ²), per-example loss ½(w·x + b − y)²,
 δ = w − w*, β = b − b* (research note §7). With learning rate 0 the truth stays fixed:
@@ -14,11 +15,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from bsmon.probes import attach
+
+if TYPE_CHECKING:
+    from bsmon.probes import Monitor
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,9 @@ def train(
         optimizer.zero_grad(set_to_none=True)
 
 
-def measuring(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, **options: object):
+def measuring(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: int, **options: object
+) -> Monitor:
     """attach() for tests: no socket, every step measured (no cost budget)."""
     options.setdefault("serve", False)
     options.setdefault("noise_budget", None)

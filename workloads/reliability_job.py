@@ -1,6 +1,6 @@
 """A training job for the reliability tests and benchmarks/reliability.py, run as a real process.
 
-    python tests/reliability_job.py NAME [--sleep S] [--width N] [--no-record] [--seconds S]
+    python workloads/reliability_job.py NAME [--sleep S] [--width N] [--no-record] [--seconds S]
 
 It attaches bsmon, trains a small model, and prints on stdout (flushed):
 

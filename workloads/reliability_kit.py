@@ -1,5 +1,5 @@
-"""Driving tests/reliability_job.py and the processes that disturb it; shared by the
-reliability tests and benchmarks/reliability.py."""
+"""Driving ``reliability_job.py`` (beside this file) and the processes that disturb it; shared
+by the reliability tests and benchmarks/reliability.py."""
 
 from __future__ import annotations
 
