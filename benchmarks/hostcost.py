@@ -301,7 +301,7 @@ def settle(started: object, loop: Loop) -> None:
     then take all of them: what it decides from them (the logging mode, a steady count of
     examples, the end of the noise scale's dense start) is what a step after the warm-up
     costs, whatever the tick's period and however slowly the warm-up ran; the logging mode
-    is then held."""
+    is then held at a fast loop's."""
     from bsmon.probes.runtime.inbox import TICK_S
 
     monitor = getattr(started, "monitor", started)
@@ -312,9 +312,11 @@ def settle(started: object, loop: Loop) -> None:
     while time.monotonic() < until:
         loop.step()
     flush()
-    # the steps counted next run under cProfile, several times slower: on a loaded machine
-    # the agent would judge them slow and change the mode half-way through the count
-    monitor.telemetry.logged_intake.hold_mode()
+    # the mode of a fast loop (a host-bound GPU step's), held: the steps counted next run
+    # under cProfile, several times slower, and on a loaded machine even the warm-up may run
+    # under 320 steps a second; in the mode that keeps every loss, about half the steps then
+    # drop the tensors the agent hands back, and the most common count flips with the load
+    monitor.telemetry.logged_intake.hold_mode(latest_only=True)
 
 
 def count_calls(

@@ -53,10 +53,13 @@ class LoggedIntake:
         self._window_steps = self._window_calls = 0
         self._held = False
 
-    def hold_mode(self) -> None:
-        """Judge the mode no more: a benchmark counting the calls of steps it slows (under
-        a profiler) counts them in the mode the job's own speed chose."""
+    def hold_mode(self, latest_only: bool) -> None:
+        """Run in this mode and judge it no more: a benchmark counting the calls of steps it
+        slows (under a profiler) counts them in the mode it names, whatever the machine's load
+        makes of their speed."""
         self._held = True
+        if latest_only != self.latest_only:
+            self._switch(latest_only)
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep

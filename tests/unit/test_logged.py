@@ -100,10 +100,10 @@ def test_a_held_mode_is_judged_no_more():
     the job's own speed chose, so that the count does not depend on the machine's load."""
     inbox = Inbox()
     intake, switched = intake_on(inbox)
-    intake.latest_only = True
-    intake.hold_mode()
-    intake.take(inbox, 1, {}, step=1)
-    assert switched == [] and intake.latest_only
+    intake.hold_mode(latest_only=True)
+    assert switched == [True] and intake.latest_only
+    intake.take(inbox, 1, {}, step=1)  # a slow tick
+    assert switched == [True] and intake.latest_only
 
 
 def test_a_tick_soon_after_the_last_is_not_a_slow_loop():
