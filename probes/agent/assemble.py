@@ -1,0 +1,401 @@
+"""The composition root: ``attach()``'s options → every wing's part, joined, for a ``Monitor``.
+
+The order matters where a part takes another: the noise scale's hints read the batch control
+made after it (through the monitor), the hot path takes the batch control, and the scheduled
+boundary takes the parts it prepares once they are all made."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..anatomy.extension import AnatomyExtension
+from ..anatomy.marks import PhaseMarks
+from ..anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
+from ..batch.autopilot import Autopilot
+from ..batch.control import BatchController
+from ..batch.extension import AutopilotExtension, BatchExtension, register_autopilot
+from ..batch.extension import register_commands as register_batch_commands
+from ..batch.oom_recovery import OomRecovery
+from ..batch.policy import BatchPolicy
+from ..maxbatch.job import ProbeSource, device_free
+from ..maxbatch.runner import ProbeExtension, ProbeRunner
+from ..noise import NoiseExtension, NoiseScale
+from ..noise.autograd import ExampleCounter
+from ..noise.shared_backward import SharedBackward
+from ..runtime import distributed
+from ..runtime.devices import DeviceSampler
+from ..runtime.evaluation import EvalClock
+from ..runtime.fault_guard import FaultGuard
+from ..runtime.forward_watch import ForwardWatch
+from ..runtime.hot_path import HotPath, StepWork
+from ..runtime.inbox import Inbox
+from ..runtime.progress import Progress
+from ..runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
+from ..runtime.samples import StepSamples
+from ..runtime.service import AgentService, Extension, PeriodicSampler
+from ..runtime.session import default_name, session_info
+from ..runtime.telemetry import Telemetry
+from ..runtime.timing import StepClock
+from ..wire import protocol
+from ..wire.protocol import Capability, ProbeResult
+from ..wire.routing import CommandRouter
+from . import serving
+from .accounting import Accounting
+from .boundary import Boundary
+from .options import Options
+
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
+REEVALUATES = (
+    "LBFGS evaluates its closure several times per step, each at other parameters, so a "
+    "step's gradient noise is not defined"
+)
+SMALL_DEVICE_BATCH = 8  # a per-device batch below this mostly leaves the device waiting
+_ranks_serials = itertools.count()  # every rank attaches in the same order: same namespaces
+
+
+def assemble(
+    mon: Monitor, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, o: Options
+) -> None:
+    """Build every part of ``mon`` from the checked options and join them."""
+    mon.model = model
+    mon.optimizer = optimizer
+    mon.loss_fn = o.loss_fn
+    mon.name = o.name or default_name()
+    mon.noise_window = o.noise_window
+    mon.record = o.record
+    mon._pid = os.getpid()
+    mon._closed = False
+    mon._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
+
+    # training-thread state
+    mon._progress = Progress()
+    mon._samples = StepSamples(mon._progress)
+    mon._inbox = Inbox()
+    mon._log_into = mon._inbox.logged.append  # or latest.update: runtime.logged
+    mon._guard = FaultGuard(mon._emit_event, mon._progress)
+    mon._warned = set()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    mon._clock = StepClock.for_parameters(params)
+    mon._phases = PhaseMarks(mon._clock) if o.step_anatomy else None
+    stride, stride_error = stride_from_environment()
+    anatomy_sampler = AnatomySampler(
+        stride, follows_rate=not os.environ.get(STRIDE_VARIABLE) or stride_error is not None
+    )
+    mon._watch = ForwardWatch(model, mon._guard, o.batch_dim)
+    ring = mon._inbox.ring
+    evals = EvalClock(
+        time.perf_counter(), mon._progress, lambda: ring.ends[ring.written & ring.mask]
+    )
+    mon._watch.on_root(evals.on_root_pass)
+    mon._model_examples = ExampleCounter(mon._watch, "samples")
+    mon.batch_control = None  # made below, once the session is known
+    mon._noise = NoiseScale(
+        model,
+        optimizer,
+        mode=o.noise_scale,
+        window=o.noise_window,
+        guard=mon._guard,
+        emit=mon._emit_event,
+        step=mon._progress,
+        grad_scaler=o.grad_scaler,
+        preconditioned=o.noise_preconditioned,
+        budget=o.noise_budget,
+        watch=mon._watch,
+        examples_hint=lambda: mon._samples.so_far or mon.batch_size,
+        pass_hint=mon._pass_examples,
+        examples_known=lambda: mon._pass_examples() is not None,
+        step_time=lambda: mon.telemetry.step_time_s,
+    )
+
+    mon.session = session_info(mon.name)
+    rank, world_size = mon.session.rank, mon.session.world_size
+    ddp = distributed.ddp_of(model, params) if world_size > 1 else None
+    if world_size > 1:  # in the record's header too: the step anatomy's note reads it
+        mon.session.ddp = ddp is not None
+    mon.telemetry = Telemetry()
+    mon.telemetry.batch_size = o.batch_size
+    mon.telemetry.noise = mon._noise.reading
+    mon.telemetry.report = mon._guard.report
+    if mon._noise.source is not None:  # the steps' durations price its budget
+        mon.telemetry.duration_listeners.append(mon._noise.on_durations)
+    mon.recorder = serving.make_recorder(
+        o.record,
+        o.socket_dir,
+        session=mon.session,
+        telemetry=mon.telemetry,
+        emit=mon._emit_event,
+        name=mon.name,
+        pid=mon._pid,
+    )
+    mon.router = CommandRouter()
+    mon.batch_control = make_batch_control(
+        mon,
+        o.batch_size,
+        BatchPolicy(o.batch_step, o.min_batch_size, o.max_batch_size, o.micro_batch_size or 1),
+        micro_batch_size=o.micro_batch_size,
+        lr_scaling=o.lr_scaling,
+        lr_scheduler=o.lr_scheduler,
+        rank=rank,
+        world_size=world_size,
+    )
+    reevaluates = isinstance(optimizer, torch.optim.LBFGS)
+    work = StepWork()
+    work.noise_step = mon._noise.on_step
+    if mon._phases is not None:
+        work.optimizer_starting = mon._phases.optimizer_starting
+        work.take_marks = mon._phases.take
+    mon._hot = HotPath(
+        optimizer,
+        mon._inbox,
+        mon._progress,
+        mon._guard,
+        work,
+        samples=mon._samples,
+        examples=mon._model_examples,
+        evals=evals,
+        reevaluates=reevaluates,
+    )
+    mon._hot.control = mon.batch_control
+    mon._oom = (  # nothing to shrink to, or other ranks would hang in the all-reduce
+        OomRecovery(
+            mon.batch_control,
+            mon._hot,
+            samples=mon._samples,
+            progress=mon._progress,
+            emit=mon._emit_event,
+            discard_marks=mon._phases.discard if mon._phases is not None else lambda: None,
+        )
+        if mon.batch_control is not None and world_size == 1
+        else None
+    )
+    mon.telemetry.hand_back = mon._hot.hand_back
+    mon.telemetry.logged_intake.keep_latest = mon._keep_latest_logged
+    mon._hot.need_pre_hook(mon._noise.due(1))
+    mon._hot.noise_due = mon._noise.due(1)
+    if reevaluates:
+        mon._noise.refuse(REEVALUATES)
+    mon._shared = (  # the estimate's only concern: nothing to watch when it is off
+        SharedBackward(model, optimizer, mon._noise.refuse, mon._guard)
+        if mon._noise.source is not None
+        else None
+    )
+    mon.socket_path = None
+    mon.serving = Capability(False, "serve=False")
+    mon.probe_source = ProbeSource(
+        model, optimizer, o.loss_fn, o.probe_step, mon.batch_control, watch=mon._watch
+    )
+    mon._accounting = Accounting(
+        model,
+        samples=mon._samples,
+        evals=evals,
+        watch=mon._watch,
+        phases=mon._phases,
+        hot=mon._hot,
+        probe_source=mon.probe_source,
+        guard=mon._guard,
+        warn=mon._warn,
+    )
+    mon.telemetry.samples_reason = mon._accounting.samples_reason
+    mon._accounting.subscribe()
+    if o.serve:
+        mon.socket_path = serving.prepare_socket(mon, o.socket_dir)
+    mon.prober = make_prober(mon, rank)
+    if mon.batch_control is not None:
+        mon.batch_control.watch.device_shared_since = mon.prober.ran_since
+    extensions: list[Extension] = [
+        NoiseExtension(mon._noise, mon.telemetry),
+        ProbeExtension(mon.prober),
+    ]
+    # reads nothing unless the job is distributed and its model DistributedDataParallel
+    ddp_timing = DdpTiming(ddp)
+    mon.telemetry.comm_sample = ddp_timing.comm_wait
+    mon._ranks_exchange = None
+    mon._anatomy = None
+    if mon._phases is not None:
+        mon._phases.install()
+        if stride_error is not None:
+            mon._warn("anatomy_stride", stride_error)
+        mon._anatomy = anatomy_extension(mon, world_size, anatomy_sampler)
+        extensions.append(mon._anatomy)
+    if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
+        extensions.append(ranks)
+    if mon.batch_control is not None:
+        extensions.append(BatchExtension(mon.batch_control, mon.telemetry))
+    sampler = PeriodicSampler(DeviceSampler(), o.sample_interval_s)
+    mon.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
+    if mon.autopilot is not None:
+        extensions.append(AutopilotExtension(mon.autopilot, mon.batch_control, sampler.sample_soon))
+    mon._boundary = Boundary(
+        control=mon.batch_control,
+        ddp_timing=ddp_timing,
+        watch=mon._watch,
+        telemetry=mon.telemetry,
+        examples=mon._model_examples,
+        noise=mon._noise,
+        shared=mon._shared,
+        phases=mon._phases,
+        sampler=anatomy_sampler,
+        hot=mon._hot,
+    )
+    work.on_boundary = mon._boundary.at_boundary
+    mon._service = AgentService(
+        inbox=mon._inbox,
+        telemetry=mon.telemetry,
+        router=mon.router,
+        sampler=sampler,
+        session=mon.session,
+        socket_path=mon.socket_path,
+        fault_count=lambda: mon._guard.count,
+        noise_capability=lambda: mon._noise.capability,
+        extensions=[*extensions, *([mon.recorder] if mon.recorder is not None else [])],
+        on_rebound=lambda: serving.socket_rebound(mon),
+        report=mon._guard.report,
+    )
+    if mon.recorder is not None:
+        mon.recorder.start()
+    serving.start_service(mon)
+
+
+def make_batch_control(
+    mon: Monitor,
+    batch_size: int | None,
+    policy: BatchPolicy,
+    *,
+    micro_batch_size: int | None,
+    lr_scaling: str | None,
+    lr_scheduler: object,
+    rank: int,
+    world_size: int,
+) -> BatchController | None:
+    if batch_size is None:
+        reason = "the job declared no batch size (attach(..., batch_size=N) enables it)"
+        for kind in ("set_batch_size", "step_batch_size"):
+            mon.router.disable(kind, reason)
+        return None
+    if (refusal := policy.refusal(batch_size)) is not None:
+        raise ValueError(f"batch_size: {refusal}")
+    group = distributed.control_group() if world_size > 1 else None
+    controller = BatchController(
+        initial=batch_size,
+        policy=policy,
+        micro_batch_size=micro_batch_size,
+        optimizer=mon.optimizer,
+        lr_scaling=lr_scaling,
+        scheduler=lr_scheduler,
+        emit=mon._emit_event,
+        record=mon._inbox.append,
+        guard=mon._guard,
+        step=mon._progress,
+        noise_scale=lambda: mon.noise_scale,
+        sync=distributed.StepSync(group, rank) if group is not None else None,
+        rank=rank,
+        wake=lambda: mon._hot.wake(),  # noqa: PLW0108 (mon._hot is made later)
+    )
+    register_batch_commands(mon.router, controller)
+    if rank != 0:
+        for kind in ("set_batch_size", "step_batch_size"):
+            mon.router.disable(kind, "send batch-size commands to rank 0's monitor")
+    return controller
+
+
+def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Autopilot | None:
+    """The autopilot, off until switched on (rank 0 decides for every rank)."""
+    control = mon.batch_control
+    if control is None or rank != 0:
+        why = (
+            "send autopilot commands to rank 0's monitor"
+            if control
+            else ("the job declared no batch size (attach(..., batch_size=N) enables it)")
+        )
+        mon.router.disable("autopilot", why)
+        return None
+    noise = mon._noise
+    autopilot = Autopilot(
+        control,
+        noise_refusal=lambda: None if noise.capability.available else noise.capability.reason,
+        emit=mon._emit_event,
+        step=mon._progress,
+        declared_half=declared_half,
+        plain_step_s=lambda: noise.budget.plain_step_s,
+        epochs=lambda: mon._accounting.training_epochs,
+    )
+    register_autopilot(mon.router, autopilot)
+    return autopilot
+
+
+def make_ranks(
+    mon: Monitor, rank: int, world_size: int, ddp_timing: DdpTiming
+) -> RanksExtension | None:
+    """Rank 0's view of every rank, through the job's rendezvous store (no collective)."""
+    try:
+        store = store_for(next(_ranks_serials))
+    except Exception as exc:
+        mon._warn(
+            "ranks_view_unavailable",
+            f"no ranks view: the job's store is not reachable ({type(exc).__name__}: {exc})",
+        )
+        return None
+    mon._ranks_exchange = RankExchange(store, rank, world_size)
+    if mon.batch_control is not None and mon.batch_control.size < SMALL_DEVICE_BATCH:
+        mon._warn(
+            "small_device_batch",
+            f"the per-device batch is {mon.batch_control.size}: below "
+            f"{SMALL_DEVICE_BATCH} samples a device mostly waits; consider gradient "
+            "accumulation (micro_batch_size) or fewer ranks",
+        )
+    placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
+    return RanksExtension(mon._ranks_exchange, placement, rank_summary, ddp_timing)
+
+
+def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) -> AnatomyExtension:
+    device = mon._clock.device
+    return AnatomyExtension(
+        mon.telemetry,
+        world_size=world_size,
+        ddp=mon.session.ddp,
+        loader=mon._accounting.loader,
+        device_index=device.index if device is not None else None,
+        step=mon._progress,
+        sampler=sampler,
+    )
+
+
+def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
+    source = mon.probe_source
+    device = next(
+        (p.device for g in mon.optimizer.param_groups for p in g["params"]),
+        torch.device("cpu"),
+    )
+    runner = ProbeRunner(
+        check=source.check,
+        prepare=source.recipe,
+        directory=mon.socket_path.parent if mon.socket_path else None,
+        emit=mon._emit_event,
+        on_result=lambda result: probe_concluded(mon, source, result),
+        step=mon._progress,
+        device_free=lambda: device_free(device),
+    )
+    if rank != 0:
+        mon.router.disable("probe", "send probe commands to rank 0's monitor")
+    else:
+        mon.router.register(
+            "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
+        )  # type: ignore[attr-defined]
+    return runner
+
+
+def probe_concluded(mon: Monitor, source: ProbeSource, result: ProbeResult) -> None:
+    """The probe's result: concluded (recommendation, batch control), then recorded."""
+    try:
+        source.conclude(result, mon.noise_scale)
+    finally:
+        mon.record_probe_result(protocol.to_builtins(result))
