@@ -52,12 +52,8 @@ class Boundary:
     def at_boundary(self, step: int, now: float) -> int:
         """The slow path at the end of ``step``: apply what is due and get the next step
         ready; returns the next step whose end needs it."""
-        following = NEVER
         control = self._control
-        if control is not None:
-            control.at_step_boundary()
-            if control.size != control.last_good or control.synced or control.due_at_boundary:
-                following = step + 1  # the change's first step ends: it is the last good size
+        following = control.at_boundary(step, now) if control is not None else NEVER
         if self._ddp_timing.model is not None:
             self._ddp_timing.at_step(step)
             following = min(following, (step // DDP_SAMPLE_EVERY + 1) * DDP_SAMPLE_EVERY)

@@ -86,7 +86,7 @@ class _BsmonLightning:
             **options,
         )
         if controllable:
-            self.monitor.batch_control.apply_at = APPLY_AT
+            self.monitor.batch_control.defer_to(APPLY_AT)
             self.monitor.on_batch_size_change(self._resize)
         else:
             disable_batch_control(
