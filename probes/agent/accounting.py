@@ -17,13 +17,11 @@ from ..anatomy.verdict import LoaderFacts, loader_facts
 from ..batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length
 from ..maxbatch.job import ProbeSource
 from ..runtime import audience, loader_watch, mode_watch
+from ..runtime.context import JobContext
 from ..runtime.evaluation import EvalClock
-from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.hot_path import HotPath
 from ..runtime.samples import StepSamples
-
-Warn = Callable[[str, str], None]  # (kind, message): a warning, once per kind
 
 
 class Accounting:
@@ -39,8 +37,7 @@ class Accounting:
         phases: PhaseMarks | None,
         hot: HotPath,
         probe_source: ProbeSource,
-        guard: FaultGuard,
-        warn: Warn,
+        ctx: JobContext,
     ) -> None:
         self._model = model
         self._samples = samples
@@ -49,8 +46,8 @@ class Accounting:
         self._phases = phases
         self._hot = hot
         self._probe_source = probe_source
-        self._guard = guard
-        self._warn = warn
+        self._guard = ctx.guard
+        self._warn = ctx.warn_once
         self._has_batchnorm = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )

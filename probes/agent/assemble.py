@@ -30,6 +30,7 @@ from ..noise import NoiseExtension, NoiseScale
 from ..noise.autograd import ExampleCounter
 from ..noise.shared_backward import SharedBackward
 from ..runtime import distributed
+from ..runtime.context import JobContext
 from ..runtime.devices import DeviceSampler
 from ..runtime.evaluation import EvalClock
 from ..runtime.fault_guard import FaultGuard
@@ -81,8 +82,9 @@ def assemble(
     mon._samples = StepSamples(mon._progress)
     mon._inbox = Inbox()
     mon._log_into = mon._inbox.logged.append  # or latest.update: runtime.logged
-    mon._guard = FaultGuard(mon._emit_event, mon._progress)
-    mon._warned = set()
+    mon._guard = FaultGuard(mon._inbox.append, mon._progress)
+    mon.session = session_info(mon.name)
+    ctx = mon._ctx = JobContext(mon._progress, mon._inbox.append, mon._guard, mon.session)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     mon._clock = StepClock.for_parameters(params)
     mon._phases = PhaseMarks(mon._clock) if o.step_anatomy else None
@@ -103,9 +105,7 @@ def assemble(
         optimizer,
         mode=o.noise_scale,
         window=o.noise_window,
-        guard=mon._guard,
-        emit=mon._emit_event,
-        step=mon._progress,
+        ctx=ctx,
         grad_scaler=o.grad_scaler,
         preconditioned=o.noise_preconditioned,
         budget=o.noise_budget,
@@ -116,7 +116,6 @@ def assemble(
         step_time=lambda: mon.telemetry.step_time_s,
     )
 
-    mon.session = session_info(mon.name)
     rank, world_size = mon.session.rank, mon.session.world_size
     ddp = distributed.ddp_of(model, params) if world_size > 1 else None
     if world_size > 1:  # in the record's header too: the step anatomy's note reads it
@@ -132,7 +131,7 @@ def assemble(
         o.socket_dir,
         session=mon.session,
         telemetry=mon.telemetry,
-        emit=mon._emit_event,
+        emit=mon._ctx.emit,
         name=mon.name,
         pid=mon._pid,
     )
@@ -170,8 +169,7 @@ def assemble(
             mon.batch_control,
             mon._hot,
             samples=mon._samples,
-            progress=mon._progress,
-            emit=mon._emit_event,
+            ctx=ctx,
             discard_marks=mon._phases.discard if mon._phases is not None else lambda: None,
         )
         if mon.batch_control is not None and world_size == 1
@@ -201,8 +199,7 @@ def assemble(
         phases=mon._phases,
         hot=mon._hot,
         probe_source=mon.probe_source,
-        guard=mon._guard,
-        warn=mon._warn,
+        ctx=ctx,
     )
     mon.telemetry.samples_reason = mon._accounting.samples_reason
     mon._accounting.subscribe()
@@ -223,7 +220,7 @@ def assemble(
     if mon._phases is not None:
         mon._phases.install()
         if stride_error is not None:
-            mon._warn("anatomy_stride", stride_error)
+            mon._ctx.warn_once("anatomy_stride", stride_error)
         mon._anatomy = anatomy_extension(mon, world_size, anatomy_sampler)
         extensions.append(mon._anatomy)
     if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
@@ -291,7 +288,7 @@ def make_batch_control(
         optimizer=mon.optimizer,
         lr_scaling=lr_scaling,
         scheduler=lr_scheduler,
-        emit=mon._emit_event,
+        emit=mon._ctx.emit,
         record=mon._inbox.append,
         guard=mon._guard,
         step=mon._progress,
@@ -322,7 +319,7 @@ def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Auto
     autopilot = Autopilot(
         control,
         noise_refusal=lambda: None if noise.capability.available else noise.capability.reason,
-        emit=mon._emit_event,
+        emit=mon._ctx.emit,
         step=mon._progress,
         declared_half=declared_half,
         plain_step_s=lambda: noise.budget.plain_step_s,
@@ -339,14 +336,14 @@ def make_ranks(
     try:
         store = store_for(next(_ranks_serials))
     except Exception as exc:
-        mon._warn(
+        mon._ctx.warn_once(
             "ranks_view_unavailable",
             f"no ranks view: the job's store is not reachable ({type(exc).__name__}: {exc})",
         )
         return None
     mon._ranks_exchange = RankExchange(store, rank, world_size)
     if mon.batch_control is not None and mon.batch_control.size < SMALL_DEVICE_BATCH:
-        mon._warn(
+        mon._ctx.warn_once(
             "small_device_batch",
             f"the per-device batch is {mon.batch_control.size}: below "
             f"{SMALL_DEVICE_BATCH} samples a device mostly waits; consider gradient "
@@ -364,7 +361,7 @@ def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) ->
         ddp=mon.session.ddp,
         loader=mon._accounting.loader,
         device_index=device.index if device is not None else None,
-        step=mon._progress,
+        ctx=mon._ctx,
         sampler=sampler,
     )
 
@@ -379,9 +376,8 @@ def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
         check=source.check,
         prepare=source.recipe,
         directory=mon.socket_path.parent if mon.socket_path else None,
-        emit=mon._emit_event,
+        ctx=mon._ctx,
         on_result=lambda result: probe_concluded(mon, source, result),
-        step=mon._progress,
         device_free=lambda: device_free(device),
     )
     if rank != 0:

@@ -42,7 +42,7 @@ class Monitor:
         atexit.register(self._close_at_exit)
         signals.install(live_monitors)
         interrupts.install()  # Ctrl-C's traceback ends at the user's line
-        self._emit_event(
+        self._inbox.append(
             Event(
                 t=time.time(),
                 step=0,
@@ -53,19 +53,6 @@ class Monitor:
         if checked.autopilot and self.autopilot is not None:
             self.autopilot.start()
 
-    def _warn(self, kind: str, message: str) -> None:
-        """A warning from the literature, once per kind."""
-        if kind not in self._warned:
-            self._warned.add(kind)
-            self._warning(kind, message)
-
-    def _warning(self, kind: str, message: str) -> None:
-        event = Event(time.time(), self._progress.step, kind, message, level="warning")
-        self._emit_event(event)
-
-    def _emit_event(self, event: Event) -> None:
-        self._inbox.append(event)
-
     def count_samples(self, samples: int, batch_size: int | None = None) -> None:
         """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
         make (``bsmon run``, the framework integrations). Without batch control, the first
@@ -74,7 +61,7 @@ class Monitor:
 
     def emit(self, event: Event) -> None:
         """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
-        self._emit_event(event)
+        self._inbox.append(event)
 
     def report_error(self, where: str, exc: BaseException) -> None:
         """Count and show an exception caught in bsmon code outside the Monitor (an
@@ -190,7 +177,7 @@ class Monitor:
             samples, world = len(dataset), sampler.num_replicas
             if samples % world:
                 how = "drops" if sampler.drop_last else "pads with repeated"
-                self._warn(
+                self._ctx.warn_once(
                     "uneven_world_split",
                     f"{samples} samples do not split evenly over {world} ranks: "
                     f"DistributedSampler {how} samples every epoch",
@@ -348,7 +335,7 @@ class Monitor:
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
         if self.batch_control is not None and (never := self.batch_control.unapplied()):
-            self._warning("batch_size_unapplied", never)
+            self._ctx.warn("batch_size_unapplied", never)
         if self.autopilot is not None:
             try:
                 self.autopilot.finish()

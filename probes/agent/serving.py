@@ -115,7 +115,9 @@ def socket_rebound(mon: Monitor) -> None:
     """The agent thread made the socket again after someone deleted it."""
     with contextlib.suppress(OSError):
         write_metadata(mon)
-    mon._warning("socket_rebound", f"the socket {mon.socket_path} was deleted; bsmon made it again")
+    mon._ctx.warn(
+        "socket_rebound", f"the socket {mon.socket_path} was deleted; bsmon made it again"
+    )
 
 
 def degrade(mon: Monitor, reason: str) -> None:

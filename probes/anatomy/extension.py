@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from ..runtime.context import JobContext
 from ..runtime.service import Extension, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Event, Metrics, StepAnatomy
@@ -25,7 +26,7 @@ class AnatomyExtension(Extension):
         ddp: bool | None = None,
         loader: Callable[[], LoaderFacts | None],
         device_index: int | None,
-        step: Callable[[], int],
+        ctx: JobContext,
         sampler: AnatomySampler | None = None,
     ) -> None:
         self._telemetry = telemetry
@@ -34,7 +35,7 @@ class AnatomyExtension(Extension):
         self._ddp = ddp  # the job trains a DistributedDataParallel (distributed.ddp_of)
         self._loader = loader
         self._device_index = device_index
-        self._step = step
+        self._step = ctx.progress
         self.keeper = VerdictKeeper()
         self.latest: StepAnatomy | None = None  # the last reading sent
 

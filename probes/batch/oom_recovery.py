@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
+from ..runtime.context import JobContext
 from ..runtime.hot_path import HotPath
-from ..runtime.progress import Progress
 from ..runtime.samples import StepSamples
-from ..wire.protocol import Event
 from .control import BatchController, Pending
 from .oom import release_memory
 
@@ -26,15 +24,13 @@ class OomRecovery:
         hot: HotPath,
         *,
         samples: StepSamples,
-        progress: Progress,
-        emit: Callable[[Event], None],
+        ctx: JobContext,
         discard_marks: Callable[[], None] = lambda: None,
     ) -> None:
         self._control = control
         self._hot = hot
         self._samples = samples
-        self._progress = progress
-        self._emit = emit
+        self._ctx = ctx
         self._discard_marks = discard_marks
 
     def recover(self, exc: BaseException, optimizer: torch.optim.Optimizer) -> bool:
@@ -43,7 +39,7 @@ class OomRecovery:
         failed = control.size
         arrived = control.arrived
         cause = f" ({arrived.reason})" if arrived is not None and arrived.value == failed else ""
-        fallback = control.shrink_after_oom(self._progress.step)
+        fallback = control.shrink_after_oom(self._ctx.progress.step)
         if fallback is None:
             return False
         exc.__traceback__ = None  # its frames hold the failed step's activations
@@ -66,15 +62,10 @@ class OomRecovery:
             if control.micro is not None
             else f"back to {control.size}, the last size that ran"
         )
-        self._emit(
-            Event(
-                t=time.time(),
-                step=self._progress.step,
-                kind="oom",
-                level="warning",
-                message=f"out of memory at batch {failed}{cause}; {now}; {again}",
-                data={"failed": failed, "now": control.size, "requeued": requeued},
-            )
+        self._ctx.warn(
+            "oom",
+            f"out of memory at batch {failed}{cause}; {now}; {again}",
+            data={"failed": failed, "now": control.size, "requeued": requeued},
         )
         return True
 

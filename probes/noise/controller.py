@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from ..record.format import StepRun
+from ..runtime.context import JobContext
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
-from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.inbox import take_all
 from ..runtime.service import Extension
@@ -90,9 +90,7 @@ class NoiseScale:
         *,
         mode: str | None,
         window: int,
-        guard: FaultGuard,
-        emit: Callable[[Event], None],
-        step: Callable[[], int],
+        ctx: JobContext,
         grad_scaler: Any = None,
         preconditioned: bool = False,
         budget: float | None = DEFAULT_BUDGET,
@@ -107,9 +105,10 @@ class NoiseScale:
             raise ValueError(f"noise_scale must be one of {choices}, got {mode!r}")
         self.mode = mode
         self.window = window
-        self._guard = guard
-        self._emit_event = emit
-        self._step = step
+        self._ctx = ctx
+        self._guard = ctx.guard
+        self._emit_event = ctx.emit
+        self._step = ctx.progress
         self._loss_scale = LossScale(grad_scaler)
         self._precond = AdamPreconditioner(optimizer) if preconditioned else None
         self.preconditioned = preconditioned
@@ -130,7 +129,7 @@ class NoiseScale:
         self._examples_hint = examples_hint
         self._pass_hint = pass_hint
         self._examples_known = examples_known
-        self._watch = watch if watch is not None else ForwardWatch(model, guard)
+        self._watch = watch if watch is not None else ForwardWatch(model, ctx.guard)
         self._model = model
         self._trainable = list(
             {
@@ -158,7 +157,7 @@ class NoiseScale:
             try:
                 self.source, self.why = self._choose(mode)
             except Exception as exc:  # a bsmon bug must not stop the job from starting
-                guard.report("noise scale: setup", exc)
+                ctx.guard.report("noise scale: setup", exc)
                 self.source, self.why = None, f"bsmon could not set it up: {exc}"
         self.reading = self._reading()
 
@@ -405,7 +404,7 @@ class NoiseScale:
         self.source = None
         self.why = why
         self._inbox.append(_RESET)
-        self._emit(f"noise scale: off — {why}", "warning")
+        self._ctx.warn("noise_scale", f"noise scale: off — {why}")
 
     def _maybe_switch(self, backwards: int) -> None:
         if backwards == 0:
