@@ -16,12 +16,13 @@ from ..anatomy.marks import PhaseMarks
 from ..anatomy.verdict import LoaderFacts, loader_facts
 from ..batch.loader import DynamicBatchSampler, MonitoredDataLoader, batch_length
 from ..maxbatch.job import ProbeSource
+from ..noise.autograd import ExampleCounter
 from ..runtime import audience, loader_watch, mode_watch
 from ..runtime.context import JobContext
 from ..runtime.evaluation import EvalClock
 from ..runtime.forward_watch import ForwardWatch
-from ..runtime.hot_path import HotPath
-from ..runtime.samples import StepSamples
+from ..runtime.hot_path import NEVER, HotPath
+from ..runtime.samples import CHECK_EVERY, StepSamples, StepTally
 
 
 class Accounting:
@@ -38,6 +39,9 @@ class Accounting:
         hot: HotPath,
         probe_source: ProbeSource,
         ctx: JobContext,
+        tally: StepTally,
+        examples: ExampleCounter,
+        declared: bool,
     ) -> None:
         self._model = model
         self._samples = samples
@@ -47,6 +51,9 @@ class Accounting:
         self._hot = hot
         self._probe_source = probe_source
         self._guard = ctx.guard
+        self._tally = tally
+        self._examples = examples
+        self._declared = declared  # a batch size declared: its samples are the step's
         self._warn = ctx.warn_once
         self._has_batchnorm = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
@@ -67,6 +74,22 @@ class Accounting:
     def unsubscribe(self) -> None:
         loader_watch.unsubscribe(self._on_loader)
         mode_watch.unsubscribe(self._on_mode_switch)
+
+    def at_boundary(self, step: int, _now: float) -> int:
+        """Count the model's examples on step + 1 if nothing else says its samples (no
+        DataLoader, no declared size), and the step the count next changes at."""
+        tally, counter = self._tally, self._examples
+        wanted = not self._declared and tally.counts_model_examples(step + 1)
+        if wanted is not counter.wanted:
+            counter.want(wanted)
+        if self._declared or tally.batches_seen:
+            return NEVER
+        if wanted and tally.steady is not None:
+            return step + 1  # a check: off again after it
+        # until the count is steady, look again every CHECK_EVERY steps (the checks' stride,
+        # a larger power of two once the rate is known, is a multiple of it)
+        every = tally.check_every if tally.steady is not None else CHECK_EVERY
+        return (step // every + 1) * every - 1  # the next check, or steadiness
 
     def training_iterator(self) -> Any:
         """The DataLoader iterator the job's training batches come from now (None: none)."""

@@ -40,7 +40,7 @@ from ..runtime.inbox import Inbox
 from ..runtime.progress import Progress
 from ..runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from ..runtime.samples import StepSamples
-from ..runtime.service import AgentService, Extension, PeriodicSampler
+from ..runtime.service import AgentService, Extension, PeriodicSampler, takes_boundaries
 from ..runtime.session import default_name, session_info
 from ..runtime.telemetry import Telemetry
 from ..runtime.timing import StepClock
@@ -49,7 +49,7 @@ from ..wire.protocol import Capability, ProbeResult
 from ..wire.routing import CommandRouter
 from . import serving
 from .accounting import Accounting
-from .boundary import Boundary
+from .boundary import Boundary, TakesBoundaries
 from .options import Options
 
 if TYPE_CHECKING:
@@ -200,6 +200,9 @@ def assemble(
         hot=mon._hot,
         probe_source=mon.probe_source,
         ctx=ctx,
+        tally=mon.telemetry.tally,
+        examples=mon._model_examples,
+        declared=mon.batch_control is not None,
     )
     mon.telemetry.samples_reason = mon._accounting.samples_reason
     mon._accounting.subscribe()
@@ -209,7 +212,7 @@ def assemble(
     if mon.batch_control is not None:
         mon.batch_control.watch.device_shared_since = mon.prober.ran_since
     extensions: list[Extension] = [
-        NoiseExtension(mon._noise, mon.telemetry),
+        NoiseExtension(mon._noise, mon.telemetry, hot=mon._hot, shared=mon._shared),
         ProbeExtension(mon.prober),
     ]
     # reads nothing unless the job is distributed and its model DistributedDataParallel
@@ -231,17 +234,19 @@ def assemble(
     mon.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
     if mon.autopilot is not None:
         extensions.append(AutopilotExtension(mon.autopilot, mon.batch_control, sampler.sample_soon))
+    if mon.recorder is not None:
+        extensions.append(mon.recorder)
+    runtime_parts: list[TakesBoundaries] = [
+        mon._watch,
+        mon._accounting,
+        mon.telemetry.logged_intake,
+    ]
+    if ddp_timing.model is not None:  # reads nothing unless the model is DDP
+        runtime_parts.insert(0, ddp_timing)
+    if mon.batch_control is not None:  # a pending size is applied first
+        runtime_parts.insert(0, mon.batch_control)
     mon._boundary = Boundary(
-        control=mon.batch_control,
-        ddp_timing=ddp_timing,
-        watch=mon._watch,
-        telemetry=mon.telemetry,
-        examples=mon._model_examples,
-        noise=mon._noise,
-        shared=mon._shared,
-        phases=mon._phases,
-        sampler=anatomy_sampler,
-        hot=mon._hot,
+        [*runtime_parts, *(part for part in extensions if takes_boundaries(part))], mon._hot
     )
     work.on_boundary = mon._boundary.at_boundary
     mon._service = AgentService(
@@ -253,7 +258,7 @@ def assemble(
         socket_path=mon.socket_path,
         fault_count=lambda: mon._guard.count,
         noise_capability=lambda: mon._noise.capability,
-        extensions=[*extensions, *([mon.recorder] if mon.recorder is not None else [])],
+        extensions=extensions,
         on_rebound=lambda: serving.socket_rebound(mon),
         report=mon._guard.report,
     )
@@ -363,6 +368,8 @@ def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) ->
         device_index=device.index if device is not None else None,
         ctx=mon._ctx,
         sampler=sampler,
+        phases=mon._phases,
+        hot=mon._hot,
     )
 
 

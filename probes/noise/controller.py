@@ -41,6 +41,7 @@ from ..runtime.context import JobContext
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.forward_watch import ForwardWatch
+from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.inbox import take_all
 from ..runtime.service import Extension
 from ..runtime.telemetry import Telemetry
@@ -53,6 +54,7 @@ from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
+from .shared_backward import SharedBackward
 from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
@@ -593,11 +595,40 @@ class NoiseScale:
 
 
 class NoiseExtension(Extension):
-    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message."""
+    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message, and
+    arms the measured steps at the scheduled boundaries before them."""
 
-    def __init__(self, noise: NoiseScale, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        noise: NoiseScale,
+        telemetry: Telemetry,
+        *,
+        hot: HotPath,
+        shared: SharedBackward | None = None,
+    ) -> None:
         self._noise = noise
         self._telemetry = telemetry
+        self._hot = hot
+        self._shared = shared
+
+    def at_boundary(self, step: int, _now: float) -> int:
+        """Whether step + 1 is measured (the hot path's ``noise_due``): its hooks, and the
+        shared-backward watch, on if so; the next step to prepare."""
+        noise, shared = self._noise, self._shared
+        due = noise.due(step + 1)
+        if due:
+            noise.arm()
+        if shared is not None:
+            if shared.armed:
+                shared.step_ended()
+            if due and noise.source is not None:
+                shared.arm()
+            else:
+                shared.disarm()
+        self._hot.noise_due = due
+        if due:
+            return step + 1
+        return noise.next_measured - 1 if noise.source is not None else NEVER
 
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)

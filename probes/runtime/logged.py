@@ -27,6 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..wire.protocol import Event
+from .hot_path import NEVER
 from .inbox import Inbox, take_all
 
 SAMPLE_ABOVE = 160  # calls a tick (0.25 s) above which only each name's latest value is kept
@@ -57,6 +58,12 @@ class LoggedIntake:
         """Judge the mode no more: a benchmark counting the calls of steps it slows (under
         a profiler) counts them in the mode the job's own speed chose."""
         self._held = True
+
+    def at_boundary(self, step: int, now: float) -> int:
+        """The scheduled boundary: the next step whose start ``early`` wants timed."""
+        if self.timing_start and (following := self.early(step, now)) is not None:
+            return following
+        return NEVER
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep

@@ -23,6 +23,7 @@ from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
 from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
+from .hot_path import NEVER
 from .inbox import Inbox
 from .telemetry import Telemetry
 
@@ -103,7 +104,15 @@ class HelloPart(TypedDict, total=False):
 class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
     inbox record telemetry does not take, each device sample, each metrics message and hello
-    (to which it returns its part), and each tick's end."""
+    (to which it returns its part), and each tick's end. One that needs the training thread at
+    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it)."""
+
+    def at_boundary(self, step: int, now: float) -> int:
+        """Training thread, at a scheduled step boundary (the end of ``step``, at ``now``): do
+        what is due and get the next step ready; the next step whose end needs it (``NEVER``:
+        none). Called only for the extensions that define it (``takes_boundaries``), never on
+        an ordinary step."""
+        return NEVER
 
     def on_record(self, record: object) -> None:
         """Called for each inbox record that telemetry does not take (in order)."""
@@ -129,6 +138,11 @@ class Extension:
     def next_tick_s(self) -> float | None:
         """How soon this extension needs the next tick, if sooner than ``TICK_S``."""
         return None
+
+
+def takes_boundaries(part: Extension) -> bool:
+    """Whether ``part`` has work at scheduled step boundaries (it defines ``at_boundary``)."""
+    return type(part).at_boundary is not Extension.at_boundary
 
 
 class AgentService(threading.Thread):
