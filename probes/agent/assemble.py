@@ -122,7 +122,6 @@ def assemble(
         mon.session.ddp = ddp is not None
     mon.telemetry = Telemetry()
     mon.telemetry.batch_size = o.batch_size
-    mon.telemetry.noise = mon._noise.reading
     mon.telemetry.report = mon._guard.report
     if mon._noise.source is not None:  # the steps' durations price its budget
         mon.telemetry.duration_listeners.append(mon._noise.on_durations)
@@ -132,6 +131,7 @@ def assemble(
         session=mon.session,
         telemetry=mon.telemetry,
         emit=mon._ctx.emit,
+        noise=mon._noise,
         name=mon.name,
         pid=mon._pid,
     )

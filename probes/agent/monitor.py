@@ -100,7 +100,7 @@ class Monitor:
 
     @property
     def noise_scale(self) -> float | None:
-        return self.telemetry.noise.b_simple
+        return self._noise.reading.b_simple
 
     def should_step(self) -> bool:
         """Accumulation mode: call once per micro-batch, after backward; True when the loop
@@ -262,7 +262,7 @@ class Monitor:
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of what the monitor shows (aggregates lag the training thread by ≤ a tick)."""
-        t = self.telemetry
+        t, noise = self.telemetry, self._noise.reading
         return {
             "name": self.name,
             "step": self._progress.step,
@@ -270,8 +270,8 @@ class Monitor:
             "samples": t.samples,
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
-            "b_simple": t.noise.b_simple,
-            "noise": {name: getattr(t.noise, name) for name in t.noise.__struct_fields__},
+            "b_simple": noise.b_simple,
+            "noise": {name: getattr(noise, name) for name in noise.__struct_fields__},
             "anatomy": self._anatomy.latest_dict() if self._anatomy is not None else None,
             "scalars": dict(t.scalars),
             "errors": self._guard.count,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..record.recorder import Recorder
+from ..record.recorder import HasReading, Recorder
 from ..record.writer import RECORDS_SUBDIR, claim_record_path, default_record_path
 from ..runtime import audience
 from ..runtime.session import SessionInfo
@@ -41,6 +41,7 @@ def make_recorder(
     session: SessionInfo,
     telemetry: Telemetry,
     emit: Callable[[Event], None],
+    noise: HasReading,
     name: str,
     pid: int,
 ) -> Recorder | None:
@@ -69,6 +70,7 @@ def make_recorder(
         telemetry,
         emit,
         private_dir=private_dir,
+        noise=noise,
         before=summary_build.preload,
         on_stopped=say_recording_stopped,
     )

@@ -19,8 +19,9 @@ Modes (``attach(..., noise_scale=...)``):
 Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook of the
 steps it measures (one record appended to a deque); the per-example source is not looked at
 on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
-the step before). Agent thread: ``agent_tick`` reads records, smooths, and writes
-``telemetry.noise``; ``on_durations`` feeds the budget the steps' durations.
+the step before). Agent thread: ``agent_tick`` reads records and smooths them into
+``reading``, which ``NoiseExtension.metrics_part`` puts in the metrics message;
+``on_durations`` feeds the budget the steps' durations.
 
 Why one module: choosing a source, switching it as the job starts or stops accumulating, and
 refusing with a reason all act on the one source in use and the reading shown for it.
@@ -43,9 +44,9 @@ from ..runtime.distributed import ddp_of
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.inbox import take_all
-from ..runtime.service import Extension
+from ..runtime.service import Extension, MetricsPart
 from ..runtime.telemetry import Telemetry
-from ..wire.protocol import Capability, Event, NoiseScaleReading
+from ..wire.protocol import Capability, Event, Metrics, NoiseScaleReading
 from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
@@ -482,7 +483,6 @@ class NoiseScale:
             changed = True
         if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
-            telemetry.noise = self.reading
             self._report_below_zero(telemetry)
             self._report_unmeasurable(telemetry)
 
@@ -632,3 +632,8 @@ class NoiseExtension(Extension):
 
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)
+
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        """The reading this tick's ``agent_tick`` made (first in: the autopilot reads it)."""
+        reading = self._noise.reading
+        return {"b_simple": reading.b_simple, "noise": reading}

@@ -89,7 +89,10 @@ class TickDone:
 class MetricsPart(TypedDict, total=False):
     """The fields an extension fills in a metrics message (each field has one owner)."""
 
+    b_simple: float | None
+    noise: protocol.NoiseScaleReading
     anatomy: protocol.StepAnatomy | None
+    autopilot: protocol.AutopilotReading
     batch: protocol.BatchReading
     probe: protocol.ProbeReading
     ranks: protocol.RanksReading | None
@@ -98,6 +101,7 @@ class MetricsPart(TypedDict, total=False):
 class HelloPart(TypedDict, total=False):
     """The fields an extension fills in a hello."""
 
+    autopilot: protocol.AutopilotReading
     batch: protocol.BatchReading
 
 
@@ -121,8 +125,9 @@ class Extension:
         """Called every tick with the latest device sample."""
 
     def metrics_part(self, metrics: protocol.Metrics) -> MetricsPart:
-        """This extension's fields of a metrics message, read from the message as telemetry
-        and the device sample made it (the other extensions' parts are not in it yet)."""
+        """This extension's fields of a metrics message, read from the message as telemetry,
+        the device sample and the extensions before it made it (the noise scale's reading is
+        first in)."""
         return {}
 
     def on_metrics(self, metrics: protocol.Metrics) -> None:
@@ -315,10 +320,10 @@ class AgentService(threading.Thread):
             metrics.gpu = sample.gpu
             metrics.host = sample.host
             metrics.errors = self._fault_count()
-            parts: MetricsPart = {}
             for extension in self.extensions:
-                parts.update(extension.metrics_part(metrics))
-            metrics = msgspec.structs.replace(metrics, **parts)
+                if part := extension.metrics_part(metrics):
+                    metrics = msgspec.structs.replace(metrics, **part)
+            telemetry.keep_history(now, metrics)
             for extension in self.extensions:
                 extension.on_metrics(metrics)
         events = telemetry.take_new_events()
