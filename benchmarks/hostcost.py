@@ -314,7 +314,7 @@ def settle(started: object, loop: Loop) -> None:
     flush()
     # the steps counted next run under cProfile, several times slower: on a loaded machine
     # the agent would judge them slow and change the mode half-way through the count
-    monitor.telemetry.logged_intake.hold_mode()
+    monitor.job.telemetry.logged_intake.hold_mode()
 
 
 def count_calls(

@@ -4,6 +4,7 @@ job, and how its parts are joined.
 - ``monitor``: ``attach``, ``Monitor`` (DESIGN.md's public calls and ``close``), live monitors;
 - ``options``: ``attach()``'s options, checked before anything is built;
 - ``assemble``: the composition root: options → every wing's part, joined;
+- ``job``: ``Monitor.job``, what bsmon's own integrations reach beneath the ``Monitor``;
 - ``serving``: the socket (and its metadata) and the session record;
 - ``boundary``: the training thread's scheduled slow path (``StepWork.on_boundary``);
 - ``accounting``: the job's DataLoader, ``train()``/``eval()`` and ``mon.dataloader`` signals →

@@ -50,6 +50,7 @@ from ..wire.routing import CommandRouter
 from . import serving
 from .accounting import Accounting
 from .boundary import Boundary, TakesBoundaries
+from .job import Job
 from .options import Options
 
 if TYPE_CHECKING:
@@ -67,12 +68,13 @@ def assemble(
     mon: Monitor, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, o: Options
 ) -> None:
     """Build every part of ``mon`` from the checked options and join them."""
-    mon.model = model
-    mon.optimizer = optimizer
-    mon.loss_fn = o.loss_fn
-    mon.name = o.name or default_name()
-    mon.noise_window = o.noise_window
-    mon.record = o.record
+    job = mon.job = Job()
+    job.model = model
+    job.optimizer = optimizer
+    job.loss_fn = o.loss_fn
+    job.name = o.name or default_name()
+    job.noise_window = o.noise_window
+    job.record = o.record
     mon._pid = os.getpid()
     mon._closed = False
     mon._close_lock = threading.RLock()  # re-entered by the SIGTERM handler
@@ -83,7 +85,7 @@ def assemble(
     mon._inbox = Inbox()
     mon._log_into = mon._inbox.logged.append  # or latest.update: runtime.logged
     mon._guard = FaultGuard(mon._inbox.append, mon._progress)
-    mon.session = session_info(mon.name)
+    mon.session = session_info(job.name)
     ctx = mon._ctx = JobContext(mon._progress, mon._inbox.append, mon._guard, mon.session)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     mon._clock = StepClock.for_parameters(params)
@@ -99,7 +101,7 @@ def assemble(
     )
     mon._watch.on_root(evals.on_root_pass)
     mon._model_examples = ExampleCounter(mon._watch, "samples")
-    mon.batch_control = None  # made below, once the session is known
+    job.batch_control = None  # made below, once the session is known
     mon._noise = NoiseScale(
         model,
         optimizer,
@@ -113,30 +115,30 @@ def assemble(
         examples_hint=lambda: mon._samples.so_far or mon.batch_size,
         pass_hint=mon._pass_examples,
         examples_known=lambda: mon._pass_examples() is not None,
-        step_time=lambda: mon.telemetry.step_time_s,
+        step_time=lambda: job.telemetry.step_time_s,
     )
 
     rank, world_size = mon.session.rank, mon.session.world_size
     ddp = distributed.ddp_of(model, params) if world_size > 1 else None
     if world_size > 1:  # in the record's header too: the step anatomy's note reads it
         mon.session.ddp = ddp is not None
-    mon.telemetry = Telemetry()
-    mon.telemetry.batch_size = o.batch_size
-    mon.telemetry.report = mon._guard.report
+    job.telemetry = Telemetry()
+    job.telemetry.batch_size = o.batch_size
+    job.telemetry.report = mon._guard.report
     if mon._noise.source is not None:  # the steps' durations price its budget
-        mon.telemetry.duration_listeners.append(mon._noise.on_durations)
-    mon.recorder = serving.make_recorder(
+        job.telemetry.duration_listeners.append(mon._noise.on_durations)
+    job.recorder = serving.make_recorder(
         o.record,
         o.socket_dir,
         session=mon.session,
-        telemetry=mon.telemetry,
+        telemetry=job.telemetry,
         emit=mon._ctx.emit,
         noise=mon._noise,
-        name=mon.name,
+        name=job.name,
         pid=mon._pid,
     )
-    mon.router = CommandRouter()
-    mon.batch_control = make_batch_control(
+    job.router = CommandRouter()
+    job.batch_control = make_batch_control(
         mon,
         o.batch_size,
         BatchPolicy(o.batch_step, o.min_batch_size, o.max_batch_size, o.micro_batch_size or 1),
@@ -163,20 +165,20 @@ def assemble(
         evals=evals,
         reevaluates=reevaluates,
     )
-    mon._hot.control = mon.batch_control
+    mon._hot.control = job.batch_control
     mon._oom = (  # nothing to shrink to, or other ranks would hang in the all-reduce
         OomRecovery(
-            mon.batch_control,
+            job.batch_control,
             mon._hot,
             samples=mon._samples,
             ctx=ctx,
             discard_marks=mon._phases.discard if mon._phases is not None else lambda: None,
         )
-        if mon.batch_control is not None and world_size == 1
+        if job.batch_control is not None and world_size == 1
         else None
     )
-    mon.telemetry.hand_back = mon._hot.hand_back
-    mon.telemetry.logged_intake.keep_latest = mon._keep_latest_logged
+    job.telemetry.hand_back = mon._hot.hand_back
+    job.telemetry.logged_intake.keep_latest = mon._keep_latest_logged
     mon._hot.need_pre_hook(mon._noise.due(1))
     mon._hot.noise_due = mon._noise.due(1)
     if reevaluates:
@@ -187,9 +189,9 @@ def assemble(
         else None
     )
     mon.socket_path = None
-    mon.serving = Capability(False, "serve=False")
-    mon.probe_source = ProbeSource(
-        model, optimizer, o.loss_fn, o.probe_step, mon.batch_control, watch=mon._watch
+    job.serving = Capability(False, "serve=False")
+    job.probe_source = ProbeSource(
+        model, optimizer, o.loss_fn, o.probe_step, job.batch_control, watch=mon._watch
     )
     mon._accounting = Accounting(
         model,
@@ -198,26 +200,26 @@ def assemble(
         watch=mon._watch,
         phases=mon._phases,
         hot=mon._hot,
-        probe_source=mon.probe_source,
+        probe_source=job.probe_source,
         ctx=ctx,
-        tally=mon.telemetry.tally,
+        tally=job.telemetry.tally,
         examples=mon._model_examples,
-        declared=mon.batch_control is not None,
+        declared=job.batch_control is not None,
     )
-    mon.telemetry.samples_reason = mon._accounting.samples_reason
+    job.telemetry.samples_reason = mon._accounting.samples_reason
     mon._accounting.subscribe()
     if o.serve:
         mon.socket_path = serving.prepare_socket(mon, o.socket_dir)
-    mon.prober = make_prober(mon, rank)
-    if mon.batch_control is not None:
-        mon.batch_control.watch.device_shared_since = mon.prober.ran_since
+    job.prober = make_prober(mon, rank)
+    if job.batch_control is not None:
+        job.batch_control.watch.device_shared_since = job.prober.ran_since
     extensions: list[Extension] = [
-        NoiseExtension(mon._noise, mon.telemetry, hot=mon._hot, shared=mon._shared),
-        ProbeExtension(mon.prober),
+        NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=mon._shared),
+        ProbeExtension(job.prober),
     ]
     # reads nothing unless the job is distributed and its model DistributedDataParallel
     ddp_timing = DdpTiming(ddp)
-    mon.telemetry.comm_sample = ddp_timing.comm_wait
+    job.telemetry.comm_sample = ddp_timing.comm_wait
     mon._ranks_exchange = None
     mon._anatomy = None
     if mon._phases is not None:
@@ -228,31 +230,33 @@ def assemble(
         extensions.append(mon._anatomy)
     if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
         extensions.append(ranks)
-    if mon.batch_control is not None:
-        extensions.append(BatchExtension(mon.batch_control, mon.telemetry))
+    if job.batch_control is not None:
+        extensions.append(BatchExtension(job.batch_control, job.telemetry))
     sampler = PeriodicSampler(DeviceSampler(), o.sample_interval_s)
-    mon.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
-    if mon.autopilot is not None:
-        extensions.append(AutopilotExtension(mon.autopilot, mon.batch_control, sampler.sample_soon))
-    if mon.recorder is not None:
-        extensions.append(mon.recorder)
+    job.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
+    if job.autopilot is not None:
+        extensions.append(AutopilotExtension(job.autopilot, job.batch_control, sampler.sample_soon))
+    if job.recorder is not None:
+        extensions.append(job.recorder)
     runtime_parts: list[TakesBoundaries] = [
         mon._watch,
         mon._accounting,
-        mon.telemetry.logged_intake,
+        job.telemetry.logged_intake,
     ]
     if ddp_timing.model is not None:  # reads nothing unless the model is DDP
         runtime_parts.insert(0, ddp_timing)
-    if mon.batch_control is not None:  # a pending size is applied first
-        runtime_parts.insert(0, mon.batch_control)
+    if job.batch_control is not None:  # a pending size is applied first
+        runtime_parts.insert(0, job.batch_control)
     mon._boundary = Boundary(
         [*runtime_parts, *(part for part in extensions if takes_boundaries(part))], mon._hot
     )
     work.on_boundary = mon._boundary.at_boundary
+    job.ctx, job.noise, job.inbox, job.samples = ctx, mon._noise, mon._inbox, mon._samples
+    job.hot, job.accounting, job.boundary = mon._hot, mon._accounting, mon._boundary
     mon._service = AgentService(
         inbox=mon._inbox,
-        telemetry=mon.telemetry,
-        router=mon.router,
+        telemetry=job.telemetry,
+        router=job.router,
         sampler=sampler,
         session=mon.session,
         socket_path=mon.socket_path,
@@ -262,8 +266,8 @@ def assemble(
         on_rebound=lambda: serving.socket_rebound(mon),
         report=mon._guard.report,
     )
-    if mon.recorder is not None:
-        mon.recorder.start()
+    if job.recorder is not None:
+        job.recorder.start()
     serving.start_service(mon)
 
 
@@ -281,7 +285,7 @@ def make_batch_control(
     if batch_size is None:
         reason = "the job declared no batch size (attach(..., batch_size=N) enables it)"
         for kind in ("set_batch_size", "step_batch_size"):
-            mon.router.disable(kind, reason)
+            mon.job.router.disable(kind, reason)
         return None
     if (refusal := policy.refusal(batch_size)) is not None:
         raise ValueError(f"batch_size: {refusal}")
@@ -290,7 +294,7 @@ def make_batch_control(
         initial=batch_size,
         policy=policy,
         micro_batch_size=micro_batch_size,
-        optimizer=mon.optimizer,
+        optimizer=mon.job.optimizer,
         lr_scaling=lr_scaling,
         scheduler=lr_scheduler,
         emit=mon._ctx.emit,
@@ -302,23 +306,23 @@ def make_batch_control(
         rank=rank,
         wake=lambda: mon._hot.wake(),  # noqa: PLW0108 (mon._hot is made later)
     )
-    register_batch_commands(mon.router, controller)
+    register_batch_commands(mon.job.router, controller)
     if rank != 0:
         for kind in ("set_batch_size", "step_batch_size"):
-            mon.router.disable(kind, "send batch-size commands to rank 0's monitor")
+            mon.job.router.disable(kind, "send batch-size commands to rank 0's monitor")
     return controller
 
 
 def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Autopilot | None:
     """The autopilot, off until switched on (rank 0 decides for every rank)."""
-    control = mon.batch_control
+    control = mon.job.batch_control
     if control is None or rank != 0:
         why = (
             "send autopilot commands to rank 0's monitor"
             if control
             else ("the job declared no batch size (attach(..., batch_size=N) enables it)")
         )
-        mon.router.disable("autopilot", why)
+        mon.job.router.disable("autopilot", why)
         return None
     noise = mon._noise
     autopilot = Autopilot(
@@ -330,7 +334,7 @@ def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Auto
         plain_step_s=lambda: noise.budget.plain_step_s,
         epochs=lambda: mon._accounting.training_epochs,
     )
-    register_autopilot(mon.router, autopilot)
+    register_autopilot(mon.job.router, autopilot)
     return autopilot
 
 
@@ -347,10 +351,10 @@ def make_ranks(
         )
         return None
     mon._ranks_exchange = RankExchange(store, rank, world_size)
-    if mon.batch_control is not None and mon.batch_control.size < SMALL_DEVICE_BATCH:
+    if mon.job.batch_control is not None and mon.job.batch_control.size < SMALL_DEVICE_BATCH:
         mon._ctx.warn_once(
             "small_device_batch",
-            f"the per-device batch is {mon.batch_control.size}: below "
+            f"the per-device batch is {mon.job.batch_control.size}: below "
             f"{SMALL_DEVICE_BATCH} samples a device mostly waits; consider gradient "
             "accumulation (micro_batch_size) or fewer ranks",
         )
@@ -361,7 +365,7 @@ def make_ranks(
 def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) -> AnatomyExtension:
     device = mon._clock.device
     return AnatomyExtension(
-        mon.telemetry,
+        mon.job.telemetry,
         world_size=world_size,
         ddp=mon.session.ddp,
         loader=mon._accounting.loader,
@@ -374,9 +378,9 @@ def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) ->
 
 
 def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
-    source = mon.probe_source
+    source = mon.job.probe_source
     device = next(
-        (p.device for g in mon.optimizer.param_groups for p in g["params"]),
+        (p.device for g in mon.job.optimizer.param_groups for p in g["params"]),
         torch.device("cpu"),
     )
     runner = ProbeRunner(
@@ -388,9 +392,9 @@ def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
         device_free=lambda: device_free(device),
     )
     if rank != 0:
-        mon.router.disable("probe", "send probe commands to rank 0's monitor")
+        mon.job.router.disable("probe", "send probe commands to rank 0's monitor")
     else:
-        mon.router.register(
+        mon.job.router.register(
             "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
         )  # type: ignore[attr-defined]
     return runner

@@ -25,13 +25,17 @@ from ..summary import build as summary_build
 from ..wire import discovery, protocol
 from ..wire.protocol import Event, ProbeResult
 from .assemble import assemble
+from .job import Job
 from .options import checked_options
 
 _live_monitors: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
 class Monitor:
-    """The handle ``attach()`` returns. See DESIGN.md for the public contract."""
+    """The handle ``attach()`` returns. See DESIGN.md for the public contract; ``job`` is
+    what bsmon's own integrations reach beneath it (``agent.job.Job``)."""
+
+    job: Job
 
     def __init__(
         self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, **options: Any
@@ -47,33 +51,18 @@ class Monitor:
                 t=time.time(),
                 step=0,
                 kind="attached",
-                message=f"bsmon attached to {self.name} (pid {self._pid})",
+                message=f"bsmon attached to {self.job.name} (pid {self._pid})",
             )
         )
-        if checked.autopilot and self.autopilot is not None:
-            self.autopilot.start()
-
-    def count_samples(self, samples: int, batch_size: int | None = None) -> None:
-        """Count ``samples`` toward the step in progress, for batches from loaders bsmon did not
-        make (``bsmon run``, the framework integrations). Without batch control, the first
-        ``batch_size`` of a step (default: ``samples``) is reported as the job's batch size."""
-        self._samples.count(samples, batch_size)
-
-    def emit(self, event: Event) -> None:
-        """Add ``event`` to the job's events (shown by the monitor); O(1), any thread."""
-        self._inbox.append(event)
-
-    def report_error(self, where: str, exc: BaseException) -> None:
-        """Count and show an exception caught in bsmon code outside the Monitor (an
-        integration's hook); the job never sees it."""
-        self._guard.report(where, exc)
+        if checked.autopilot and self.job.autopilot is not None:
+            self.job.autopilot.start()
 
     # -- public API ---------------------------------------------------------------------------
 
     @property
     def batch_size(self) -> int | None:
         """The current batch size (in accumulation mode: the effective batch per step)."""
-        return self.batch_control.size if self.batch_control is not None else None
+        return self.job.batch_control.size if self.job.batch_control is not None else None
 
     def _pass_examples(self) -> int | None:
         """One backward pass's examples when the job says them itself: the batch it drew from
@@ -86,13 +75,15 @@ class Monitor:
 
     @property
     def micro_batch_size(self) -> int | None:
-        control = self.batch_control
+        control = self.job.batch_control
         return control.loader_size if control is not None else None
 
     @property
     def accumulation_steps(self) -> int:
         """Micro-batches per optimizer step (1 unless attach(micro_batch_size=...))."""
-        return self.batch_control.accumulation_steps if self.batch_control is not None else 1
+        return (
+            self.job.batch_control.accumulation_steps if self.job.batch_control is not None else 1
+        )
 
     @property
     def step(self) -> int:
@@ -130,46 +121,9 @@ class Monitor:
             vars(self).pop("log", None)
         self._hot.keep_latest_loss(latest_only)
 
-    def loss_given(self, loss: Any) -> None:
-        """A framework's ``backward(loss)`` was called (``bsmon run``, accelerate): show
-        ``loss`` as the loss, not the scalar that framework then calls ``backward()`` on (one
-        append)."""
-        self._inbox.losses.append((loss,))  # a tuple: given, not seen at backward()
-
-    def record_backward_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """``Tensor.backward`` that also shows the tensor as the loss (``bsmon run``): one
-        append on the training thread; the agent thread keeps it if it is a scalar."""
-        return self._hot.loss_at_backward(original)
-
-    def watch_every_optimizer(self, on_other: Callable[[Any, float], None]) -> None:
-        """Training thread: ``on_other(optimizer, end)`` at the end of each step of an optimizer
-        other than the one followed (``bsmon run``); the followed one's steps cost the same."""
-        self._hot.every_optimizer(on_other)
-
-    def follow_optimizer(self, optimizer: torch.optim.Optimizer, earlier: list[float]) -> None:
-        """Training thread, in a post-hook of ``optimizer``'s step (from ``on_other``): count
-        its steps from this one on, and the steps it took before, ending at ``earlier``, first;
-        the followed optimizer stopped stepping (one optimizer per layer or stage, trained one
-        after the other). The noise scale measured the parameters of the one before: it stops."""
-        old = type(self.optimizer).__name__
-        self._hot.follow(optimizer, earlier)
-        self.optimizer = optimizer
-        if self.batch_control is not None:
-            self.batch_control.add_optimizer(optimizer)
-        self._noise.refuse(
-            f"it measured the gradients of the parameters {old} trains, and {old} stopped "
-            f"stepping at step {self._progress.step - len(earlier)}"
-        )
-
-    def at_scheduled_boundaries(self, listener: Callable[[bool], None]) -> None:
-        """Call ``listener(sampled)`` on the training thread at each step boundary the hot
-        path schedules (at least at every step before and after a sampled one): ``sampled``
-        says whether the next step is one the step anatomy samples."""
-        self._boundary.listeners.append(listener)
-
     def dataloader(self, dataset: Any, **kwargs: Any) -> MonitoredDataLoader:
         """A DataLoader whose batch size follows ``mon.batch_size`` for every batch."""
-        control = self.batch_control
+        control = self.job.batch_control
         if control is None:
             raise ValueError("mon.dataloader() needs attach(..., batch_size=N)")
         sampler = kwargs.get("sampler")
@@ -186,43 +140,16 @@ class Monitor:
             dataset, lambda: control.loader_size, self._accounting.on_batch, **kwargs
         )
 
-    def training_iterator(self) -> Any:
-        """The DataLoader iterator the job's training batches come from now (None: none)."""
-        return self._accounting.training_iterator()
-
-    @property
-    def training_epochs(self) -> int:
-        """Training DataLoader iterators begun."""
-        return self._accounting.training_epochs
-
-    @property
-    def on_new_training_iterator(self) -> Callable[[Any], None] | None:
-        """Called once per training DataLoader iterator (an epoch), on the training thread."""
-        return self._accounting.on_new_training_iterator
-
-    @on_new_training_iterator.setter
-    def on_new_training_iterator(self, callback: Callable[[Any], None] | None) -> None:
-        self._accounting.on_new_training_iterator = callback
-
     def on_batch_size_change(self, callback: Callable[[int, int], None]) -> None:
         """Call ``callback(old, new)`` on the training thread whenever the batch size changes."""
-        if self.batch_control is None:
+        if self.job.batch_control is None:
             raise ValueError("on_batch_size_change() needs attach(..., batch_size=N)")
-        self.batch_control.add_callback(callback)
+        self.job.batch_control.add_callback(callback)
 
     def request_batch_size(self, value: int, confirm: bool = False) -> protocol.Reply:
         """Ask for a new batch size through the same path and checks as the monitor's command."""
         fields = {"type": "set_batch_size", "id": "api", "value": value, "confirm": confirm}
-        return self.router.handle_fields({**fields, "reason": "requested by the job"})
-
-    def set_autopilot(self, on: bool) -> protocol.Reply:
-        """Switch the autopilot on or off through the same path as the monitor's ``a`` key."""
-        return self.router.handle_fields({"type": "autopilot", "id": "api", "on": on})
-
-    def autopilot_reading(self) -> protocol.AutopilotReading | None:
-        """What the autopilot sees and did (None: this job has none: no batch size declared,
-        or not rank 0)."""
-        return self.autopilot.reading() if self.autopilot is not None else None
+        return self.job.router.handle_fields({**fields, "reason": "requested by the job"})
 
     def probe(self, memory_budget: int | None = None, timeout: float = 600.0) -> ProbeResult:
         """Run the max-batch-size probe in a sidecar process and wait for its result.
@@ -231,14 +158,14 @@ class Monitor:
         probe ends (the dashboard's ``p`` runs it without blocking the job). On the CPU,
         ``memory_budget`` (bytes) plays the device's memory.
         """
-        reply = self.router.handle(
+        reply = self.job.router.handle(
             protocol.encode(
                 protocol.ProbeCommand(id="api", memory_budget=memory_budget, timeout_s=timeout)
             )
         )
         if not reply.ok:
             return ProbeResult(status="refused", error=reply.error)
-        result = self.prober.wait(timeout + 60)
+        result = self.job.prober.wait(timeout + 60)
         return result or ProbeResult(status="timeout", error="the probe did not finish")
 
     def set_probe_batch(self, batch: Any) -> None:
@@ -246,7 +173,7 @@ class Monitor:
         n = batch_length(batch)
         if n is None:
             raise ValueError("set_probe_batch() needs a tensor, or a tuple/list/dict of tensors")
-        self.probe_source.offer(batch, n)
+        self.job.probe_source.offer(batch, n)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -257,14 +184,14 @@ class Monitor:
             yield
         except Exception as exc:
             oom = self._oom
-            if oom is None or not is_out_of_memory(exc) or not oom.recover(exc, self.optimizer):
+            if oom is None or not is_out_of_memory(exc) or not oom.recover(exc, self.job.optimizer):
                 raise
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of what the monitor shows (aggregates lag the training thread by ≤ a tick)."""
-        t, noise = self.telemetry, self._noise.reading
+        t, noise = self.job.telemetry, self._noise.reading
         return {
-            "name": self.name,
+            "name": self.job.name,
             "step": self._progress.step,
             "batch_size": self.batch_size,
             "samples": t.samples,
@@ -277,7 +204,7 @@ class Monitor:
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,
             "record": self.session.record,
-            "serving": self.serving.available,
+            "serving": self.job.serving.available,
         }
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -291,8 +218,8 @@ class Monitor:
 
     def record_probe_result(self, result: dict[str, Any]) -> None:
         """Put a probe's result in the session record (any thread; never raises)."""
-        if self.recorder is not None:
-            self.recorder.probe(result, self._progress.step)
+        if self.job.recorder is not None:
+            self.job.recorder.probe(result, self._progress.step)
 
     def _close_at_exit(self) -> None:
         """``close`` at exit, whatever lands meanwhile: a second Ctrl-C is held back until it
@@ -305,10 +232,10 @@ class Monitor:
                 self.close(reason)
         except BaseException as exc:
             with contextlib.suppress(BaseException), interrupts.signals_deferred():
-                if self.recorder is not None:
+                if self.job.recorder is not None:
                     cut = f"{reason}; bsmon's close was cut short ({type(exc).__name__})"
-                    if self.recorder.close(cut, self._progress.step):
-                        self._write_summary(self.recorder.path)
+                    if self.job.recorder.close(cut, self._progress.step):
+                        self._write_summary(self.job.recorder.path)
 
     def close(self, reason: str = "closed") -> None:
         """Remove every hook, stop every thread, remove the socket, end the record and write
@@ -324,29 +251,29 @@ class Monitor:
         if self._phases is not None:
             self._phases.remove()
         self._noise.close()
-        self.probe_source.close()
+        self.job.probe_source.close()
         self._model_examples.remove()
         self._watch.close()
-        self.prober.stop()
+        self.job.prober.stop()
         if self._ranks_exchange is not None:
             self._ranks_exchange.close()
         atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
-        if self.batch_control is not None and (never := self.batch_control.unapplied()):
+        if self.job.batch_control is not None and (never := self.job.batch_control.unapplied()):
             self._ctx.warn("batch_size_unapplied", never)
-        if self.autopilot is not None:
+        if self.job.autopilot is not None:
             try:
-                self.autopilot.finish()
+                self.job.autopilot.finish()
             except Exception as exc:  # its last word is not worth the job's clean end
                 self._guard.report("the autopilot's last word", exc)
         self._service.stop(reason)
         self._hot.let_go()  # the last tick's tensors: no step is left to drop them
         if self.socket_path is not None:
             discovery.remove_job_files(self.socket_path)
-        if self.recorder is not None and self.recorder.close(reason, self._progress.step):
-            self._write_summary(self.recorder.path, said=self.recorder.failed is not None)
+        if self.job.recorder is not None and self.job.recorder.close(reason, self._progress.step):
+            self._write_summary(self.job.recorder.path, said=self.job.recorder.failed is not None)
         signals.uninstall_if_idle()
 
     @staticmethod
@@ -376,7 +303,10 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else f"step {self._progress.step}"
-        name, path = getattr(self, "name", "?"), getattr(self, "socket_path", None)
+        name, path = (
+            getattr(getattr(self, "job", None), "name", "?"),
+            getattr(self, "socket_path", None),
+        )
         return f"<bsmon.Monitor {name!r} {state} socket={path}>"
 
 

@@ -96,7 +96,7 @@ def start_service(mon: Monitor) -> None:
         mon.socket_path = None
         return
     if mon.socket_path is not None:
-        mon.serving = Capability(True)
+        mon.job.serving = Capability(True)
         write_metadata(mon)
 
 
@@ -105,7 +105,7 @@ def write_metadata(mon: Monitor) -> None:
     discovery.write_metadata(
         mon.socket_path,
         {
-            "name": mon.name,
+            "name": mon.job.name,
             "pid": mon._pid,
             "host": mon.session.host,
             "start_time": mon.session.start_time,
@@ -123,7 +123,7 @@ def socket_rebound(mon: Monitor) -> None:
 
 
 def degrade(mon: Monitor, reason: str) -> None:
-    mon.serving = Capability(False, reason)
+    mon.job.serving = Capability(False, reason)
     warnings.warn(
         f"bsmon: not serving a socket, the job goes on unmonitored: {reason}",
         RuntimeWarning,
