@@ -101,7 +101,7 @@ def assemble(
     )
     mon._watch.on_root(evals.on_root_pass)
     mon._model_examples = ExampleCounter(mon._watch, "samples")
-    job.batch_control = None  # made below, once the session is known
+    job.batch_control = None  # made below; the noise scale's hints read it when they run
     mon._noise = NoiseScale(
         model,
         optimizer,
