@@ -498,7 +498,7 @@ def train(
                     next_eval += task.eval_every
                 value = held_out_loss(model, data)
                 log.evals.append((examples, steps, wall, value))
-                if mon is not None and (reading := mon.autopilot_reading()) is not None:
+                if mon is not None and (reading := mon.job.autopilot_reading()) is not None:
                     log.claimed_seen = reading.claimed_gain or log.claimed_seen
                 if not math.isfinite(value) or value > DIVERGED_FACTOR * first:
                     log.diverged, log.stopped = True, "diverged"
@@ -519,7 +519,7 @@ def train(
 
 
 def _read_autopilot(mon: Any, log: RunLog) -> None:
-    reading = mon.autopilot_reading()
+    reading = mon.job.autopilot_reading()
     if reading is None:
         log.state, log.why = "none", "the monitor has no autopilot (no batch size declared?)"
         return

@@ -316,7 +316,7 @@ def settle(started: object, loop: Loop) -> None:
     # under cProfile, several times slower, and on a loaded machine even the warm-up may run
     # under 320 steps a second; in the mode that keeps every loss, about half the steps then
     # drop the tensors the agent hands back, and the most common count flips with the load
-    monitor.telemetry.logged_intake.hold_mode(latest_only=True)
+    monitor.job.telemetry.logged_intake.hold_mode(latest_only=True)
 
 
 def count_calls(

@@ -199,7 +199,7 @@ def main() -> int:
             mon.close()
             continue
         raw = raw_prediction(result)
-        recipe = mon.probe_source.recipe(budget if device.type == "cpu" else None)
+        recipe = mon.job.probe_source.recipe(budget if device.type == "cpu" else None)
         mon.close()
         started = time.monotonic()
         search = brute_force(

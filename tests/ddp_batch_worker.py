@@ -86,7 +86,7 @@ def autopilot(rank: int, world: int, init_file: str, out: str) -> None:
                     break
             if done():
                 break
-        reading = mon.autopilot_reading()
+        reading = mon.job.autopilot_reading()
         decisions = [d.new for d in reading.decisions] if reading is not None else None
     with open(out, "w") as f:
         json.dump({"rank": rank, "log": log, "decisions": decisions}, f)

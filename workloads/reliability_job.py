@@ -70,7 +70,7 @@ def main() -> int:
         loss.backward()
         if pause:
             time.sleep(pause)
-        mon.count_samples(BATCH)  # what the job trained on, whatever batch size bsmon was asked
+        mon.job.count_samples(BATCH)  # what the job trained on, whatever batch size bsmon was asked
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         steps += 1

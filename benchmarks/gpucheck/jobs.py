@@ -118,7 +118,7 @@ def probe_job(args: argparse.Namespace) -> int:
     during = train(lambda: not prober.is_alive())
     prober.join()
     mon.flush()
-    control = mon.batch_control
+    control = mon.job.batch_control
     assert control is not None
     fit = control.memory.fit()
     result = {

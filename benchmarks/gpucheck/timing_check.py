@@ -112,7 +112,7 @@ def events_vs_sync(made: tuple) -> tuple[list[float], list[float], list[float]]:
         with attach(
             model, optimizer, batch_size=examples, serve=False, record=False, noise_scale=None
         ) as mon:
-            mon.telemetry.tap = tap  # record=False leaves the tap free
+            mon.job.telemetry.tap = tap  # record=False leaves the tap free
             for _ in range(EVENT_STEPS):
                 step(mon)
             torch.cuda.synchronize()  # the harness waits, so that every event is complete

@@ -9,9 +9,12 @@ from typing import Any
 
 import msgspec
 
+from ..runtime.context import JobContext
+from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.service import Extension, MetricsPart
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Event, Metrics, StepAnatomy
+from .marks import PhaseMarks
 from .sampling import AnatomySampler
 from .verdict import Judgement, LoaderFacts, VerdictKeeper, anatomy_notes, judge
 
@@ -25,8 +28,10 @@ class AnatomyExtension(Extension):
         ddp: bool | None = None,
         loader: Callable[[], LoaderFacts | None],
         device_index: int | None,
-        step: Callable[[], int],
+        ctx: JobContext,
         sampler: AnatomySampler | None = None,
+        phases: PhaseMarks | None = None,
+        hot: HotPath | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._sampler = sampler
@@ -34,9 +39,31 @@ class AnatomyExtension(Extension):
         self._ddp = ddp  # the job trains a DistributedDataParallel (distributed.ddp_of)
         self._loader = loader
         self._device_index = device_index
-        self._step = step
+        self._step = ctx.progress
+        self._phases = phases
+        self._hot = hot
         self.keeper = VerdictKeeper()
         self.latest: StepAnatomy | None = None  # the last reading sent
+
+    def at_boundary(self, step: int, now: float) -> int:
+        """Whether step + 1 is one the anatomy samples (the hot path's ``sampling``): its
+        marks armed if so; the next step to prepare."""
+        phases, sampler, hot = self._phases, self._sampler, self._hot
+        if phases is None or sampler is None or hot is None:
+            return NEVER
+        sampling = self._prepare(phases, sampler, step, now)
+        hot.sampling = sampling
+        return step + 1 if sampling else sampler.next_step - 1
+
+    @staticmethod
+    def _prepare(phases: PhaseMarks, sampler: AnatomySampler, step: int, now: float) -> bool:
+        if not phases.installed:
+            return False
+        if not sampler.due(step + 1):
+            phases.disarm()
+            return False
+        phases.arm(now)
+        return phases.armed
 
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
         if self._sampler is not None:

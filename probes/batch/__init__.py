@@ -18,5 +18,6 @@ Modules, one job each:
 - ``autopilot``: the batch size that follows the noise scale, switched on by the user; its
   model (``goodput``: step time fitted per size, efficiency from the noise scale), the gain it
   claims (``gain_claim``), and whether the job moves the learning rate itself (``lr_owner``);
-- ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator.
+- ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator;
+  ``oom_recovery``: ``mon.guard()``'s recovery from one (a smaller size, samples re-queued).
 """

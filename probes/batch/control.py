@@ -27,6 +27,7 @@ import torch
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import StepSync
 from ..runtime.fault_guard import FaultGuard
+from ..runtime.hot_path import NEVER
 from ..wire.protocol import (
     BatchChange,
     BatchReading,
@@ -268,6 +269,20 @@ class BatchController:
         return None, None
 
     # -- the switch (training thread, at a step boundary) ------------------------------------
+
+    def defer_to(self, where: str) -> None:
+        """Apply changes ``where`` (an integration whose loader is rebuilt only there, which
+        then calls ``apply_deferred()``), not at the next step boundary."""
+        self.apply_at = where
+
+    def at_boundary(self, step: int, _now: float) -> int:
+        """The scheduled boundary at the end of ``step``: a change due now is applied; the
+        next step whose end needs the boundary (a change's first step: it ends at the last
+        good size; every step while the ranks exchange)."""
+        self.at_step_boundary()
+        if self.size != self.last_good or self.synced or self.due_at_boundary:
+            return step + 1
+        return NEVER
 
     def at_step_boundary(self) -> None:
         self.last_good = self.size

@@ -1,4 +1,5 @@
-"""Recognising out-of-memory errors, from CUDA, ROCm, MPS or the CPU allocator."""
+"""Recognising out-of-memory errors, from CUDA, ROCm, MPS or the CPU allocator (light: the
+probe's sidecar imports it; the recovery is ``oom_recovery``)."""
 
 from __future__ import annotations
 

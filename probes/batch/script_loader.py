@@ -300,17 +300,19 @@ def take_control(
     """Batch control over the script's own DataLoader: the monitor's batch control (made with
     the loader's batch size) vetoes what the loader cannot take and resizes it at the switch;
     ``first_iterator``: the loader's iterator until the monitor has seen one itself."""
-    loader = ScriptLoader(lambda: monitor.training_iterator() or first_iterator(), model, scheduler)
+    loader = ScriptLoader(
+        lambda: monitor.job.training_iterator() or first_iterator(), model, scheduler
+    )
     if lengths is not None:
         loader.lengths = lengths
-    control = monitor.batch_control
-    control.veto = loader.refusal
+    control = monitor.job.batch_control
+    monitor.job.veto_batch_sizes(loader.refusal)
 
     def epoch_starts() -> None:  # inside torch's BatchSampler.__iter__: report, never raise
         try:
             control.apply_deferred()
         except Exception as exc:
-            monitor.report_error("a batch size applied at an epoch's start", exc)
+            monitor.job.report_error("a batch size applied at an epoch's start", exc)
 
     if not control.synced:  # ranks agree on the step a change applies at: left to that
         control.wait_for = loader.waits_for
@@ -321,7 +323,7 @@ def take_control(
     def resized(_old: int, new: int) -> None:
         where = loader.resize(new)
         message = f"the script's DataLoader cuts batches of {new} {where}"
-        monitor.emit(Event(t=time.time(), step=monitor.step, kind="zero_code", message=message))
+        monitor.job.emit(Event(t=time.time(), step=monitor.step, kind="zero_code", message=message))
 
     def new_epoch(iterator: Any) -> None:  # a DataLoader built anew gets the size too
         loader.remember(iterator)
@@ -332,5 +334,5 @@ def take_control(
             loader.resize(control.size)
 
     monitor.on_batch_size_change(resized)
-    monitor.on_new_training_iterator = new_epoch
+    monitor.job.on_training_iterator(new_epoch)
     return loader

@@ -33,7 +33,7 @@ def rank_name(base: str, rank: int, world_size: int) -> str:
 def disable_batch_control(monitor: Any, reason: str) -> None:
     """Make the batch commands answer ``ok: false`` with ``reason`` (also in hello)."""
     for kind in BATCH_COMMANDS:
-        monitor.router.disable(kind, reason)
+        monitor.job.disable(kind, reason)
 
 
 def guarded(hook: Callable[..., None]) -> Callable[..., None]:
@@ -47,13 +47,13 @@ def guarded(hook: Callable[..., None]) -> Callable[..., None]:
         except Exception as exc:
             monitor = getattr(self, "monitor", None)
             if monitor is not None:
-                monitor.report_error(f"{type(self).__name__}.{hook.__name__}", exc)
+                monitor.job.report_error(f"{type(self).__name__}.{hook.__name__}", exc)
 
     return wrapper
 
 
 def note(monitor: Any, kind: str, message: str, level: str = "info", **data: Any) -> None:
     """An event in the job's log, stamped with the monitor's current step."""
-    monitor.emit(
+    monitor.job.emit(
         Event(t=time.time(), step=monitor.step, kind=kind, message=message, level=level, data=data)
     )

@@ -154,7 +154,7 @@ class BsmonCallback(TrainerCallback):
             ]
 
     def _make_resizable(self, sampler: BatchSampler) -> None:
-        control = self.monitor.batch_control
+        control = self.monitor.job.batch_control
         if control.policy.min_size == sampler.batch_size:
             control.policy = dataclasses.replace(control.policy, min_reason=MIN_REASON)
         sampler.__class__ = ResizableBatchSampler  # same object and state; reads its size per batch
@@ -188,9 +188,9 @@ class BsmonCallback(TrainerCallback):
         if module.training and self.monitor is not None:
             n = batch_length(args) or batch_length(kwargs)
             if n is not None:
-                self.monitor.count_samples(n, n)
+                self.monitor.job.count_samples(n, n)
                 if kwargs and not args:  # what the probe grows: the Trainer's model(**inputs)
-                    self.monitor.probe_source.offer(kwargs, n)
+                    self.monitor.job.probe_source.offer(kwargs, n)
 
     @guarded
     def _after_forward(self, module: torch.nn.Module, _args: Any, _kw: Any, output: Any) -> None:

@@ -87,7 +87,7 @@ class _BsmonLightning:
             **options,
         )
         if controllable:
-            self.monitor.batch_control.apply_at = APPLY_AT
+            self.monitor.job.defer_batch_changes(APPLY_AT)
             self.monitor.on_batch_size_change(self._resize)
         else:
             disable_batch_control(
@@ -124,8 +124,8 @@ class _BsmonLightning:
             return
         n = batch_length(batch)
         if n is not None:
-            monitor.count_samples(n, n)
-            monitor.probe_source.offer(batch, n)  # the probe needs loss_fn= or probe_step= too
+            monitor.job.count_samples(n, n)
+            monitor.job.probe_source.offer(batch, n)  # the probe needs loss_fn= or probe_step= too
             if self._expect is not None:
                 self._check_reloaded(n)
 
@@ -143,8 +143,8 @@ class _BsmonLightning:
     @guarded
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         monitor = self.monitor
-        if monitor is not None and monitor.batch_control is not None:
-            monitor.batch_control.apply_deferred()
+        if monitor is not None and monitor.job.batch_control is not None:
+            monitor.job.batch_control.apply_deferred()
 
     def _resize(self, old: int, new: int) -> None:
         """The held change is being applied (epoch end): set the attribute, rebuild the loader."""

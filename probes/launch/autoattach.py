@@ -204,10 +204,10 @@ class AutoAttach:
         (the same call per step) and sees the other optimizers' steps, and the global pre-step
         hook (there to find the first optimizer) goes at the first step boundary."""
         if torch.Tensor.backward is self._backward:  # not wrapped again by someone since
-            lean = monitor.record_backward_loss(self._original_backward)
+            lean = monitor.job.record_backward_loss(self._original_backward)
             torch.Tensor.backward = lean  # type: ignore[method-assign]
-        monitor.watch_every_optimizer(self._other_stepped)
-        monitor.at_scheduled_boundaries(self._drop_pre_step_hook)
+        monitor.job.watch_every_optimizer(self._other_stepped)
+        monitor.job.at_scheduled_boundaries(self._drop_pre_step_hook)
 
     def _drop_pre_step_hook(self, _sampled: bool) -> None:
         """At a step boundary (not inside torch's loop over the global hooks, which may not
@@ -268,7 +268,7 @@ class AutoAttach:
                 self._leave_note()  # said now: a job killed later never reaches its atexit
                 loader_watch.unsubscribe(self._on_batch)  # the batches drawn before it count
                 if self._total:  # toward the first step; the monitor counts the later ones
-                    self.monitor.count_samples(self._total, self._first)
+                    self.monitor.job.count_samples(self._total, self._first)
         except Exception as exc:
             self.guard.report("the optimizer step pre-hook", exc)
 
@@ -314,13 +314,13 @@ class AutoAttach:
             loader = take_control(monitor, model, scheduler, self._first_iterator, self._lengths)
             self._unwrap.append(loader.stop)
         if (why_no_probe := self._probe_reason(control_off, model)) is not None:
-            monitor.router.disable("probe", why_no_probe)
+            monitor.job.disable("probe", why_no_probe)
         else:  # the next training step says where the loss is
-            monitor.probe_source.why_not = WAITING
-            StepWatch(model, monitor.probe_source.use_seen)
+            monitor.job.why_no_probe(WAITING)
+            StepWatch(model, monitor.job.probe_source.use_seen)
         self.monitor, self.optimizer, self.model = monitor, optimizer, model
         for event in self._early:
-            monitor.emit(event)
+            monitor.job.emit(event)
         self._early.clear()
         loss_is = "the value backward() is called on"
         if accelerator is not None:
@@ -377,7 +377,7 @@ class AutoAttach:
     def _follow_accelerator(self, accelerator: Any, monitor: Any) -> str:
         """accelerate divides the loss before backward(): show the one it was given (the
         first step's, taken at backward() before this, multiplied back or left out)."""
-        self._unwrap.append(accelerate_loss.wrap_backward(accelerator, monitor.loss_given))
+        self._unwrap.append(accelerate_loss.wrap_backward(accelerator, monitor.job.loss_given))
         factor = accelerate_loss.early_loss_factor(accelerator)
         self._early_losses = [] if factor is None else [t * factor for t in self._early_losses]
         return "the value given to accelerator.backward(), not divided by the accumulation steps"
@@ -403,7 +403,7 @@ class AutoAttach:
         else:
             reason = HAND_UPDATES if trained else NOTHING_TRAINED
         record = record or getattr(getattr(self.monitor, "session", None), "record", None)
-        recorder = getattr(self.monitor, "recorder", None)
+        recorder = getattr(getattr(self.monitor, "job", None), "recorder", None)
         stopped = recorder.failed if recorder is not None else None
         note = run_notes.Note(os.getpid(), attached, trained, reason, record, stopped)
         run_notes.write(*self._notes, note)
@@ -444,7 +444,7 @@ class AutoAttach:
         before, stopped = self.optimizer, self.monitor.step
         self._run = None
         self._others.add(id(before))
-        self.monitor.follow_optimizer(optimizer, ends[:-1])  # the last: the step in progress
+        self.monitor.job.follow_optimizer(optimizer, ends[:-1])  # the last: the step in progress
         self.optimizer = optimizer
         note(
             self.monitor,
@@ -463,7 +463,7 @@ class AutoAttach:
         if key in self._others or len(self._others) >= 8:
             return
         self._others.add(key)
-        control = getattr(self.monitor, "batch_control", None)
+        control = getattr(getattr(self.monitor, "job", None), "batch_control", None)
         follows = ""
         if control is not None:
             control.add_optimizer(optimizer)
@@ -492,7 +492,7 @@ class AutoAttach:
 
     def _emit(self, event: Event) -> None:
         if self.monitor is not None:
-            self.monitor.emit(event)
+            self.monitor.job.emit(event)
         elif len(self._early) < EARLY_EVENTS:
             self._early.append(event)
 

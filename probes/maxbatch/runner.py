@@ -23,6 +23,7 @@ import msgspec
 import psutil
 
 from ..runtime.audience import ENV_RESIZABLE, ENV_RUN
+from ..runtime.context import JobContext
 from ..runtime.service import Extension, MetricsPart
 from ..wire.describe import extrapolation_note
 from ..wire.protocol import Event, Metrics, ProbePoint, ProbeReading, ProbeResult
@@ -50,17 +51,16 @@ class ProbeRunner:
         check: Callable[[], None],
         prepare: Callable[[int | None], recipes.Recipe],
         directory: Path | None,
-        emit: Callable[[Event], None],
+        ctx: JobContext,
         on_result: Callable[[ProbeResult], None],
-        step: Callable[[], int],
         device_free: Callable[[], tuple[int, int] | None] = lambda: None,
     ) -> None:
         self._check = check
         self._prepare = prepare
         self._directory = directory
-        self._emit = emit
+        self._emit = ctx.emit
         self._on_result = on_result
-        self._step = step
+        self._step = ctx.progress
         self._device_free = device_free
         self._lock = threading.Lock()
         self._done = threading.Event()

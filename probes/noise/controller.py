@@ -19,8 +19,9 @@ Modes (``attach(..., noise_scale=...)``):
 Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook of the
 steps it measures (one record appended to a deque); the per-example source is not looked at
 on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
-the step before). Agent thread: ``agent_tick`` reads records, smooths, and writes
-``telemetry.noise``; ``on_durations`` feeds the budget the steps' durations.
+the step before). Agent thread: ``agent_tick`` reads records and smooths them into
+``reading``, which ``NoiseExtension.metrics_part`` puts in the metrics message;
+``on_durations`` feeds the budget the steps' durations.
 
 Why one module: choosing a source, switching it as the job starts or stops accumulating, and
 refusing with a reason all act on the one source in use and the reading shown for it.
@@ -36,15 +37,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..runtime.context import JobContext
 from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
-from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
+from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.inbox import take_all
-from ..runtime.service import Extension
+from ..runtime.service import Extension, MetricsPart
 from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
-from ..wire.protocol import Capability, Event, NoiseScaleReading
+from ..wire.protocol import Capability, Event, Metrics, NoiseScaleReading
 from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
@@ -53,6 +55,7 @@ from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
+from .shared_backward import SharedBackward
 from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
@@ -90,9 +93,7 @@ class NoiseScale:
         *,
         mode: str | None,
         window: int,
-        guard: FaultGuard,
-        emit: Callable[[Event], None],
-        step: Callable[[], int],
+        ctx: JobContext,
         grad_scaler: Any = None,
         preconditioned: bool = False,
         budget: float | None = DEFAULT_BUDGET,
@@ -107,9 +108,10 @@ class NoiseScale:
             raise ValueError(f"noise_scale must be one of {choices}, got {mode!r}")
         self.mode = mode
         self.window = window
-        self._guard = guard
-        self._emit_event = emit
-        self._step = step
+        self._ctx = ctx
+        self._guard = ctx.guard
+        self._emit_event = ctx.emit
+        self._step = ctx.progress
         self._loss_scale = LossScale(grad_scaler)
         self._precond = AdamPreconditioner(optimizer) if preconditioned else None
         self.preconditioned = preconditioned
@@ -130,7 +132,7 @@ class NoiseScale:
         self._examples_hint = examples_hint
         self._pass_hint = pass_hint
         self._examples_known = examples_known
-        self._watch = watch if watch is not None else ForwardWatch(model, guard)
+        self._watch = watch if watch is not None else ForwardWatch(model, ctx.guard)
         self._model = model
         self._trainable = list(
             {
@@ -158,7 +160,7 @@ class NoiseScale:
             try:
                 self.source, self.why = self._choose(mode)
             except Exception as exc:  # a bsmon bug must not stop the job from starting
-                guard.report("noise scale: setup", exc)
+                ctx.guard.report("noise scale: setup", exc)
                 self.source, self.why = None, f"bsmon could not set it up: {exc}"
         self.reading = self._reading()
 
@@ -405,7 +407,7 @@ class NoiseScale:
         self.source = None
         self.why = why
         self._inbox.append(_RESET)
-        self._emit(f"noise scale: off — {why}", "warning")
+        self._ctx.warn("noise_scale", f"noise scale: off — {why}")
 
     def _maybe_switch(self, backwards: int) -> None:
         if backwards == 0:
@@ -481,7 +483,6 @@ class NoiseScale:
             changed = True
         if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
-            telemetry.noise = self.reading
             self._report_below_zero(telemetry)
             self._report_unmeasurable(telemetry)
 
@@ -594,11 +595,45 @@ class NoiseScale:
 
 
 class NoiseExtension(Extension):
-    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message."""
+    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message, and
+    arms the measured steps at the scheduled boundaries before them."""
 
-    def __init__(self, noise: NoiseScale, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        noise: NoiseScale,
+        telemetry: Telemetry,
+        *,
+        hot: HotPath,
+        shared: SharedBackward | None = None,
+    ) -> None:
         self._noise = noise
         self._telemetry = telemetry
+        self._hot = hot
+        self._shared = shared
+
+    def at_boundary(self, step: int, _now: float) -> int:
+        """Whether step + 1 is measured (the hot path's ``noise_due``): its hooks, and the
+        shared-backward watch, on if so; the next step to prepare."""
+        noise, shared = self._noise, self._shared
+        due = noise.due(step + 1)
+        if due:
+            noise.arm()
+        if shared is not None:
+            if shared.armed:
+                shared.step_ended()
+            if due and noise.source is not None:
+                shared.arm()
+            else:
+                shared.disarm()
+        self._hot.noise_due = due
+        if due:
+            return step + 1
+        return noise.next_measured - 1 if noise.source is not None else NEVER
 
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)
+
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        """The reading this tick's ``agent_tick`` made (first in: the autopilot reads it)."""
+        reading = self._noise.reading
+        return {"b_simple": reading.b_simple, "noise": reading}

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from itertools import compress, groupby, repeat
 from operator import is_
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -22,7 +22,7 @@ from ..anatomy.seconds import PhaseTotals
 from ..runtime.service import Extension, TickDone
 from ..runtime.steps import StepDone, StepRun
 from ..runtime.telemetry import sampled_indices
-from ..wire.protocol import Capability, Event, SessionInfo
+from ..wire.protocol import Capability, Event, NoiseScaleReading, SessionInfo
 from .buckets import StatAcc, count_step_bins, single
 from .conversions import device_span
 from .format import (
@@ -90,6 +90,19 @@ class _Bucket:
         self.phases = PhaseTotals()
 
 
+class HasReading(Protocol):
+    """The noise scale as the recorder reads it (``noise.NoiseScale``): its latest reading."""
+
+    reading: NoiseScaleReading
+
+
+class _NoNoise:
+    reading = NoiseScaleReading()
+
+
+_NO_NOISE = _NoNoise()
+
+
 class Recorder(Extension):
     """Builds spans from what the agent thread sees; ``RecordWriter`` puts them on disk.
 
@@ -104,6 +117,7 @@ class Recorder(Extension):
         emit_event: Callable[[Event], None],
         *,
         private_dir: Path | None = None,
+        noise: HasReading | None = None,
         bucket_s: float = BUCKET_S,
         per_level: int = PER_LEVEL,
         before: Callable[[], None] | None = None,
@@ -120,6 +134,7 @@ class Recorder(Extension):
         self._start = session.start_time
         self._clock = clock
         self._emit_event = emit_event
+        self._noise = noise if noise is not None else _NO_NOISE
         self._on_stopped = on_stopped
         self.writer = RecordWriter(
             path,
@@ -274,7 +289,7 @@ class Recorder(Extension):
             self._last_sample = sample
             devices = [device_span(d) for d in sample.devices]
             host = HostSpan(cpu=single(sample.host.cpu_percent), rss=single(sample.host.rss_bytes))
-        noise = self.telemetry.noise
+        noise = self._noise.reading
         span = Span(
             t0=bucket.t0,
             t1=max(now, bucket.t0),

@@ -24,6 +24,8 @@ Modules, one job each:
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
 - ``fault_guard``: an exception in bsmon's code on the training thread stops there;
+- ``context``: what every part of the job is handed (step clock, events, warnings, fault
+  guard, session);
 - ``signals``: SIGTERM closes the monitors (end line, summary) before the job exits;
 - ``interrupts``: Ctrl-C's traceback leaves out bsmon's wrappers (it ends at the user's line);
 - ``distributed``: a private gloo group and the step-boundary exchange between ranks;

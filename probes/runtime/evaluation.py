@@ -20,7 +20,9 @@ hot path's short and full paths write), or the end of the step ``take()`` last c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 from .progress import Progress
 
@@ -70,6 +72,14 @@ class EvalClock:
             self._eval_end = t
             self.spans += 1
         self._eval_end = max(self._eval_end, t)
+
+    def on_root_pass(self, root_pass: Any, _output: Any) -> None:
+        """A call of the model (``ForwardWatch.on_root``): training with gradients in
+        ``train()`` mode, evaluation otherwise."""
+        if root_pass.grad and root_pass.training:
+            self.train(time.perf_counter())
+        else:
+            self.evaluate(time.perf_counter())
 
     def take(self, now: float) -> float:
         """The evaluation seconds of the step that ends ``now``."""

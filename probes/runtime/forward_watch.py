@@ -32,6 +32,7 @@ from torch import nn
 
 from . import audience
 from .fault_guard import FaultGuard
+from .hot_path import NEVER
 from .layer_inputs import FirstLayer, first_layer, flat_input_examples
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
@@ -161,6 +162,12 @@ class ForwardWatch:
             self.refusal = reason
             return reason
         return None
+
+    def at_boundary(self, _step: int, _now: float) -> int:
+        """The scheduled boundary: armed again if a pass left it disarmed."""
+        if not self.armed:
+            self.arm()
+        return NEVER
 
     def arm(self) -> None:
         """From now on a hold registers the hook (the holds made before take effect now)."""

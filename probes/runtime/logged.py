@@ -27,6 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..wire.protocol import Event
+from .hot_path import NEVER
 from .inbox import TICK_S, Inbox, take_all
 
 SAMPLE_ABOVE = 160  # calls a tick (0.25 s) above which only each name's latest value is kept
@@ -60,6 +61,12 @@ class LoggedIntake:
         self._held = True
         if latest_only != self.latest_only:
             self._switch(latest_only)
+
+    def at_boundary(self, step: int, now: float) -> int:
+        """The scheduled boundary: the next step whose start ``early`` wants timed."""
+        if self.timing_start and (following := self.early(step, now)) is not None:
+            return following
+        return NEVER
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep

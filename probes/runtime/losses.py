@@ -1,5 +1,5 @@
 """Which tensors are the loss (agent thread): the scalars ``backward()`` was called on
-(``bsmon run``), unless a framework gave its loss first (``mon.loss_given``: accelerate's
+(``bsmon run``), unless a framework gave its loss first (``mon.job.loss_given``: accelerate's
 ``backward(loss)``), whose own ``backward()`` on a scaled copy is then not the loss.
 
 The inbox brings them in order (``Inbox.losses``: a tensor, or ``(loss,)`` for a given

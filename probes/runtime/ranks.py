@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..wire.protocol import Metrics, RankReading, RanksReading
+from .hot_path import NEVER
 from .service import Extension, MetricsPart
 
 SEND_INTERVAL_S = 2.0
@@ -69,6 +70,13 @@ class DdpTiming:
     def comm_wait(self) -> float | None:
         """The all-reduce wait of DDP's latest sampled step (None: none yet, or not DDP)."""
         return self.latest.get("comm_wait_s")
+
+    def at_boundary(self, step: int, _now: float) -> int:
+        """Read the statistics of every DDP_SAMPLE_EVERY-th step; the next such step."""
+        if self.model is None:
+            return NEVER
+        self.at_step(step)
+        return (step // DDP_SAMPLE_EVERY + 1) * DDP_SAMPLE_EVERY
 
     def at_step(self, step: int) -> None:
         if self.model is None or step % DDP_SAMPLE_EVERY:

@@ -2,7 +2,7 @@
 
 From the best source there is, in this order:
 
-1. what the job counts itself: ``mon.dataloader`` batches, or ``mon.count_samples`` (the
+1. what the job counts itself: ``mon.dataloader`` batches, or ``mon.job.count_samples`` (the
    framework integrations, ``bsmon run`` before the monitor existed);
 2. the training batches any DataLoader yields (``loader_watch``: drawn with gradients on and
    the model in ``train()`` mode);

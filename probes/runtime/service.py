@@ -23,6 +23,7 @@ from ..wire.protocol import Capability, Hello, HostReading, SessionInfo
 from ..wire.routing import CommandRouter
 from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
+from .hot_path import NEVER
 from .inbox import TICK_S, Inbox
 from .telemetry import Telemetry
 
@@ -81,7 +82,10 @@ class TickDone:
 class MetricsPart(TypedDict, total=False):
     """The fields an extension fills in a metrics message (each field has one owner)."""
 
+    b_simple: float | None
+    noise: protocol.NoiseScaleReading
     anatomy: protocol.StepAnatomy | None
+    autopilot: protocol.AutopilotReading
     batch: protocol.BatchReading
     probe: protocol.ProbeReading
     ranks: protocol.RanksReading | None
@@ -90,13 +94,22 @@ class MetricsPart(TypedDict, total=False):
 class HelloPart(TypedDict, total=False):
     """The fields an extension fills in a hello."""
 
+    autopilot: protocol.AutopilotReading
     batch: protocol.BatchReading
 
 
 class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
     inbox record telemetry does not take, each device sample, each metrics message and hello
-    (to which it returns its part), and each tick's end."""
+    (to which it returns its part), and each tick's end. One that needs the training thread at
+    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it)."""
+
+    def at_boundary(self, step: int, now: float) -> int:
+        """Training thread, at a scheduled step boundary (the end of ``step``, at ``now``): do
+        what is due and get the next step ready; the next step whose end needs it (``NEVER``:
+        none). Called only for the extensions that define it (``takes_boundaries``), never on
+        an ordinary step."""
+        return NEVER
 
     def on_record(self, record: object) -> None:
         """Called for each inbox record that telemetry does not take (in order)."""
@@ -105,8 +118,9 @@ class Extension:
         """Called every tick with the latest device sample."""
 
     def metrics_part(self, metrics: protocol.Metrics) -> MetricsPart:
-        """This extension's fields of a metrics message, read from the message as telemetry
-        and the device sample made it (the other extensions' parts are not in it yet)."""
+        """This extension's fields of a metrics message, read from the message as telemetry,
+        the device sample and the extensions before it made it (the noise scale's reading is
+        first in)."""
         return {}
 
     def on_metrics(self, metrics: protocol.Metrics) -> None:
@@ -122,6 +136,11 @@ class Extension:
     def next_tick_s(self) -> float | None:
         """How soon this extension needs the next tick, if sooner than ``TICK_S``."""
         return None
+
+
+def takes_boundaries(part: Extension) -> bool:
+    """Whether ``part`` has work at scheduled step boundaries (it defines ``at_boundary``)."""
+    return type(part).at_boundary is not Extension.at_boundary
 
 
 class AgentService(threading.Thread):
@@ -294,10 +313,10 @@ class AgentService(threading.Thread):
             metrics.gpu = sample.gpu
             metrics.host = sample.host
             metrics.errors = self._fault_count()
-            parts: MetricsPart = {}
             for extension in self.extensions:
-                parts.update(extension.metrics_part(metrics))
-            metrics = msgspec.structs.replace(metrics, **parts)
+                if part := extension.metrics_part(metrics):
+                    metrics = msgspec.structs.replace(metrics, **part)
+            telemetry.keep_history(now, metrics)
             for extension in self.extensions:
                 extension.on_metrics(metrics)
         events = telemetry.take_new_events()

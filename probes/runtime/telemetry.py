@@ -98,7 +98,6 @@ class Telemetry:
         self.step_time_s: float | None = None
         self.samples_per_s: float | None = None
         self.scalars: dict[str, float] = {}
-        self.noise = NoiseScaleReading()
         self.history: DecimatingHistory[MetricsPoint] = metrics_history(history_capacity)
         self.events: deque[Event] = deque(maxlen=EVENT_BACKLOG)
         self.tally = StepTally()
@@ -375,7 +374,6 @@ class Telemetry:
             self.samples_per_s = window.samples_per_s
         self._window = StepWindow()
         self._last_emit = now
-        self._maybe_add_history_point(now)
         return Metrics(
             t=now,
             step=self.step,
@@ -383,18 +381,23 @@ class Telemetry:
             batch_varies=self.batch_varies,
             step_time_s=self.step_time_s,
             samples_per_s=self.samples_per_s,
-            b_simple=self.noise.b_simple,
+            b_simple=None,  # the noise scale's part
             samples=self.samples,
             samples_note=self.samples_note if self.samples_per_s is None else None,
             eval_s=self.eval_s,
             steps_in_window=window.steps,
             scalars=window.scalars() or {},
             scalar_notes=dict(self.loss_units.notes),
-            noise=self.noise,
             idle_s=max(0.0, now - self.last_step_time) if self.step else None,
         )
 
-    def _maybe_add_history_point(self, now: float) -> None:
+    def keep_history(self, now: float, metrics: Metrics) -> None:
+        """A point of the ~1 s history once a second, from the message just made (every
+        extension's part in: the noise scale's reading)."""
+        noise = metrics.noise if metrics.noise.b_simple is not None else None
+        self._maybe_add_history_point(now, noise)
+
+    def _maybe_add_history_point(self, now: float, noise: NoiseScaleReading | None) -> None:
         second = self._second
         if now - self._second_started < HISTORY_INTERVAL_S or second.steps == 0:
             return
@@ -409,7 +412,7 @@ class Telemetry:
                 samples_per_s=second.samples_per_s,
                 samples=self.samples,
                 scalars=second.scalars(),
-                noise=self.noise if self.noise.b_simple is not None else None,
+                noise=noise,
                 anatomy=anatomy_of(interval, self.anatomy.clock) if interval else None,
             )
         )

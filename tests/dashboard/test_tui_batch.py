@@ -47,9 +47,9 @@ async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
     async with dashboard_on_a_real_job(bsmon_dir, "keys") as (job, mon, app, pilot):
         assert {"batch_up", "batch_down"} <= footer_keys(app)
         job.step(mon)  # a step at 8, then a memory reading: 16 is measured to fit
-        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await wait_for(pilot, mon.job.batch_control.host_memory.points, what="memory reading")
         await pilot.press("plus")
-        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        await wait_for(pilot, lambda: mon.job.batch_control.pending is not None, what="request")
         job.step(mon)  # the step boundary applies it
         assert mon.batch_size == 16
         await asyncio.to_thread(mon.flush)
@@ -59,7 +59,7 @@ async def test_plus_and_minus_change_a_real_jobs_batch_size(bsmon_dir):
             what="panel shows 8→16",
         )
         await pilot.press("minus")
-        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        await wait_for(pilot, lambda: mon.job.batch_control.pending is not None, what="request")
         job.step(mon)
         assert mon.batch_size == 8
 
@@ -69,16 +69,16 @@ async def test_a_jump_past_twice_the_size_that_trained_well_asks_with_the_jobs_r
 ):
     async with dashboard_on_a_real_job(bsmon_dir, "risky") as (job, mon, app, pilot):
         job.step(mon)
-        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await wait_for(pilot, mon.job.batch_control.host_memory.points, what="memory reading")
         await pilot.press("plus")  # 16: twice the size that trained well, measured to fit
-        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="16")
+        await wait_for(pilot, lambda: mon.job.batch_control.pending is not None, what="16")
         await pilot.press("plus")  # 32: four times 8, which alone has trained well
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="question")
         question = app.screen.question
         assert "32 is 4× the last batch size that trained well (8)" in question
-        assert mon.batch_control.pending.value == 16  # nothing applied while it asks
+        assert mon.job.batch_control.pending.value == 16  # nothing applied while it asks
         await pilot.press("y")
-        await wait_for(pilot, lambda: mon.batch_control.pending.value == 32, what="32")
+        await wait_for(pilot, lambda: mon.job.batch_control.pending.value == 32, what="32")
         job.step(mon)
         assert mon.batch_size == 32
 
@@ -214,20 +214,20 @@ async def test_a_switches_the_autopilot_on_a_key_press_pauses_it_and_a_again_res
     async with dashboard_on_a_real_job(bsmon_dir, "auto-keys") as (job, mon, app, pilot):
         assert "autopilot" in footer_keys(app)
         await pilot.press("a")
-        await wait_for(pilot, lambda: mon.autopilot.state == "on", what="autopilot on")
+        await wait_for(pilot, lambda: mon.job.autopilot.state == "on", what="autopilot on")
         job.step(mon)  # a step: a metrics message carries the autopilot's reading
         await wait_for(pilot, lambda: "auto    on" in text_of(app, "#batch"), what="on")
         job.step(mon)
-        await wait_for(pilot, mon.batch_control.host_memory.points, what="memory reading")
+        await wait_for(pilot, mon.job.batch_control.host_memory.points, what="memory reading")
         await pilot.press("minus")  # the user's key wins
-        await wait_for(pilot, lambda: mon.batch_control.pending is not None, what="request")
+        await wait_for(pilot, lambda: mon.job.batch_control.pending is not None, what="request")
         job.step(mon)
         await asyncio.to_thread(mon.flush)
-        await wait_for(pilot, lambda: mon.autopilot.state == "paused", what="paused")
+        await wait_for(pilot, lambda: mon.job.autopilot.state == "paused", what="paused")
         job.step(mon)
         await wait_for(pilot, lambda: "auto    paused" in text_of(app, "#batch"), what="shown")
         await pilot.press("a")  # on again, from the size the user chose
-        await wait_for(pilot, lambda: mon.autopilot.state == "on", what="on again")
+        await wait_for(pilot, lambda: mon.job.autopilot.state == "on", what="on again")
 
 
 def test_the_autopilot_lines_fit_the_batch_panel_at_80_columns():

@@ -135,7 +135,7 @@ def test_a_failing_tick_is_an_event_and_the_agent_goes_on(job, bsmon_dir):
     """A bug in the agent's tick (here the telemetry's poll, once) is reported like one on
     the training thread, and the agent keeps ticking: no step is lost and flush returns."""
     with attach(job.model, job.optimizer, batch_size=8, name="tick", serve=False) as mon:
-        poll, failures = mon.telemetry.poll, []
+        poll, failures = mon.job.telemetry.poll, []
 
         def poll_failing_once() -> None:
             if not failures:
@@ -143,14 +143,14 @@ def test_a_failing_tick_is_an_event_and_the_agent_goes_on(job, bsmon_dir):
                 raise ZeroDivisionError("injected")
             poll()
 
-        mon.telemetry.poll = poll_failing_once
+        mon.job.telemetry.poll = poll_failing_once
         for _ in range(5):
             job.step(mon)
         assert mon.flush(10)
         for _ in range(5):
             job.step(mon)
         assert mon.flush(10) and mon._service.is_alive()
-        errors = [e for e in mon.telemetry.events if e.kind == "agent_error"]
+        errors = [e for e in mon.job.telemetry.events if e.kind == "agent_error"]
         assert len(errors) == 1 and "ZeroDivisionError in the agent's tick" in errors[0].message
         stats = mon.stats()
         assert stats["step"] == 10 and stats["samples"] == 80 and stats["errors"] == 1
@@ -169,7 +169,7 @@ def test_the_agent_reads_the_losses_and_the_training_thread_frees_them(job, bsmo
             weakref.finalize(loss, lambda: freed_on.append(threading.current_thread().name))
         del losses, loss
         assert mon.flush()  # the agent has read all five
-        assert mon.telemetry.scalars["loss"] == values[-1]
+        assert mon.job.telemetry.scalars["loss"] == values[-1]
         assert freed_on == []  # and kept them for the training thread
         job.step(mon)
         assert 1 <= len(freed_on) < 5  # a few a step, as a bare loop frees one a step
@@ -188,7 +188,7 @@ def test_log_accepts_floats_ints_and_tensors_and_reports_bad_values(job, bsmon_d
         scalars = mon.stats()["scalars"]
         assert scalars == {"a": 1.5, "b": 2.0, "c": 3.0, "d": 4.0}
         assert mon.stats()["errors"] == 3
-        events = [e.message for e in mon.telemetry.events]
+        events = [e.message for e in mon.job.telemetry.events]
     assert any("str is not a number" in m for m in events)
     assert any("shape (3,) is not a scalar" in m for m in events)
 
@@ -212,7 +212,7 @@ def test_nonfinite_loss_is_reported_once(job, bsmon_dir):
         for _ in range(3):
             mon.log(loss=float("nan"))
         assert mon.flush()
-        warnings_ = [e for e in mon.telemetry.events if e.kind == "nonfinite_scalar"]
+        warnings_ = [e for e in mon.job.telemetry.events if e.kind == "nonfinite_scalar"]
     assert len(warnings_) == 1 and "loss is nan" in warnings_[0].message
 
 
@@ -241,7 +241,7 @@ def test_an_unusable_socket_dir_degrades_to_a_warning(job, tmp_path):
         warnings.simplefilter("always")
         mon = attach(job.model, job.optimizer, batch_size=8, socket_dir=link)
     try:
-        assert mon.socket_path is None and not mon.serving.available
+        assert mon.socket_path is None and not mon.job.serving.available
         assert any("symbolic link" in str(w.message) for w in caught)
         job.step(mon)
         assert mon.step == 1  # the job goes on, still counted

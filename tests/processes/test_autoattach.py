@@ -70,8 +70,8 @@ def test_training_batches_are_counted_with_their_loaders_batch_size(bsmon_dir):
         optimizer.step()
         mon = agent.monitor
         assert mon.flush()
-        assert mon.telemetry.samples == 8 + 8 + 5
-        assert mon.telemetry.batch_size == 8  # the loader's, not the short batch's
+        assert mon.job.telemetry.samples == 8 + 8 + 5
+        assert mon.job.telemetry.batch_size == 8  # the loader's, not the short batch's
     finally:
         loader_watch.unsubscribe(agent._on_batch)
         if agent.monitor is not None:
@@ -85,12 +85,12 @@ def test_the_samples_of_a_step_set_the_batch_size_of_a_job_without_control(bsmon
     with attach(model, optimizer, name="counted") as mon:
         # an epoch's short last batch (3), then a change the job keeps (4, 4)
         for first, total in [(8, 16), (8, 8), (3, 3), (8, 8), (4, 4), (4, 4)]:
-            mon.count_samples(total, first)
+            mon.job.count_samples(total, first)
             model(torch.randn(2, 2)).sum().backward()
             optimizer.step()
             assert mon.flush()
-            sizes.append(mon.telemetry.batch_size)
-        assert mon.telemetry.samples == 16 + 8 + 3 + 8 + 4 + 4
+            sizes.append(mon.job.telemetry.batch_size)
+        assert mon.job.telemetry.samples == 16 + 8 + 3 + 8 + 4 + 4
         assert mon.batch_size is None  # no control: the observed size is telemetry only
     assert sizes == [8, 8, 8, 8, 8, 4]
 
@@ -236,7 +236,7 @@ def test_once_attached_bsmon_run_costs_one_append_at_backward_and_still_sees_a_s
         # the loss shown is the last scalar backward() ran on (the critic's, here)
         last_critic = critic(torch.ones(4, 3)).sum().item()
         assert abs(mon.stats()["scalars"]["loss"] - last_critic) < 0.05 * abs(last_critic) + 1e-3
-        notes = [e.message for e in mon.telemetry.events if "another optimizer" in e.message]
+        notes = [e.message for e in mon.job.telemetry.events if "another optimizer" in e.message]
         assert len(notes) == 1  # seen by the monitor's global post-step hook, said once
         assert mon.step == 60  # a step each time the first optimizer steps
         # the global pre-step hook only until the first step boundary after the attach

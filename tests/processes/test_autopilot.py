@@ -57,7 +57,7 @@ def train_until(mon, model, optimizer, loader, done) -> None:
             mon.log(loss=loss)
 
     def said() -> str:
-        reading = mon.autopilot_reading()
+        reading = mon.job.autopilot_reading()
         return f"at step {mon.step}, batch {mon.batch_size}: {reading.waiting or reading.why}"
 
     repeat_until(fifty_steps, done, MOST_STEPS // 50, said)
@@ -82,23 +82,23 @@ def test_switched_on_over_the_socket_it_grows_the_batch_and_says_why(bsmon_dir):
         assert reply.ok, reply.error
         assert reply.result["state"] == "on" and reply.result["start_size"] == 8
         train_until(mon, model, optimizer, loader, lambda: mon.batch_size >= 16)
-        reading = mon.autopilot_reading()
+        reading = mon.job.autopilot_reading()
         first = reading.decisions[0]
         assert (first.old, first.new, first.kind) == (8, 16, "grow")
         assert first.b_simple_low > 0 and first.predicted_gain > 1.05
         # linear, for SGD (by the time the check comes round it may have grown again)
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.02 * mon.batch_size / 8)
         assert mon.flush()  # the change's record reaches the agent
-        change = mon.batch_control.changes[-1]
+        change = mon.job.batch_control.changes[-1]
         assert change.source == "autopilot" and "linear rule for SGD" in change.lr_note
         # a key press from the monitor wins: the autopilot pauses, saying why
         reply = conn.request(protocol.StepBatchSize(direction="down", confirm=True))
         assert reply.ok, reply.error
-        train_until(mon, model, optimizer, loader, lambda: mon.autopilot.state == "paused")
-        assert "by monitor" in mon.autopilot_reading().why
-        decided = len(mon.autopilot_reading().decisions)
+        train_until(mon, model, optimizer, loader, lambda: mon.job.autopilot.state == "paused")
+        assert "by monitor" in mon.job.autopilot_reading().why
+        decided = len(mon.job.autopilot_reading().decisions)
         train_until(mon, model, optimizer, loader, lambda: mon.step > 200 + first.step)
-        assert len(mon.autopilot_reading().decisions) == decided
+        assert len(mon.job.autopilot_reading().decisions) == decided
         paused = conn.wait_matching(  # what a monitor is told, not only the job's object
             lambda m: isinstance(m, protocol.Metrics) and m.autopilot.state == "paused",
             "metrics with the autopilot paused",
@@ -135,8 +135,8 @@ def test_on_a_fast_loop_the_agent_ticks_by_steps_while_it_ramps_and_at_its_pace_
         # tick of the agent's can last most of its few milliseconds' period)
         train_until(mon, model, optimizer, loader, lambda: any(p < TICK_S for p in periods))
         train_until(mon, model, optimizer, loader, lambda: mon.batch_size == 16)
-        train_until(mon, model, optimizer, loader, lambda: mon.autopilot.ramp_until == 0)
-        assert "holding at 16" in mon.autopilot_reading().waiting
+        train_until(mon, model, optimizer, loader, lambda: mon.job.autopilot.ramp_until == 0)
+        assert "holding at 16" in mon.job.autopilot_reading().waiting
         train_until(mon, model, optimizer, loader, lambda: service.tick_period == TICK_S)
 
 
@@ -185,15 +185,15 @@ def test_a_scheduler_stepped_every_step_refuses_it_with_the_reason(bsmon_dir):
     )
     loader = mon.dataloader(classification(n=2_000), shuffle=True)
     with mon, JobConnection(mon.socket_path) as conn:
-        refused = lambda: mon.autopilot.state == "refused"  # noqa: E731
+        refused = lambda: mon.job.autopilot.state == "refused"  # noqa: E731
         train_epochs(
             mon, model, optimizer, loader, scheduler, per_step=True, done=refused, epochs=200
         )
-        reading = mon.autopilot_reading()
+        reading = mon.job.autopilot_reading()
         assert "keyed on steps" in reading.why and "StepLR stepped" in reading.why
         assert mon.batch_size == 8 and reading.decisions == []
         assert mon.flush()
-        warnings = [e for e in mon.telemetry.events if e.kind == "autopilot_state"]
+        warnings = [e for e in mon.job.telemetry.events if e.kind == "autopilot_state"]
         assert warnings and warnings[-1].level == "warning"
         reply = conn.request(protocol.AutopilotCommand(on=True))
         assert not reply.ok and "cannot steer this job" in reply.error
@@ -220,7 +220,7 @@ def test_a_scheduler_stepped_once_an_epoch_lets_it_grow_the_batch(bsmon_dir):
         train_epochs(
             mon, model, optimizer, loader, scheduler, per_step=False, done=grown, epochs=60
         )
-        reading = mon.autopilot_reading()
+        reading = mon.job.autopilot_reading()
         assert reading.state == "on", reading.why
         assert (reading.decisions[0].old, reading.decisions[0].new) == (8, 16)
         epochs = scheduler.last_epoch
@@ -242,7 +242,7 @@ def test_wrong_options_and_jobs_without_a_batch_size_are_told_why(bsmon_dir):
             attach(model, optimizer, **options)
     mon = attach(model, optimizer, name="nosize")
     with mon, JobConnection(mon.socket_path) as conn:
-        assert mon.autopilot_reading() is None
+        assert mon.job.autopilot_reading() is None
         reply = conn.request(protocol.AutopilotCommand(on=True))
         assert not reply.ok and "declared no batch size" in reply.error
 

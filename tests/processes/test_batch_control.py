@@ -208,7 +208,7 @@ def test_socket_commands_switch_at_the_next_step_and_say_when(bsmon_dir):
         for _ in range(3):
             one_step()
         # a larger size is measured to fit once the job's memory has been read at 8
-        wait_until(mon.batch_control.host_memory.points, message="a memory reading")
+        wait_until(mon.job.batch_control.host_memory.points, message="a memory reading")
         reply = conn.request(protocol.StepBatchSize(direction="up"))
         assert reply.ok, reply.error
         assert reply.result == {"old": 8, "new": 16, "step": 3, "applies_after_step": 4}
@@ -253,7 +253,7 @@ def test_zero_and_negative_sizes_are_refused_by_the_protocol(bsmon_dir):
 def test_risky_sizes_ask_for_confirmation(bsmon_dir):
     _, _, mon = make_job(64)
     with mon:
-        control = mon.batch_control
+        control = mon.job.batch_control
         control.memory.observe(32, 10 * 2**30, steps=5)
         control.memory.observe(64, 20 * 2**30, steps=5)
         control.memory_budget = 80 * 2**30
@@ -276,7 +276,7 @@ def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
 
     def said(old: int, new: int) -> None:  # as bsmon run's loader says where the size applies
         calls.append((old, new, mon.step))
-        mon.emit(protocol.Event(t=time.time(), step=mon.step, kind="zero_code", message="cut"))
+        mon.job.emit(protocol.Event(t=time.time(), step=mon.step, kind="zero_code", message="cut"))
 
     with mon:
         mon.on_batch_size_change(said)
@@ -288,7 +288,7 @@ def test_callbacks_run_at_the_switch_and_a_raising_one_is_reported(bsmon_dir):
         assert mon.flush()
         assert mon.stats()["errors"] == 1
         # the change's event, then what a callback said of it: listed in the order of time
-        events = [e for e in mon.telemetry.events if e.kind in ("batch_size", "zero_code")]
+        events = [e for e in mon.job.telemetry.events if e.kind in ("batch_size", "zero_code")]
         assert [e.kind for e in events] == ["batch_size", "zero_code"]
         assert events[0].t <= events[1].t
         with pytest.raises(TypeError):
@@ -304,9 +304,9 @@ def test_lr_scaling_applies_at_the_switch_and_is_said_in_its_event(bsmon_dir):
         optimizer.step()
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
         assert mon.flush()
-        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        (event,) = [e for e in mon.job.telemetry.events if e.kind == "batch_size"]
         assert event.message.endswith("; lr 0.1 → 0.4 (linear rule, chosen)")
-        change = mon.batch_control.changes[-1]
+        change = mon.job.batch_control.changes[-1]
         assert change.lr_factor == pytest.approx(4.0)
 
 
@@ -320,10 +320,10 @@ def test_by_default_adam_follows_the_square_root_rule_and_a_scheduler_is_named(b
         optimizer.step()
         assert optimizer.param_groups[0]["lr"] == pytest.approx(0.001 * math.sqrt(2))
         assert mon.flush()
-        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        (event,) = [e for e in mon.job.telemetry.events if e.kind == "batch_size"]
         assert "; lr 0.001 → 0.00141 (sqrt rule for Adam); " in (event.message)
         assert "a learning-rate scheduler owns the lr" in event.message
-        assert mon.batch_control.reading().lr_rule == "sqrt rule for Adam"
+        assert mon.job.batch_control.reading().lr_rule == "sqrt rule for Adam"
 
 
 def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_dir):
@@ -335,7 +335,7 @@ def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_
         optimizer.step()
         assert optimizer.param_groups[0]["lr"] == 0.1
         assert mon.flush()
-        (event,) = [e for e in mon.telemetry.events if e.kind == "batch_size"]
+        (event,) = [e for e in mon.job.telemetry.events if e.kind == "batch_size"]
         assert "lr unchanged (noise-scale rule: no noise-scale estimate yet)" in event.message
 
 
@@ -359,18 +359,18 @@ def test_what_a_change_bought_waits_for_a_resolved_difference_and_agrees_with_th
                 mon.flush()  # one metrics window per step
 
         def result():
-            return [e for e in mon.telemetry.events if e.kind == "batch_size_result"]
+            return [e for e in mon.job.telemetry.events if e.kind == "batch_size_result"]
 
         steps(verdict.MIN_WINDOWS + 2)
         mon.request_batch_size(16, confirm=True)
         steps(verdict.MIN_WINDOWS - 2)
         assert mon.flush() and not result()  # too few windows at 16 to judge
-        assert mon.batch_control.reading().changes[-1].verdict is None
+        assert mon.job.batch_control.reading().changes[-1].verdict is None
         wait_until(lambda: (steps(1), result())[1], message="a verdict")
         (event,) = result()
     assert event.data["verdict"] in ("faster", "slower", "no measurable difference")
     assert "± " in event.message and "samples/s" in event.message
-    change = mon.batch_control.changes[-1]
+    change = mon.job.batch_control.changes[-1]
     assert change.verdict == event.data["verdict"] and change.samples_per_s_se_after > 0
     table = {
         s.batch_size: s.samples_per_s for s in summarize_record(mon.session.record).batch_sizes
@@ -394,7 +394,7 @@ def test_a_size_left_before_its_verdict_says_so(bsmon_dir):
         assert mon.request_batch_size(8, confirm=True).ok
         one_step(model, optimizer)
         assert mon.flush()
-        first, second = mon.batch_control.changes
+        first, second = mon.job.batch_control.changes
         assert first.verdict == "left before a verdict" and second.verdict is None
 
 
@@ -406,7 +406,7 @@ def test_a_change_the_job_ends_before_applying_is_said_in_the_record(bsmon_dir):
     with mon:
         one_step(model, optimizer)
         assert mon.request_batch_size(16, confirm=True).ok  # for the next step, never taken
-    events = [e for e in mon.telemetry.events if e.kind == "batch_size_unapplied"]
+    events = [e for e in mon.job.telemetry.events if e.kind == "batch_size_unapplied"]
     assert [e.message for e in events] == [
         "the change to batch 16 (requested by the job) was never applied: the job ended at step 1, "
         "before the step boundary that would apply it; it trained at batch 8 to the end"
@@ -421,8 +421,8 @@ def test_a_change_that_was_applied_leaves_nothing_to_say_at_the_end(bsmon_dir):
     with mon:
         assert mon.request_batch_size(16, confirm=True).ok
         one_step(model, optimizer)
-    assert mon.batch_control.unapplied() is None
-    assert not [e for e in mon.telemetry.events if e.kind == "batch_size_unapplied"]
+    assert mon.job.batch_control.unapplied() is None
+    assert not [e for e in mon.job.telemetry.events if e.kind == "batch_size_unapplied"]
 
 
 # -- accumulation mode -----------------------------------------------------------------------
@@ -482,7 +482,7 @@ def test_an_oom_inside_the_guard_loses_no_sample_and_returns_to_the_last_good_si
         assert sorted(trained) == list(range(500))
         assert mon.batch_size == 16
         assert mon.flush()
-        (oom,) = [e for e in mon.telemetry.events if e.kind == "oom"]
+        (oom,) = [e for e in mon.job.telemetry.events if e.kind == "oom"]
         assert (
             "out of memory at batch 64 (requested by the job); back to 16, the last size that ran; "
             "64 samples will run again"
@@ -544,15 +544,15 @@ def test_a_loss_that_diverges_after_a_change_is_an_event_pointing_at_it(bsmon_di
 
         def diverged():
             regression_steps(model, optimizer, mon, 1)
-            return [e for e in mon.telemetry.events if e.kind == "loss_diverged"]
+            return [e for e in mon.job.telemetry.events if e.kind == "loss_diverged"]
 
         (event,) = wait_until(diverged, message="a divergence event")
-        change = mon.batch_control.changes[-1]
+        change = mon.job.batch_control.changes[-1]
     assert event.level == "warning" and event.data["change_step"] == change.step
     assert f"after batch 8 → 64 at step {change.step}" in event.message
     assert "lr 0.3 → 2.4 (linear rule for SGD)" in event.message
     assert change.loss == "diverged"
-    assert mon.batch_control.watch.trained_well == 8  # 64 did not train well
+    assert mon.job.batch_control.watch.trained_well == 8  # 64 did not train well
 
 
 def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_dir, monkeypatch):
@@ -566,7 +566,7 @@ def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_di
         wait_until(  # the process's memory read at this size (once a second): 32 is then
             lambda: (  # refused for the jump alone, not for fitting unmeasured
                 regression_steps(model, optimizer, mon, 1),
-                mon.batch_control.host_memory.points(),
+                mon.job.batch_control.host_memory.points(),
             )[1],
             message="a memory reading at batch 8",
         )
@@ -575,10 +575,10 @@ def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_di
         wait_until(
             lambda: (
                 regression_steps(model, optimizer, mon, 1),
-                mon.batch_control.changes[-1].loss,
+                mon.job.batch_control.changes[-1].loss,
             )[1],
             message="the loss watch's outcome",
         )
-        assert mon.batch_control.changes[-1].loss == "held"
-        assert mon.batch_control.watch.trained_well == 16
+        assert mon.job.batch_control.changes[-1].loss == "held"
+        assert mon.job.batch_control.watch.trained_well == 16
         assert "32 is 4×" not in (mon.request_batch_size(32).error or "")

@@ -97,7 +97,7 @@ class LightningDriver(pl.Callback, Watcher):
     def at(self, monitor, step: int) -> None:
         if step == 3:
             with pytest.raises(RecipeError, match="loss_fn"):  # the batch is there; the loss not
-                monitor.probe_source.check()
+                monitor.job.probe_source.check()
             self.seen["reply"] = self.conn.request(protocol.SetBatchSize(value=16, confirm=True))
             assert monitor.flush()
             self.seen["pending"] = metrics_until(self.conn, lambda m: m.batch.pending == 16)
@@ -147,7 +147,7 @@ def test_lightning_without_a_batch_size_attribute_says_why_control_is_off(bsmon_
 
     class Peek(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen.setdefault("cap", bsmon.monitor.router.capabilities()["set_batch_size"])
+            seen.setdefault("cap", bsmon.monitor.job.router.capabilities()["set_batch_size"])
             seen["step"] = bsmon.monitor.step
 
     fit(Regression(), Data(batch_size=None), bsmon, Peek(), epochs=1)
@@ -200,10 +200,10 @@ class StopOnceGrown(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         if pl_module.seen[-1][1] > 8:
-            self.reading = self.bsmon.monitor.autopilot_reading()
+            self.reading = self.bsmon.monitor.job.autopilot_reading()
             trainer.should_stop = True
         elif self.patience.spent(trainer.current_epoch + 1):
-            reading = self.bsmon.monitor.autopilot_reading()
+            reading = self.bsmon.monitor.job.autopilot_reading()
             pytest.fail(f"no growth by epoch {trainer.current_epoch}: {reading.waiting}")
 
 
@@ -282,7 +282,7 @@ class HfDriver(transformers.TrainerCallback, Watcher):
 
     def at(self, monitor, step: int) -> None:
         if step == 3:
-            monitor.probe_source.check()  # `p` would start: a dict batch, a model with a loss
+            monitor.job.probe_source.check()  # `p` would start: a dict batch, a model with a loss
             self.seen["down"] = self.conn.request(protocol.SetBatchSize(value=4))
             self.seen["up"] = self.conn.request(protocol.SetBatchSize(value=16, confirm=True))
 

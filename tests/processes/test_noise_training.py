@@ -35,7 +35,7 @@ def fit_squares(model, optimizer, steps: int, shape: tuple[int, ...], flush=None
 
 
 def noise_events(mon) -> list[protocol.Event]:
-    return [e for e in mon.telemetry.events if e.kind in ("noise_scale", "agent_error")]
+    return [e for e in mon.job.telemetry.events if e.kind in ("noise_scale", "agent_error")]
 
 
 def within(value: float, truth: float, rel: float = 0.10) -> bool:

@@ -255,14 +255,14 @@ def test_a_probe_the_job_ends_during_is_said_in_the_record(bsmon_dir):
 
     _, _, mon = train_a_little(probe_step=hang, record=bsmon_dir / "run.jsonl")
     with mon:
-        assert mon.prober.start(2000 * MiB, 60)["started"]
-        wait_until(lambda: mon.prober.reading().message.startswith("starting"), message="start")
+        assert mon.job.prober.start(2000 * MiB, 60)["started"]
+        wait_until(lambda: mon.job.prober.reading().message.startswith("starting"), message="start")
     with open_record(bsmon_dir / "run.jsonl") as reader:
         events = [e for e in reader.lines() if isinstance(e, protocol.Event)]
     (stopped,) = [e for e in events if e.kind == "probe_result"]
     assert stopped.level == "warning" and stopped.data["status"] == "killed"
     assert stopped.message.startswith("probe killed: the job ended ")
-    assert mon.prober.reading().result.error == stopped.data["error"]  # what the screen shows
+    assert mon.job.prober.reading().result.error == stopped.data["error"]  # what the screen shows
     assert not list(bsmon_dir.glob("*.recipe"))
 
 
@@ -271,7 +271,7 @@ def test_a_job_without_a_socket_leaves_no_directory_behind(bsmon_dir, tmp_path, 
     _, _, mon = train_a_little(probe_step=hang, serve=False)
     with mon:
         assert not list(tmp_path.glob("bsmon-*"))  # nothing made before a probe needs it
-        assert mon.prober.start(2000 * MiB, 60)["started"]
+        assert mon.job.prober.start(2000 * MiB, 60)["started"]
         wait_until(lambda: list(tmp_path.glob("bsmon-probe-*/*.recipe")), message="the recipe")
     wait_until(lambda: not list(tmp_path.glob("bsmon-*")), message="the probe's directory gone")
 
@@ -327,9 +327,9 @@ def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
         assert result.budget_note == "as asked"
         (note,) = result.notes  # on the CPU the sidecar and the job share the cores
         assert "the sidecar ran on the CPU cores the job was using" in note
-        assert mon.batch_control.probe_max == result.predicted_max
+        assert mon.job.batch_control.probe_max == result.predicted_max
         assert mon.flush()
-        events = [e for e in mon.telemetry.events if e.kind.startswith("probe")]
+        events = [e for e in mon.job.telemetry.events if e.kind.startswith("probe")]
         assert [e.kind for e in events] == ["probe_started", "probe_result"]
         assert events[1].data["max_batch_size"] == result.max_batch_size
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -380,7 +380,7 @@ def test_memory_that_grows_faster_than_the_batch_gets_a_confirmed_recommendation
     )
     assert result.confirmed_max == result.predicted_max == result.max_batch_size > 512
     assert result.recommendation.batch_size <= result.confirmed_max
-    assert mon.batch_control.probe_max == result.confirmed_max
+    assert mon.job.batch_control.probe_max == result.confirmed_max
 
 
 RAN: set[int] = set()  # in the sidecar: the sizes whose step ran
@@ -414,7 +414,7 @@ def test_a_prediction_that_does_not_hold_is_never_recommended(bsmon_dir):
     )
     assert result.recommendation.batch_size <= ran
     assert f"the prediction is {result.confirmation}" in result.recommendation.reasons
-    assert mon.batch_control.probe_max == ran
+    assert mon.job.batch_control.probe_max == ran
 
 
 def test_a_recommendation_that_runs_out_of_memory_in_the_job_steps_back_and_says_so(
@@ -444,7 +444,7 @@ def test_a_recommendation_that_runs_out_of_memory_in_the_job_steps_back_and_says
                 break
         assert mon.batch_size == 32
         assert mon.flush()
-        (oom,) = [e for e in mon.telemetry.events if e.kind == "oom"]
+        (oom,) = [e for e in mon.job.telemetry.events if e.kind == "oom"]
         assert oom.message.startswith(
             f"out of memory at batch {recommended} (the probe's recommendation); "
             "back to 32, the last size that ran; "
@@ -585,6 +585,6 @@ def test_ctrl_c_on_bsmon_probe_stops_the_sidecar_and_says_so(bsmon_dir, processe
             f"bsmon: probe interrupted: stopped the probe's sidecar (pid {side.pid}); "
             "the job goes on"
         )
-        result = mon.prober.wait(30)
+        result = mon.job.prober.wait(30)
         assert result.status == "killed" and "stopped (SIGTERM) from outside" in result.error
         assert mon.step == 5  # the job is fine

@@ -34,7 +34,7 @@ def the_record_error(mon) -> Event:
 
     def found():
         mon.flush()
-        return [e for e in mon.telemetry.events if e.kind == "record_error"]
+        return [e for e in mon.job.telemetry.events if e.kind == "record_error"]
 
     (event,) = wait_until(found, message="a record_error event")
     return event
@@ -48,7 +48,7 @@ def record_items(path):
 def test_every_session_is_recorded_in_bsmon_dir_with_a_summary_beside_it(bsmon_dir):
     job = TinyJob()
     with attach(job.model, job.optimizer, batch_size=8, name="rec") as mon:
-        path = mon.recorder.path
+        path = mon.job.recorder.path
         assert mon.stats()["record"] == str(path) == mon.session.record
         conn = JobConnection(mon.socket_path)
         with conn:
@@ -80,7 +80,7 @@ def test_record_false_writes_nothing(bsmon_dir):
     job = TinyJob()
     with attach(job.model, job.optimizer, batch_size=8, record=False) as mon:
         job.step(mon)
-        assert mon.recorder is None and mon.session.record is None
+        assert mon.job.recorder is None and mon.session.record is None
     assert not (bsmon_dir / "records").exists()
 
 
@@ -139,7 +139,7 @@ while not errors and mon.step < 20_000:   # about a second of spans fills the 1.
     mon.log(loss=1.0)
     if mon.step % 50 == 0:
         mon.flush()
-        errors = [e.message for e in mon.telemetry.events if e.kind == "record_error"]
+        errors = [e.message for e in mon.job.telemetry.events if e.kind == "record_error"]
 for _ in range(100):   # and the job goes on
     m(torch.randn(8, 4)).pow(2).mean().backward(); o.step(); o.zero_grad()
 mon.close()
@@ -280,7 +280,7 @@ def test_two_monitors_of_one_name_in_one_process_get_two_records(bsmon_dir):
     mons = [attach(j.model, j.optimizer, batch_size=8, name="twin") for j in jobs]
     for mon in mons:
         mon.close()
-    first, second = (mon.recorder.path for mon in mons)
+    first, second = (mon.job.recorder.path for mon in mons)
     assert first != second and first.exists() and second.exists()
     assert summarize_record(first).run.name == summarize_record(second).run.name == "twin"
 
@@ -292,7 +292,7 @@ def test_a_rerun_with_the_same_record_path_does_not_overwrite_the_first(bsmon_di
         job = TinyJob()
         with attach(job.model, job.optimizer, batch_size=8, record=target) as mon:
             job.step(mon)
-        paths.append(mon.recorder.path)
+        paths.append(mon.job.recorder.path)
     assert paths == [target, tmp_path / "exp-2.jsonl"]
     assert all(summarize_record(p).steps == 1 for p in paths)
     assert (tmp_path / "exp-2.summary.md").exists()
@@ -303,9 +303,9 @@ def test_after_a_failure_the_recorder_stops_listening(bsmon_dir, tmp_path):
     blocker.write_text("x")
     job = TinyJob()
     with attach(job.model, job.optimizer, batch_size=8, record=blocker / "r.jsonl") as mon:
-        wait_until(lambda: mon.recorder.failed, message="the recorder to fail")
+        wait_until(lambda: mon.job.recorder.failed, message="the recorder to fail")
         job.step(mon)
-        wait_until(lambda: mon.flush() and mon.telemetry.tap is None, message="the tap removed")
+        wait_until(lambda: mon.flush() and mon.job.telemetry.tap is None, message="the tap removed")
         assert mon.step == 1
 
 
@@ -336,11 +336,11 @@ def test_a_probe_result_goes_into_the_record_and_the_summary(bsmon_dir):
     with mon:
         result = mon.probe(memory_budget=2000 << 20, timeout=120)
         assert result.status == "crashed"
-    _, items = record_items(mon.recorder.path)
+    _, items = record_items(mon.job.recorder.path)
     (probe,) = [i for i in items if isinstance(i, ProbeLine)]
     assert probe.step == 5 and probe.result["status"] == "crashed"
     assert "the sidecar crashed" in probe.result["error"]
-    json_path, md_path = paths_beside(mon.recorder.path)
+    json_path, md_path = paths_beside(mon.job.recorder.path)
     summary = msgspec.json.decode(json_path.read_bytes(), type=Summary)
     assert summary.probes[0]["status"] == "crashed" and summary.probes[0]["step"] == 5
     assert "crashed · error: the sidecar crashed" in md_path.read_text()
@@ -351,7 +351,7 @@ def test_a_scalars_first_and_last_are_the_values_logged_not_a_spans_mean(bsmon_d
     value logged (the first step's), its last the last one, not their spans' means."""
     job = TinyJob()
     with attach(job.model, job.optimizer, batch_size=8, name="first") as mon:
-        path = mon.recorder.path
+        path = mon.job.recorder.path
         for i in range(40):
             job.step(mon)
             mon.log(score=10.0 - 0.25 * i)

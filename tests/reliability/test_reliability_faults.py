@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from bsmon.probes import agent, attach
+from bsmon.probes import attach
+from bsmon.probes.agent import assemble as agent
 from bsmon.probes.runtime.devices import DeviceSampler, Nvml
 from bsmon.probes.summary.build import summarize_record
 from bsmon.probes.wire import discovery, protocol

@@ -19,13 +19,13 @@ BATCH = 4
 def fast_steps(optimizer: torch.optim.Optimizer, mon, count: int) -> None:
     """The cheapest real step there is: the optimizer's, with gradients already in place."""
     for _ in range(count):
-        mon.count_samples(BATCH)  # as a loader bsmon did not make would, before the step
+        mon.job.count_samples(BATCH)  # as a loader bsmon did not make would, before the step
         optimizer.step()
 
 
 def errors_of(mon) -> list[str]:
     """What the agent said went wrong, and whether its thread still runs."""
-    said = [e.message for e in mon.telemetry.events if e.level == "error"]
+    said = [e.message for e in mon.job.telemetry.events if e.level == "error"]
     service = mon._service
     return [
         *said,

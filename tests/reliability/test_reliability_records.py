@@ -98,7 +98,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (6000, resource.RLIM_INFINITY))
 m = torch.nn.Linear(4, 1)
 o = torch.optim.SGD(m.parameters(), lr=0.01)
 mon = attach(m, o, batch_size=8, name="full", record=sys.argv[1])
-while mon.recorder.failed is None and mon.step < 50_000:
+while mon.job.recorder.failed is None and mon.step < 50_000:
     m(torch.randn(8, 4)).pow(2).mean().backward(); o.step(); o.zero_grad()
     mon.log(loss=1.0)
     if mon.step % 50 == 0:

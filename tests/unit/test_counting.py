@@ -117,7 +117,7 @@ def test_a_live_job_whose_episodes_vary_shows_the_last_count_and_the_range():
             torch.stack(outputs).sum().backward()
             optimizer.step()
             assert mon.flush()
-        telemetry = mon.telemetry
+        telemetry = mon.job.telemetry
         assert telemetry.samples == sum(lengths[1:])  # the first step has no count
         assert telemetry.batch_size == lengths[-1]
         recent = lengths[-NominalBatch.VARY_WINDOW :]

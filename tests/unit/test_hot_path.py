@@ -147,8 +147,8 @@ def test_a_job_without_a_dataloader_counts_its_samples_and_drops_the_forward_hoo
             if step % 8 == 0:
                 assert mon.flush()  # the agent thread keeps pace, as it does in a real job
         assert mon.flush()
-        assert mon.telemetry.samples == 6 * (steps - 1)  # the first step has no count
-        assert mon.telemetry.batch_size == 6
+        assert mon.job.telemetry.samples == 6 * (steps - 1)  # the first step has no count
+        assert mon.job.telemetry.batch_size == 6
     # once steady, the hook is held only on the checks: steps on multiples of CHECK_EVERY (a
     # fast loop like this one spaces them further: a quarter second, test above)
     late = list(enumerate(held, start=1))[-2 * CHECK_EVERY :]
@@ -178,9 +178,9 @@ def test_evaluation_without_a_dataloader_stays_out_of_the_step_time_once_the_cou
                         model(torch.randn(6, 4))
                 model.train()
                 evaluated += time.perf_counter() - began
-        assert not mon._model_examples.wanted or mon.telemetry.tally.steady is None
+        assert not mon._model_examples.wanted or mon.job.telemetry.tally.steady is None
         assert mon.flush()
-        eval_s = mon.telemetry.eval_s
+        eval_s = mon.job.telemetry.eval_s
     assert abs(eval_s - evaluated) <= 0.01, (eval_s, evaluated)
 
 
@@ -205,9 +205,9 @@ def test_a_loader_that_fetches_ahead_is_counted_once_and_raises_no_warning():
                 model(x).sum().backward()
                 optimizer.step()
         assert mon.flush()
-        assert mon.telemetry.samples == 3 * 96
-        assert mon.telemetry.samples_note is None
-        assert not [e for e in mon.telemetry.events if e.kind == "samples_not_counted"]
+        assert mon.job.telemetry.samples == 3 * 96
+        assert mon.job.telemetry.samples_note is None
+        assert not [e for e in mon.job.telemetry.events if e.kind == "samples_not_counted"]
 
 
 def test_a_tokenizer_s_batch_encoding_is_counted_from_the_dataloader():
@@ -228,7 +228,7 @@ def test_a_tokenizer_s_batch_encoding_is_counted_from_the_dataloader():
             model(batch["input_ids"]).sum().backward()
             optimizer.step()
         assert mon.flush()
-        assert mon.telemetry.samples == 40 and mon.telemetry.batch_size == 8
+        assert mon.job.telemetry.samples == 40 and mon.job.telemetry.batch_size == 8
 
 
 def test_the_job_s_tensors_handed_back_are_let_go_of_a_few_each_step():

@@ -162,7 +162,7 @@ def test_in_a_job_the_switch_comes_at_the_timed_step(bsmon_dir, job_clock):
             nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-            modes.append(mon.telemetry.logged_intake.latest_only)
+            modes.append(mon.job.telemetry.logged_intake.latest_only)
     # a tiny step: SAMPLE_ABOVE of them in far less than a tick; no tick had to see them first
     assert modes[SAMPLE_ABOVE] and not modes[SAMPLE_ABOVE - 1], modes
 
@@ -190,12 +190,12 @@ def test_a_fast_loop_logs_its_latest_loss_and_says_so(bsmon_dir, job_clock):
         assert mon.flush()
         scalars = mon.stats()["scalars"]
         assert scalars["loss"] == last and scalars["val_loss"] == 0.25
-        kinds = [event.kind for event in mon.telemetry.events]
+        kinds = [event.kind for event in mon.job.telemetry.events]
         assert kinds.count("logging_sampled") == 1
 
 
 def keeps_latest(mon) -> bool:
-    return mon.telemetry.logged_intake.latest_only
+    return mon.job.telemetry.logged_intake.latest_only
 
 
 def test_on_a_fast_loop_log_is_the_dict_update_itself_and_a_method_again_once_slow(
@@ -230,7 +230,7 @@ def run_with_lean_backward(mon, model, optimizer, steps: int, give=None) -> list
     """Steps whose losses bsmon takes at backward(), as under ``bsmon run``; ``give``: a
     framework's backward(loss) that calls backward() on a scaled copy (accelerate's way)."""
     original = torch.Tensor.backward
-    torch.Tensor.backward = mon.record_backward_loss(original)
+    torch.Tensor.backward = mon.job.record_backward_loss(original)
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     values = []
     try:
@@ -239,7 +239,7 @@ def run_with_lean_backward(mon, model, optimizer, steps: int, give=None) -> list
             if give is None:
                 loss.backward()
             else:
-                mon.loss_given(loss)
+                mon.job.loss_given(loss)
                 (loss * give).backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -254,7 +254,7 @@ def test_a_fast_loop_keeps_only_its_latest_loss_at_backward(bsmon_dir, job_clock
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
         run_with_lean_backward(mon, model, optimizer, SAMPLE_ABOVE + 1)
-        assert mon.telemetry.logged_intake.latest_only
+        assert mon.job.telemetry.logged_intake.latest_only
         mon.flush()
         values = run_with_lean_backward(mon, model, optimizer, 50)
         assert not mon._inbox.losses  # a tick's tensors are not held: one, the latest
@@ -268,7 +268,7 @@ def test_with_a_framework_s_loss_the_latest_tensor_at_backward_is_not_shown(bsmo
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
         run_with_lean_backward(mon, model, optimizer, SAMPLE_ABOVE + 1, give=0.001)
-        assert mon.telemetry.logged_intake.latest_only
+        assert mon.job.telemetry.logged_intake.latest_only
         values = run_with_lean_backward(mon, model, optimizer, 50, give=0.001)
         assert mon.flush()
         assert mon.stats()["scalars"]["loss"] == values[-1]  # not a thousandth of it

@@ -68,7 +68,7 @@ def test_a_summed_loss_is_labelled_in_the_metrics_and_an_event_once(bsmon_dir, s
         metrics = conn.wait_matching(
             lambda m: isinstance(m, protocol.Metrics) and m.step >= 40, "metrics at step 40"
         )
-        said = [e for e in mon.telemetry.events if e.kind == "loss_units"]
+        said = [e for e in mon.job.telemetry.events if e.kind == "loss_units"]
     if sums:
         assert metrics.scalar_notes == {"loss": SUMMED}
         assert len(said) == 1 and "per example it is the value shown divided" in said[0].message

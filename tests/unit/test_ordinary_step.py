@@ -62,12 +62,12 @@ def test_counted_samples_take_the_full_path_and_are_counted(job):
     mon, _, step = job
     settled(mon, step)
     assert mon.flush()
-    samples = mon.telemetry.samples
-    mon.count_samples(3)
+    samples = mon.job.telemetry.samples
+    mon.job.count_samples(3)
     assert not mon._progress.quiet
     step()
     assert mon.flush()
-    assert mon.telemetry.samples == samples + 3  # the counted step's own, not the declared 8
+    assert mon.job.telemetry.samples == samples + 3  # the counted step's own, not the declared 8
     step()  # the step after it resets what the counted one left (passes_known)
     step()
     assert mon._progress.quiet
@@ -86,7 +86,7 @@ def test_an_evaluation_between_steps_is_kept_out_of_the_step(job):
     assert not mon._progress.quiet
     step()
     assert mon.flush()
-    assert mon.telemetry.eval_s >= 0.04
+    assert mon.job.telemetry.eval_s >= 0.04
 
 
 def test_micro_batches_reset_at_the_step_that_takes_them(job):

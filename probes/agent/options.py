@@ -3,10 +3,18 @@ fix, so it is a clear error at once (and nothing is left half attached)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from .batch.lr_scaling import POLICIES as LR_POLICIES
-from .noise import MODES as NOISE_SCALE_MODES
+from ..batch.lr_scaling import DEFAULT as DEFAULT_LR_SCALING
+from ..batch.lr_scaling import POLICIES as LR_POLICIES
+from ..batch.policy import StepRule
+from ..noise import DEFAULT_BUDGET as NOISE_BUDGET
+from ..noise import MODES as NOISE_SCALE_MODES
 
 NOISE_SCALE_CHOICES = NOISE_SCALE_MODES
 
@@ -80,3 +88,58 @@ def check_options(
             f"autopilot_half_batch must be a positive number (B½ of the step time), "
             f"got {autopilot_half_batch!r}"
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+    """``attach()``'s keyword options (DESIGN.md and docs/api.md say what each does)."""
+
+    batch_size: int | None = None
+    name: str | None = None
+    loss_fn: Any = None
+    noise_scale: str | None = "auto"
+    noise_window: int = 1000
+    noise_preconditioned: bool = False
+    noise_budget: float | None = NOISE_BUDGET
+    grad_scaler: Any = None
+    socket_dir: str | os.PathLike[str] | None = None
+    record: bool | str | os.PathLike[str] = True
+    sample_interval_s: float = 1.0
+    serve: bool = True
+    max_batch_size: int | None = None
+    min_batch_size: int = 1
+    batch_step: StepRule = "double"
+    micro_batch_size: int | None = None
+    lr_scaling: str | None = DEFAULT_LR_SCALING
+    lr_scheduler: Any = None
+    probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+    ranks_view: bool = True
+    batch_dim: int | None = None
+    step_anatomy: bool = True
+    autopilot: bool = False
+    autopilot_half_batch: float | None = None
+
+
+def checked_options(model: object, optimizer: object, given: dict[str, Any]) -> Options:
+    """``given`` as ``Options``, checked: an unknown name is a TypeError, a wrong value a
+    ValueError (or a TypeError for the model and optimizer), before anything is built."""
+    known = {field.name for field in dataclasses.fields(Options)}
+    for name in given:
+        if name not in known:
+            raise TypeError(f"attach() got an unexpected keyword argument {name!r}")
+    options = Options(**given)
+    check_options(
+        model,
+        optimizer,
+        batch_size=options.batch_size,
+        batch_dim=options.batch_dim,
+        name=options.name,
+        noise_scale=options.noise_scale,
+        noise_window=options.noise_window,
+        sample_interval_s=options.sample_interval_s,
+        micro_batch_size=options.micro_batch_size,
+        lr_scaling=options.lr_scaling,
+        autopilot=options.autopilot,
+        autopilot_half_batch=options.autopilot_half_batch,
+    )
+    return options
