@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import tomllib
@@ -94,13 +95,16 @@ def package_modules() -> dict[str, Path]:
     return modules
 
 
-def import_statements(name: str, path: Path, top_level_only: bool) -> list[tuple[str, list[str]]]:
+def import_statements(
+    name: str, path: Path, top_level_only: bool, typing: bool = True
+) -> list[tuple[str, list[str]]]:
     """Each import of module ``name`` as (the module imported from, by absolute name, the
     names taken from it: none for ``import a``); with ``top_level_only``, not the imports
-    inside functions or under TYPE_CHECKING."""
+    inside functions or under TYPE_CHECKING; without ``typing``, not those under
+    TYPE_CHECKING (which never run)."""
     tree = ast.parse(path.read_text())
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    nodes = tree.body if top_level_only else list(_walk(tree, typing))
     found = []
     for node in nodes:
         if isinstance(node, ast.ImportFrom):
@@ -112,12 +116,23 @@ def import_statements(name: str, path: Path, top_level_only: bool) -> list[tuple
     return found
 
 
-def imports_of(name: str, path: Path, top_level_only: bool, names: bool = True) -> set[str]:
+def _walk(node: ast.AST, typing: bool) -> Iterator[ast.AST]:
+    """``ast.walk``, leaving out what is under ``if TYPE_CHECKING:`` unless ``typing``."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not typing and isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            continue
+        yield from _walk(child, typing)
+
+
+def imports_of(
+    name: str, path: Path, top_level_only: bool, names: bool = True, typing: bool = True
+) -> set[str]:
     """The modules ``name`` imports, by absolute name: with ``names``, ``from a import b`` gives
     a.b as well as a (b may be a module); with ``top_level_only``, not the imports inside
-    functions or under TYPE_CHECKING."""
+    functions or under TYPE_CHECKING; without ``typing``, not those under TYPE_CHECKING."""
     found = set()
-    for target, taken in import_statements(name, path, top_level_only):
+    for target, taken in import_statements(name, path, top_level_only, typing):
         found.add(target)
         if names:
             found.update(f"{target}.{one}" for one in taken)
@@ -137,13 +152,15 @@ def test_the_dashboard_imports_only_the_faces_of_probes():
 
 
 def test_no_import_cycles():
-    """Counting the imports inside functions and under TYPE_CHECKING too: one that is put off
-    to run later still closes a circle (runtime/logged -> service -> telemetry -> logged
-    did, through two imports inside functions)."""
+    """Counting the imports inside functions too: one that is put off to run later still
+    closes a circle (runtime/logged -> service -> telemetry -> logged did, through two
+    imports inside functions). Not those under TYPE_CHECKING, which never run: the
+    composition root (agent/assemble) names the Monitor it fills in only as a type."""
     modules = package_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        imported = {m for m in imports_of(name, path, top_level_only=False) if m in modules}
+        imported = imports_of(name, path, top_level_only=False, typing=False)
+        imported = {m for m in imported if m in modules}
         parents = {  # importing a.b.c runs a.b's __init__ first
             ".".join(m.split(".")[:n]) for m in imported for n in range(2, m.count(".") + 1)
         }
