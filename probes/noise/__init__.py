@@ -18,13 +18,16 @@ Modules, one job each:
 - ``shared_backward``: another model's backward pass running through this one (a GAN):
   the noise scale is refused with the reason;
 - ``reasons``: why the noise scale is off or measured another way, in its reader's words;
-- ``controller``: ``NoiseScale``, which picks and runs all of the above for a ``Monitor``.
+- ``controller``: ``NoiseScale``, which picks and runs all of the above for a ``Monitor``;
+- ``extension``: ``NoiseExtension``, its tie to the agent (boundaries, ticks, the metrics
+  message's part).
 
 Never imports textual or rich.
 """
 
 from __future__ import annotations
 
-from .controller import DEFAULT_BUDGET, MODES, NoiseExtension, NoiseScale
+from .controller import DEFAULT_BUDGET, MODES, NoiseScale
+from .extension import NoiseExtension
 
 __all__ = ["DEFAULT_BUDGET", "MODES", "NoiseExtension", "NoiseScale"]

@@ -20,7 +20,7 @@ Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step
 steps it measures (one record appended to a deque); the per-example source is not looked at
 on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
 the step before). Agent thread: ``agent_tick`` reads records and smooths them into
-``reading``, which ``NoiseExtension.metrics_part`` puts in the metrics message;
+``reading``, which ``NoiseExtension.metrics_part`` (``extension``) puts in the metrics message;
 ``on_durations`` feeds the budget the steps' durations.
 
 Why one module: choosing a source, switching it as the job starts or stops accumulating, and
@@ -38,15 +38,12 @@ import torch
 from torch import nn
 
 from ..runtime.context import JobContext
-from ..runtime.devices import DeviceSample
 from ..runtime.distributed import ddp_of
 from ..runtime.forward_watch import ForwardWatch
-from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.inbox import take_all
-from ..runtime.service import Extension, MetricsPart
 from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
-from ..wire.protocol import Capability, Event, Metrics, NoiseScaleReading
+from ..wire.protocol import Capability, Event, NoiseScaleReading
 from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
@@ -55,7 +52,6 @@ from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
-from .shared_backward import SharedBackward
 from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
@@ -592,48 +588,3 @@ class NoiseScale:
             self.source.close()
         if self._counter is not None:
             self._counter.remove()
-
-
-class NoiseExtension(Extension):
-    """Runs ``NoiseScale.agent_tick`` on the agent thread, before each metrics message, and
-    arms the measured steps at the scheduled boundaries before them."""
-
-    def __init__(
-        self,
-        noise: NoiseScale,
-        telemetry: Telemetry,
-        *,
-        hot: HotPath,
-        shared: SharedBackward | None = None,
-    ) -> None:
-        self._noise = noise
-        self._telemetry = telemetry
-        self._hot = hot
-        self._shared = shared
-
-    def at_boundary(self, step: int, _now: float) -> int:
-        """Whether step + 1 is measured (the hot path's ``noise_due``): its hooks, and the
-        shared-backward watch, on if so; the next step to prepare."""
-        noise, shared = self._noise, self._shared
-        due = noise.due(step + 1)
-        if due:
-            noise.arm()
-        if shared is not None:
-            if shared.armed:
-                shared.step_ended()
-            if due and noise.source is not None:
-                shared.arm()
-            else:
-                shared.disarm()
-        self._hot.noise_due = due
-        if due:
-            return step + 1
-        return noise.next_measured - 1 if noise.source is not None else NEVER
-
-    def on_tick(self, sample: DeviceSample) -> None:
-        self._noise.agent_tick(self._telemetry)
-
-    def metrics_part(self, metrics: Metrics) -> MetricsPart:
-        """The reading this tick's ``agent_tick`` made (first in: the autopilot reads it)."""
-        reading = self._noise.reading
-        return {"b_simple": reading.b_simple, "noise": reading}
