@@ -120,3 +120,11 @@ class Processes:
             for stream in (process.stdout, process.stderr):
                 if stream is not None:
                     stream.close()
+
+
+def interruptible() -> None:
+    """Ctrl-C as an interactive shell leaves it (a ``preexec_fn``): a shell running the suite
+    in the background (``pytest &``, nohup, CI runners) starts every command with SIGINT
+    ignored, a Python started so never raises KeyboardInterrupt, and bsmon rightly passes
+    that on to the script."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,6 +13,8 @@ import pytest
 from bsmon.probes.runtime.interrupts import INTERRUPTED
 from bsmon.probes.summary.schema import Summary
 
+from ..helpers import interruptible
+
 SCRIPT = """
 import sys
 import torch
@@ -128,7 +130,12 @@ def test_a_second_ctrl_c_while_bsmon_closes_leaves_no_trace_and_a_record_that_en
     script = tmp_path / "twice.py"
     script.write_text(TWICE.format(at_close=at_close))
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        preexec_fn=interruptible,  # else, under a suite run in the background, Ctrl-C is ignored
     )
     assert done.returncode == -signal.SIGINT  # killed by the first Ctrl-C, as without bsmon
     assert "Exception ignored" not in done.stderr and "Error in" not in done.stderr

@@ -21,7 +21,7 @@ from bsmon.probes.wire import describe_prediction, describe_recommendation, prot
 from bsmon.probes.wire.client import JobConnection
 from bsmon.probes.wire.protocol import ProbePoint
 
-from ..helpers import ROOT, wait_until
+from ..helpers import ROOT, interruptible, wait_until
 
 MiB = 1 << 20
 
@@ -570,7 +570,7 @@ def test_ctrl_c_on_bsmon_probe_stops_the_sidecar_and_says_so(bsmon_dir, processe
             str(mon.socket_path),
             "--timeout",
             "120",
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=interruptible,
         )
 
         def sidecar() -> psutil.Process | None:

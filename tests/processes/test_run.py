@@ -21,7 +21,7 @@ from bsmon.probes.wire import discovery, protocol
 from bsmon.probes.wire.client import JobConnection
 from bsmon.tui.cli.run import exit_status, keep_beside_record
 
-from ..helpers import ROOT, wait_until
+from ..helpers import ROOT, interruptible, wait_until
 from ..watch import events_of, job_socket, kill_run_processes, metrics_until
 
 JOB = str(ROOT / "tests" / "zero_code_job.py")
@@ -40,13 +40,6 @@ def bsmon_run(processes, *args: str, **kwargs) -> subprocess.Popen:
     kwargs.setdefault("text", True)
     kwargs.setdefault("stdin", subprocess.PIPE)
     return processes.start([*BSMON, "run", *args], cwd=ROOT, **kwargs)
-
-
-def interruptible() -> None:
-    """Ctrl-C as an interactive shell leaves it: a shell running the suite in the background
-    (``pytest &``, nohup) starts every command with SIGINT ignored, and bsmon run rightly
-    passes that on to the script."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def gone(pid: int) -> bool:
