@@ -403,14 +403,24 @@ class Autopilot:
                 return
             claimed, note = self._ledger.claim()
             said = f"{claimed:.2f}× claimed {note}" if claimed is not None else f"no claim: {note}"
-            if not self.decided and self.waiting and self.state == "on":  # what held it
-                said = f"{self.waiting}; {said}"
+            if not self.decided and (held := self._held_by()) is not None:
+                said = f"{held}; {said}"
             self._say(
                 f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
                 f"{self.decided} decision{'' if self.decided == 1 else 's'}; {said}",
                 level="info",
                 end={"end": True, "claimed_gain": claimed},
             )
+
+    def _held_by(self) -> str | None:
+        """What kept a run that is on from its first decision: B_simple, if it never
+        resolved (the reason that matters in a job too short to reach a look, too), else
+        what it waited for last."""
+        if self.state != "on":
+            return None
+        if self._estimate is None:
+            return unresolved_reason(self._noise)
+        return self.waiting
 
     # -- reading --------------------------------------------------------------------------------
 
