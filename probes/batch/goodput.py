@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..units import count
-from ..wire.protocol import NoiseScaleReading
+from ..wire.protocol import NONE_WILL_COME, NoiseScaleReading
 from .verdict import SizeThroughput
 
 MIN_WINDOWS = 1  # metrics windows at a size (besides SETTLE_STEPS steps) before it is a point
@@ -140,7 +140,7 @@ def unresolved_reason(noise: NoiseScaleReading | None) -> str:
     B_simple each measured step reads |G|² with a spread several times its mean, and the
     estimate may show only its lower bound for thousands of steps (docs/autopilot.md)."""
     wait = "waiting for B_simple to resolve"
-    if noise is not None and noise.status and not noise.needed:  # why none will come
+    if noise is not None and noise.status and noise.status.startswith(NONE_WILL_COME):
         return f"B_simple: {noise.status}"
     if noise is None or not noise.needed:  # nothing measured yet
         return f"{wait} (a bounded interval)"

@@ -43,7 +43,7 @@ from ..runtime.forward_watch import ForwardWatch
 from ..runtime.inbox import take_all
 from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
-from ..wire.protocol import Capability, Event, NoiseScaleReading
+from ..wire.protocol import NONE_WILL_COME, Capability, Event, NoiseScaleReading
 from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
@@ -560,7 +560,7 @@ class NoiseScale:
     def _status(self, reading: NoiseScaleReading) -> str | None:
         """What the estimate is doing while it has no number, in words the panel shows."""
         if (why := self._unmeasurable()) is not None:
-            return f"none — {why}"
+            return f"{NONE_WILL_COME}{why}"
         if reading.b_simple is not None or reading.lower_bound is not None:
             return None
         if not reading.needed or reading.effective >= reading.needed:

@@ -131,8 +131,11 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     note: str | None = None  # why the last step was skipped, or why there is no estimate
     phase: str | None = None  # "warming up" (every step measured) or "tracking" (cost budget)
     # while there is no number: what the estimate is doing, in the agent's words ("collecting
-    # 25/30 measured steps; ...", or why none will come); the Noise panel shows it as it is
+    # 25/30 measured steps; ...", or NONE_WILL_COME and why); the Noise panel shows it as it is
     status: str | None = None
+
+
+NONE_WILL_COME = "none — "  # a NoiseScaleReading.status that starts so: no estimate as it runs
 
 
 # What a batch-size change bought in throughput, said once the step-time noise resolves it

@@ -317,7 +317,8 @@ def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_s
     job.autopilot.finish()  # its last line says what held it, not only that nothing was claimed
     end = job.events[-1].message
     assert end.startswith(f"autopilot at the end: batch 16 → 16 in 0 decisions; B_simple: {why}")
-    short = Job(noise=lambda _s: NoiseScaleReading(status=why)).run(2)  # ends before a look
+    # a job that ends before a look; its reading counts the steps an estimate would need
+    short = Job(noise=lambda _s: NoiseScaleReading(status=why, needed=30)).run(2)
     assert short.autopilot.reading().waiting.startswith("next decision at step")
     short.autopilot.finish()
     assert f"in 0 decisions; B_simple: {why}; " in short.events[-1].message
