@@ -245,18 +245,13 @@ class Monitor:
                 return
             self._closed = True
         self._hot.remove()
-        if self._shared is not None:
-            self._shared.remove()
+        # the noise scale's hooks, the anatomy's, a probe's sidecar, the ranks' exchange:
+        # before the forward watch closes (the noise scale's sources release their hold on it)
+        self._service.detach_extensions()
         self._accounting.unsubscribe()
-        if self._phases is not None:
-            self._phases.remove()
-        self._noise.close()
         self.job.probe_source.close()
         self._model_examples.remove()
         self._watch.close()
-        self.job.prober.stop()
-        if self._ranks_exchange is not None:
-            self._ranks_exchange.close()
         atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:

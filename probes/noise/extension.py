@@ -52,6 +52,12 @@ class NoiseExtension(Extension):
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)
 
+    def detach(self) -> None:
+        """The shared-backward watch's hooks, then the estimate's own (its source's)."""
+        if self._shared is not None:
+            self._shared.remove()
+        self._noise.close()
+
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
         """The reading this tick's ``agent_tick`` made (first in: the autopilot reads it)."""
         reading = self._noise.reading

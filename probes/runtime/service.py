@@ -102,7 +102,8 @@ class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
     inbox record telemetry does not take, each device sample, each metrics message and hello
     (to which it returns its part), and each tick's end. One that needs the training thread at
-    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it)."""
+    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it); one
+    that put something into the job takes it out in ``detach`` as the monitor closes."""
 
     def at_boundary(self, step: int, now: float) -> int:
         """Training thread, at a scheduled step boundary (the end of ``step``, at ``now``): do
@@ -136,6 +137,11 @@ class Extension:
     def next_tick_s(self) -> float | None:
         """How soon this extension needs the next tick, if sooner than ``TICK_S``."""
         return None
+
+    def detach(self) -> None:
+        """The monitor is closing (on its closing thread, a forked child's too, before the
+        agent's last tick): take out what this part put into the job (hooks on the model and
+        optimizer, threads, a sidecar). ``attach()`` put it in; nothing is said here."""
 
 
 def takes_boundaries(part: Extension) -> bool:
@@ -200,6 +206,12 @@ class AgentService(threading.Thread):
         self.sampler.stop()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
+
+    def detach_extensions(self) -> None:
+        """Every extension takes out what it put into the job, in the list's order (the
+        closing thread: ``Extension.detach``)."""
+        for extension in self.extensions:
+            extension.detach()
 
     def wake(self) -> None:
         """Tick now rather than at the end of the period (``Monitor.flush``)."""
