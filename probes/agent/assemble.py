@@ -125,8 +125,6 @@ def assemble(
     job.telemetry = Telemetry()
     job.telemetry.batch_size = o.batch_size
     job.telemetry.report = mon._guard.report
-    if mon._noise.source is not None:  # the steps' durations price its budget
-        job.telemetry.duration_listeners.append(mon._noise.on_durations)
     job.recorder = serving.make_recorder(
         o.record,
         o.socket_dir,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..runtime.devices import DeviceSample
 from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.service import Extension, MetricsPart
+from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Metrics
 from .controller import NoiseScale
@@ -48,6 +49,10 @@ class NoiseExtension(Extension):
         if due:
             return step + 1
         return noise.next_measured - 1 if noise.source is not None else NEVER
+
+    def on_steps(self, run: StepRun) -> None:
+        """The steps' durations price the budget (``NoiseScale.on_durations``)."""
+        self._noise.on_durations(run)
 
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)

@@ -25,6 +25,7 @@ from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
 from .hot_path import NEVER
 from .inbox import TICK_S, Inbox
+from .steps import StepRun
 from .telemetry import Telemetry
 
 SOCKET_CHECK_S = 1.0
@@ -115,6 +116,11 @@ class Extension:
     def on_record(self, record: object) -> None:
         """Called for each inbox record that telemetry does not take (in order)."""
 
+    def on_steps(self, run: StepRun) -> None:
+        """A poll's resolved steps, in order, as columns (durations, samples, sizes, the
+        sampled steps' phases). Called only for the extensions that define it
+        (``takes_steps``): no one reading them, the steps are never laid out as runs."""
+
     def on_tick(self, sample: DeviceSample) -> None:
         """Called every tick with the latest device sample."""
 
@@ -149,6 +155,11 @@ def takes_boundaries(part: Extension) -> bool:
     return type(part).at_boundary is not Extension.at_boundary
 
 
+def takes_steps(part: Extension) -> bool:
+    """Whether ``part`` reads the resolved steps (it defines ``on_steps``)."""
+    return type(part).on_steps is not Extension.on_steps
+
+
 class AgentService(threading.Thread):
     def __init__(
         self,
@@ -176,6 +187,13 @@ class AgentService(threading.Thread):
         self._fault_count = fault_count
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
+        # the telemetry's tap (the recorder) reads the steps as the tap, which it lets go of
+        # when it fails or ends, not as one of these
+        telemetry.read_steps_by(
+            part.on_steps
+            for part in self.extensions
+            if takes_steps(part) and part is not telemetry.tap
+        )
         self._on_rebound = on_rebound
         self._report = report
         self.server = (
