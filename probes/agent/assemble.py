@@ -228,11 +228,15 @@ def assemble(
     if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
         extensions.append(ranks)
     if job.batch_control is not None:
-        extensions.append(BatchExtension(job.batch_control, job.telemetry))
+        extensions.append(BatchExtension(job.batch_control, job.telemetry, warn=ctx.warn))
     sampler = PeriodicSampler(DeviceSampler(), o.sample_interval_s)
     job.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
     if job.autopilot is not None:
-        extensions.append(AutopilotExtension(job.autopilot, job.batch_control, sampler.sample_soon))
+        extensions.append(
+            AutopilotExtension(
+                job.autopilot, job.batch_control, sampler.sample_soon, report=mon._guard.report
+            )
+        )
     if job.recorder is not None:
         extensions.append(job.recorder)
     runtime_parts: list[TakesBoundaries] = [

@@ -256,13 +256,7 @@ class Monitor:
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
-        if self.job.batch_control is not None and (never := self.job.batch_control.unapplied()):
-            self._ctx.warn("batch_size_unapplied", never)
-        if self.job.autopilot is not None:
-            try:
-                self.job.autopilot.finish()
-            except Exception as exc:  # its last word is not worth the job's clean end
-                self._guard.report("the autopilot's last word", exc)
+        self._service.last_words()  # an unapplied batch size, the autopilot's end
         self._service.stop(reason)
         self._hot.let_go()  # the last tick's tensors: no step is left to drop them
         if self.socket_path is not None:

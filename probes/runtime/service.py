@@ -104,7 +104,8 @@ class Extension:
     inbox record telemetry does not take, each device sample, each metrics message and hello
     (to which it returns its part), and each tick's end. One that needs the training thread at
     some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it); one
-    that put something into the job takes it out in ``detach`` as the monitor closes."""
+    that put something into the job takes it out in ``detach`` as the monitor closes, and one
+    with something to say at the end says it in ``last_word``."""
 
     def at_boundary(self, step: int, now: float) -> int:
         """Training thread, at a scheduled step boundary (the end of ``step``, at ``now``): do
@@ -148,6 +149,11 @@ class Extension:
         """The monitor is closing (on its closing thread, a forked child's too, before the
         agent's last tick): take out what this part put into the job (hooks on the model and
         optimizer, threads, a sidecar). ``attach()`` put it in; nothing is said here."""
+
+    def last_word(self) -> None:
+        """The session is ending (on the closing thread of the process that attached, after
+        every part detached, before the agent's last tick, which sends what is said here):
+        say what is left to say, as events."""
 
 
 def takes_boundaries(part: Extension) -> bool:
@@ -230,6 +236,12 @@ class AgentService(threading.Thread):
         closing thread: ``Extension.detach``)."""
         for extension in self.extensions:
             extension.detach()
+
+    def last_words(self) -> None:
+        """Every extension says what is left to say as the session ends, in the list's order
+        (the closing thread: ``Extension.last_word``)."""
+        for extension in self.extensions:
+            extension.last_word()
 
     def wake(self) -> None:
         """Tick now rather than at the end of the period (``Monitor.flush``)."""
