@@ -125,8 +125,6 @@ def assemble(
     job.telemetry = Telemetry()
     job.telemetry.batch_size = o.batch_size
     job.telemetry.report = mon._guard.report
-    if mon._noise.source is not None:  # the steps' durations price its budget
-        job.telemetry.duration_listeners.append(mon._noise.on_durations)
     job.recorder = serving.make_recorder(
         o.record,
         o.socket_dir,
@@ -183,7 +181,7 @@ def assemble(
     mon._hot.noise_due = mon._noise.due(1)
     if reevaluates:
         mon._noise.refuse(REEVALUATES)
-    mon._shared = (  # the estimate's only concern: nothing to watch when it is off
+    shared = (  # the estimate's only concern: nothing to watch when it is off
         SharedBackward(model, optimizer, mon._noise.refuse, mon._guard)
         if mon._noise.source is not None
         else None
@@ -214,13 +212,12 @@ def assemble(
     if job.batch_control is not None:
         job.batch_control.watch.device_shared_since = job.prober.ran_since
     extensions: list[Extension] = [
-        NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=mon._shared),
+        NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=shared),
         ProbeExtension(job.prober),
     ]
     # reads nothing unless the job is distributed and its model DistributedDataParallel
     ddp_timing = DdpTiming(ddp)
     job.telemetry.comm_sample = ddp_timing.comm_wait
-    mon._ranks_exchange = None
     mon._anatomy = None
     if mon._phases is not None:
         mon._phases.install()
@@ -231,11 +228,15 @@ def assemble(
     if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
         extensions.append(ranks)
     if job.batch_control is not None:
-        extensions.append(BatchExtension(job.batch_control, job.telemetry))
+        extensions.append(BatchExtension(job.batch_control, job.telemetry, warn=ctx.warn))
     sampler = PeriodicSampler(DeviceSampler(), o.sample_interval_s)
     job.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
     if job.autopilot is not None:
-        extensions.append(AutopilotExtension(job.autopilot, job.batch_control, sampler.sample_soon))
+        extensions.append(
+            AutopilotExtension(
+                job.autopilot, job.batch_control, sampler.sample_soon, report=mon._guard.report
+            )
+        )
     if job.recorder is not None:
         extensions.append(job.recorder)
     runtime_parts: list[TakesBoundaries] = [
@@ -350,7 +351,7 @@ def make_ranks(
             f"no ranks view: the job's store is not reachable ({type(exc).__name__}: {exc})",
         )
         return None
-    mon._ranks_exchange = RankExchange(store, rank, world_size)
+    exchange = RankExchange(store, rank, world_size)
     if mon.job.batch_control is not None and mon.job.batch_control.size < SMALL_DEVICE_BATCH:
         mon._ctx.warn_once(
             "small_device_batch",
@@ -359,7 +360,7 @@ def make_ranks(
             "accumulation (micro_batch_size) or fewer ranks",
         )
     placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
-    return RanksExtension(mon._ranks_exchange, placement, rank_summary, ddp_timing)
+    return RanksExtension(exchange, placement, rank_summary, ddp_timing)
 
 
 def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) -> AnatomyExtension:

@@ -245,29 +245,18 @@ class Monitor:
                 return
             self._closed = True
         self._hot.remove()
-        if self._shared is not None:
-            self._shared.remove()
+        # the noise scale's hooks, the anatomy's, a probe's sidecar, the ranks' exchange:
+        # before the forward watch closes (the noise scale's sources release their hold on it)
+        self._service.detach_extensions()
         self._accounting.unsubscribe()
-        if self._phases is not None:
-            self._phases.remove()
-        self._noise.close()
         self.job.probe_source.close()
         self._model_examples.remove()
         self._watch.close()
-        self.job.prober.stop()
-        if self._ranks_exchange is not None:
-            self._ranks_exchange.close()
         atexit.unregister(self._close_at_exit)
         _live_monitors.discard(self)
         if os.getpid() != self._pid:
             return  # a forked child: the threads and the socket belong to the parent
-        if self.job.batch_control is not None and (never := self.job.batch_control.unapplied()):
-            self._ctx.warn("batch_size_unapplied", never)
-        if self.job.autopilot is not None:
-            try:
-                self.job.autopilot.finish()
-            except Exception as exc:  # its last word is not worth the job's clean end
-                self._guard.report("the autopilot's last word", exc)
+        self._service.last_words()  # an unapplied batch size, the autopilot's end
         self._service.stop(reason)
         self._hot.let_go()  # the last tick's tensors: no step is left to drop them
         if self.socket_path is not None:

@@ -80,6 +80,11 @@ class AnatomyExtension(Extension):
         self.latest = reading
         return {"anatomy": reading}
 
+    def detach(self) -> None:
+        """The phase marks' hooks come out."""
+        if self._phases is not None:
+            self._phases.remove()
+
     def latest_dict(self) -> dict[str, Any] | None:
         return msgspec.to_builtins(self.latest) if self.latest is not None else None
 

@@ -33,9 +33,13 @@ class BatchExtension(Extension):
     """The agent-thread side of batch control: memory readings, what changes bought, and the
     batch reading in every metrics message and hello."""
 
-    def __init__(self, controller: BatchController, telemetry: Telemetry) -> None:
+    def __init__(
+        self, controller: BatchController, telemetry: Telemetry, *, warn: Callable[[str, str], None]
+    ) -> None:
+        """``warn(kind, message)``: a warning event (``JobContext.warn``)."""
         self._controller = controller
         self._telemetry = telemetry
+        self._warn = warn
 
     def on_record(self, record: object) -> None:
         if isinstance(record, BatchChange):
@@ -64,6 +68,11 @@ class BatchExtension(Extension):
 
     def hello_part(self, hello: Hello) -> HelloPart:
         return {"batch": self._controller.reading()}
+
+    def last_word(self) -> None:
+        """A change accepted but never applied (the job ended before its boundary) is said."""
+        if never := self._controller.unapplied():
+            self._warn("batch_size_unapplied", never)
 
 
 def register_commands(router: CommandRouter, controller: BatchController) -> None:
@@ -101,8 +110,11 @@ class AutopilotExtension(Extension):
         autopilot: Autopilot,
         controller: BatchController,
         sample_soon: Callable[[], None],
+        report: Callable[[str, BaseException], None] = lambda _where, _exc: None,
     ) -> None:
+        """``report``: where a failure of its last word goes (the fault guard)."""
         self._autopilot = autopilot
+        self._report = report
         self._controller = controller
         self._sample_soon = sample_soon
         self._step = 0
@@ -131,6 +143,13 @@ class AutopilotExtension(Extension):
 
     def hello_part(self, hello: Hello) -> HelloPart:
         return {"autopilot": self._autopilot.reading()}
+
+    def last_word(self) -> None:
+        """Where it took the batch, and its claim (``Autopilot.finish``)."""
+        try:
+            self._autopilot.finish()
+        except Exception as exc:  # its last word is not worth the job's clean end
+            self._report("the autopilot's last word", exc)
 
 
 def register_autopilot(router: CommandRouter, autopilot: Autopilot) -> None:

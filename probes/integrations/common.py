@@ -52,8 +52,7 @@ def guarded(hook: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def note(monitor: Any, kind: str, message: str, level: str = "info", **data: Any) -> None:
-    """An event in the job's log, stamped with the monitor's current step."""
-    monitor.job.emit(
-        Event(t=time.time(), step=monitor.step, kind=kind, message=message, level=level, data=data)
-    )
+def note(monitor: Any, kind: str, message: str, **data: Any) -> None:
+    """An event in the job's log, stamped with the monitor's current step (a warning is
+    ``monitor.job.ctx.warn``)."""
+    monitor.job.emit(Event(t=time.time(), step=monitor.step, kind=kind, message=message, data=data))

@@ -154,25 +154,21 @@ class _BsmonLightning:
         if hasattr(loop, "_combined_loader"):
             loop._combined_loader = None  # as Lightning's batch-size finder does: rebuild it
         elif not self._trainer.reload_dataloaders_every_n_epochs:
-            note(
-                self.monitor,
+            self.monitor.job.ctx.warn(
                 "integration",
                 "this Lightning version cannot be asked to rebuild the train DataLoader; set "
                 "Trainer(reload_dataloaders_every_n_epochs=1) for batch-size changes to apply",
-                level="warning",
             )
         self._expect = new
 
     def _check_reloaded(self, n: int) -> None:
         expected, self._expect = self._expect, None
         if n != expected and (self._trainer.num_training_batches or 0) > 1:
-            note(
-                self.monitor,
+            self.monitor.job.ctx.warn(
                 "integration",
                 f"the train DataLoader yields batches of {n}, not the {expected} just set in "
                 f"{self.batch_arg_name!r}: its train_dataloader() should use self."
                 f"{self.batch_arg_name}",
-                level="warning",
             )
 
 

@@ -315,6 +315,10 @@ class ProbeExtension(Extension):
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
         return {"probe": self._runner.reading()}
 
+    def detach(self) -> None:
+        """A sidecar still probing is killed (its result says the job ended first)."""
+        self._runner.stop()
+
 
 def crashed(process: subprocess.Popen, points: list[ProbePoint]) -> ProbeResult:
     code = process.returncode

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..runtime.devices import DeviceSample
 from ..runtime.hot_path import NEVER, HotPath
 from ..runtime.service import Extension, MetricsPart
+from ..runtime.steps import StepRun
 from ..runtime.telemetry import Telemetry
 from ..wire.protocol import Metrics
 from .controller import NoiseScale
@@ -49,8 +50,18 @@ class NoiseExtension(Extension):
             return step + 1
         return noise.next_measured - 1 if noise.source is not None else NEVER
 
+    def on_steps(self, run: StepRun) -> None:
+        """The steps' durations price the budget (``NoiseScale.on_durations``)."""
+        self._noise.on_durations(run)
+
     def on_tick(self, sample: DeviceSample) -> None:
         self._noise.agent_tick(self._telemetry)
+
+    def detach(self) -> None:
+        """The shared-backward watch's hooks, then the estimate's own (its source's)."""
+        if self._shared is not None:
+            self._shared.remove()
+        self._noise.close()
 
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
         """The reading this tick's ``agent_tick`` made (first in: the autopilot reads it)."""

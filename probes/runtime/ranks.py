@@ -210,6 +210,10 @@ class RanksExtension(Extension):
             else:
                 self._reading = self.reading(now)
 
+    def detach(self) -> None:
+        """The exchange's thread stops."""
+        self._exchange.close()
+
     def reading(self, now: float) -> RanksReading:
         exchange = self._exchange
         readings = [self._rank_reading(0, self._own, 0.0)]

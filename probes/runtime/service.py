@@ -25,6 +25,7 @@ from ..wire.server import AgentServer, asyncio_logs_kept_from_the_job
 from .devices import DeviceSample, DeviceSampler
 from .hot_path import NEVER
 from .inbox import TICK_S, Inbox
+from .steps import StepRun
 from .telemetry import Telemetry
 
 SOCKET_CHECK_S = 1.0
@@ -102,7 +103,9 @@ class Extension:
     """A part of the agent that works on the agent thread beside the telemetry: it sees each
     inbox record telemetry does not take, each device sample, each metrics message and hello
     (to which it returns its part), and each tick's end. One that needs the training thread at
-    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it)."""
+    some steps says so with ``at_boundary`` (the agent's scheduled slow path calls it); one
+    that put something into the job takes it out in ``detach`` as the monitor closes, and one
+    with something to say at the end says it in ``last_word``."""
 
     def at_boundary(self, step: int, now: float) -> int:
         """Training thread, at a scheduled step boundary (the end of ``step``, at ``now``): do
@@ -113,6 +116,11 @@ class Extension:
 
     def on_record(self, record: object) -> None:
         """Called for each inbox record that telemetry does not take (in order)."""
+
+    def on_steps(self, run: StepRun) -> None:
+        """A poll's resolved steps, in order, as columns (durations, samples, sizes, the
+        sampled steps' phases). Called only for the extensions that define it
+        (``takes_steps``): no one reading them, the steps are never laid out as runs."""
 
     def on_tick(self, sample: DeviceSample) -> None:
         """Called every tick with the latest device sample."""
@@ -137,10 +145,25 @@ class Extension:
         """How soon this extension needs the next tick, if sooner than ``TICK_S``."""
         return None
 
+    def detach(self) -> None:
+        """The monitor is closing (on its closing thread, a forked child's too, before the
+        agent's last tick): take out what this part put into the job (hooks on the model and
+        optimizer, threads, a sidecar). ``attach()`` put it in; nothing is said here."""
+
+    def last_word(self) -> None:
+        """The session is ending (on the closing thread of the process that attached, after
+        every part detached, before the agent's last tick, which sends what is said here):
+        say what is left to say, as events."""
+
 
 def takes_boundaries(part: Extension) -> bool:
     """Whether ``part`` has work at scheduled step boundaries (it defines ``at_boundary``)."""
     return type(part).at_boundary is not Extension.at_boundary
+
+
+def takes_steps(part: Extension) -> bool:
+    """Whether ``part`` reads the resolved steps (it defines ``on_steps``)."""
+    return type(part).on_steps is not Extension.on_steps
 
 
 class AgentService(threading.Thread):
@@ -170,6 +193,13 @@ class AgentService(threading.Thread):
         self._fault_count = fault_count
         self._noise_capability = noise_capability
         self.extensions = list(extensions)
+        # the telemetry's tap (the recorder) reads the steps as the tap, which it lets go of
+        # when it fails or ends, not as one of these
+        telemetry.read_steps_by(
+            part.on_steps
+            for part in self.extensions
+            if takes_steps(part) and part is not telemetry.tap
+        )
         self._on_rebound = on_rebound
         self._report = report
         self.server = (
@@ -200,6 +230,18 @@ class AgentService(threading.Thread):
         self.sampler.stop()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
+
+    def detach_extensions(self) -> None:
+        """Every extension takes out what it put into the job, in the list's order (the
+        closing thread: ``Extension.detach``)."""
+        for extension in self.extensions:
+            extension.detach()
+
+    def last_words(self) -> None:
+        """Every extension says what is left to say as the session ends, in the list's order
+        (the closing thread: ``Extension.last_word``)."""
+        for extension in self.extensions:
+            extension.last_word()
 
     def wake(self) -> None:
         """Tick now rather than at the end of the period (``Monitor.flush``)."""

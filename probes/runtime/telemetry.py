@@ -10,7 +10,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, count, repeat
 from operator import is_not, sub
 from typing import Any, NamedTuple, Protocol
@@ -78,10 +78,6 @@ class _Steps(NamedTuple):
         return head, tail
 
 
-def _no_report(_where: str, _exc: BaseException) -> None:
-    return None
-
-
 class StepTap(Protocol):
     def on_steps(self, run: StepRun) -> None: ...
     def on_scalars(self, name: str, values: list[float]) -> None: ...
@@ -122,11 +118,11 @@ class Telemetry:
         self._nonfinite_reported: set[str] = set()
         self.new_events: list[Event] = []
         self.flushes: list[threading.Event] = []  # to set once this tick's output is sent
-        # Sees every resolved step and scalar (agent thread), a poll's worth at a time:
-        # on_steps(StepRun) and on_scalars(name, values). The session recorder uses it.
+        # the recorder: on_steps(StepRun), on_scalars(name, values), a poll's worth at a time
         self.tap: StepTap | None = None
-        self.duration_listeners: list[Callable[[StepRun], None]] = []
-        self.report: Callable[[str, BaseException], None] = _no_report  # a bad mon.log value
+        self._readers: tuple[Callable[[StepRun], None], ...] = ()  # the extensions' on_steps
+        # where a bad mon.log value is reported
+        self.report: Callable[[str, BaseException], None] = lambda _where, _exc: None
         # why a step's samples are unknown (None: they are not; called once per session)
         self.samples_reason: Callable[[int], str | None] = lambda _step: None
 
@@ -263,11 +259,15 @@ class Telemetry:
         events, self.new_events = self.new_events, []
         return events
 
+    def read_steps_by(self, readers: Iterable[Callable[[StepRun], None]]) -> None:
+        """Each run of resolved steps goes to ``readers`` (extensions' on_steps), then the tap."""
+        self._readers = tuple(readers)
+
     def poll(self) -> None:
         """Resolve whatever durations and scalars have become readable."""
         for run in self._resolve_steps():
-            for listener in self.duration_listeners:
-                listener(run)
+            for reader in self._readers:
+                reader(run)
             if self.tap is not None:
                 self.tap.on_steps(run)
         self._read_scalars()
@@ -306,7 +306,7 @@ class Telemetry:
         timed, duration_sum, counted, counted_sum = timed_sums(durations, taken.samples)
         for window in (self._window, self._second):
             window.add_steps(len(ends), timed, duration_sum, counted, counted_sum)
-        if not self.duration_listeners and self.tap is None:
+        if not self._readers and self.tap is None:
             return []  # no one reads the steps one by one
         return [StepRun(taken.steps, durations, taken.samples, taken.sizes, eval_s, phases)]
 
