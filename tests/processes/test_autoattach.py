@@ -113,7 +113,7 @@ def controller(sync=None, rank: int = 0) -> tuple[BatchController, list]:
         sync=sync,
         rank=rank,
     )
-    ctl.apply_at = "at the end of the epoch"
+    ctl.defer_to("at the end of the epoch")
     return ctl, switched
 
 
