@@ -28,6 +28,7 @@ from ..maxbatch.job import ProbeSource, device_free
 from ..maxbatch.runner import ProbeExtension, ProbeRunner
 from ..noise import NoiseExtension, NoiseScale
 from ..noise.autograd import ExampleCounter
+from ..noise.budget import budget_from_environment
 from ..noise.shared_backward import SharedBackward
 from ..runtime import distributed
 from ..runtime.context import JobContext
@@ -102,6 +103,7 @@ def assemble(
     mon._watch.on_root(evals.on_root_pass)
     mon._model_examples = ExampleCounter(mon._watch, "samples")
     job.batch_control = None  # made below; the noise scale's hints read it when they run
+    noise_budget, budget_error = budget_from_environment(o.noise_budget)
     mon._noise = NoiseScale(
         model,
         optimizer,
@@ -110,13 +112,15 @@ def assemble(
         ctx=ctx,
         grad_scaler=o.grad_scaler,
         preconditioned=o.noise_preconditioned,
-        budget=o.noise_budget,
+        budget=noise_budget,
         watch=mon._watch,
         examples_hint=lambda: mon._samples.so_far or mon.batch_size,
         pass_hint=mon._pass_examples,
         examples_known=lambda: mon._pass_examples() is not None,
         step_time=lambda: job.telemetry.step_time_s,
     )
+    if budget_error is not None:
+        ctx.warn_once("noise_budget", budget_error)
 
     rank, world_size = mon.session.rank, mon.session.world_size
     ddp = distributed.ddp_of(model, params) if world_size > 1 else None

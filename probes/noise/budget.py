@@ -4,8 +4,35 @@ from how much longer measured steps really take. Timing only, never the gradient
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import deque
+
+BUDGET_VARIABLE = "BSMON_NOISE_BUDGET"
+EVERY_STEP = "all"
+
+
+def budget_from_environment(
+    given: float | None, text: str | None = None
+) -> tuple[float | None, str | None]:
+    """``BSMON_NOISE_BUDGET`` fixes the budget for diagnostics and tests, over ``attach()``'s
+    ``noise_budget`` (``given``), where ``bsmon run`` gives no way to pass it: ``all``
+    measures every step, a number in (0, 1] is the share of the step time. Returns the budget
+    and, when the variable is set but wrong, why it is ignored."""
+    text = os.environ.get(BUDGET_VARIABLE) if text is None else text
+    if not text:
+        return given, None
+    if text.strip().lower() == EVERY_STEP:
+        return None, None
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        kept = "every step" if given is None else f"{given:g}"
+        why = f"{BUDGET_VARIABLE}={text!r} is not {EVERY_STEP!r} or a share in (0, 1]"
+        return given, f"{why}; using {kept}"
+    return share, None
 
 
 class RecentMedian:

@@ -12,6 +12,7 @@ from torch import nn
 
 from bsmon.probes import attach
 from bsmon.probes.noise import pernorms
+from bsmon.probes.noise.budget import BUDGET_VARIABLE
 from bsmon.probes.noise.controller import TRACKING
 from bsmon.probes.noise.warmup import LIMIT
 from bsmon.probes.wire import protocol
@@ -309,6 +310,23 @@ def test_unknown_modes_and_options_are_refused():
         attach(model, optimizer, serve=False, noise_budget=0)
     with pytest.raises(TypeError, match="grad_scaler"):
         attach(model, optimizer, serve=False, grad_scaler=object())
+
+
+@pytest.mark.parametrize(
+    ("value", "budget", "warned"),
+    [("all", None, False), ("0.05", 0.05, False), ("2", 0.01, True), ("most", 0.01, True)],
+)
+def test_the_budget_variable_sets_the_budget_or_says_why_not(value, budget, warned, monkeypatch):
+    """BSMON_NOISE_BUDGET, for a job whose attach() nobody can change (bsmon run, tests)."""
+    monkeypatch.setenv(BUDGET_VARIABLE, value)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=4, serve=False, noise_budget=0.01) as mon:
+        fit_squares(model, optimizer, 40, (4, 4))
+        assert mon._noise.budget.fraction == budget
+        said = [e.message for e in mon.job.telemetry.events if e.kind == "noise_budget"]
+    why = f"{BUDGET_VARIABLE}={value!r} is not 'all' or a share in (0, 1]; using 0.01"
+    assert said == ([why] if warned else [])
 
 
 def test_a_fault_in_the_hooks_never_reaches_the_job(monkeypatch):
