@@ -21,7 +21,7 @@ from ..runtime import audience, loader_watch, mode_watch
 from ..runtime.context import JobContext
 from ..runtime.evaluation import EvalClock
 from ..runtime.forward_watch import ForwardWatch
-from ..runtime.hot_path import NEVER, HotPath
+from ..runtime.hot_path import FINISHED, NEVER, HotPath
 from ..runtime.samples import CHECK_EVERY, StepSamples, StepTally
 
 
@@ -82,7 +82,9 @@ class Accounting:
         wanted = not self._declared and tally.counts_model_examples(step + 1)
         if wanted is not counter.wanted:
             counter.want(wanted)
-        if self._declared or tally.batches_seen:
+        if self._declared:
+            return FINISHED  # its samples are the declared size's: nothing to count, ever
+        if tally.batches_seen:
             return NEVER
         if wanted and tally.steady is not None:
             return step + 1  # a check: off again after it

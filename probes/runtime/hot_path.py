@@ -54,6 +54,7 @@ from .inbox import Inbox
 from .progress import Progress
 
 NEVER = sys.maxsize  # no boundary scheduled
+FINISHED = NEVER + 1  # a part's boundary work is over for good: the boundary stops asking it
 
 
 def _step_wrapper_code() -> Any:

@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..wire.protocol import Event
-from .hot_path import NEVER
+from .hot_path import FINISHED
 from .inbox import TICK_S, Inbox, take_all
 
 SAMPLE_ABOVE = 160  # calls a tick (0.25 s) above which only each name's latest value is kept
@@ -66,7 +66,7 @@ class LoggedIntake:
         """The scheduled boundary: the next step whose start ``early`` wants timed."""
         if self.timing_start and (following := self.early(step, now)) is not None:
             return following
-        return NEVER
+        return FINISHED
 
     def early(self, step: int, now: float) -> int | None:
         """Training thread, at a step boundary: time the first ``SAMPLE_ABOVE`` steps and keep

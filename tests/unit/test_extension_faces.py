@@ -9,6 +9,8 @@ from torch import nn
 
 from bsmon.probes import attach
 from bsmon.probes.agent import assemble
+from bsmon.probes.agent.boundary import Boundary
+from bsmon.probes.runtime.hot_path import FINISHED, NEVER
 from bsmon.probes.runtime.service import AgentService, Extension
 from bsmon.probes.runtime.steps import StepRun
 
@@ -53,3 +55,37 @@ def test_an_extension_reads_the_steps_then_detaches_then_has_its_last_word(spy):
     assert spy.steps == list(range(spy.steps[0], spy.steps[0] + len(spy.steps)))
     assert spy.steps[-1] == 6
     assert spy.calls == ["detach", "last_word"]
+
+
+class Scheduled(Extension):
+    """Asks for the end of every step until ``last``, then says its work is over."""
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+        self.asked: list[int] = []
+
+    def at_boundary(self, step: int, now: float) -> int:
+        self.asked.append(step)
+        return step + 1 if step < self.last else FINISHED
+
+
+class Hot:
+    """The hot path's flags the boundary sets (runtime.hot_path.HotPath's)."""
+
+    noise_due = sampling = False
+
+    def need_pre_hook(self, needed: bool) -> None:
+        assert not needed
+
+
+def test_a_part_whose_boundary_work_is_over_is_not_asked_again():
+    """The slow path runs on every step the noise scale measures: a part done for good leaves
+    it (FINISHED), the others are asked on, and the soonest step any of them wants is next."""
+    done, busy = Scheduled(last=3), Scheduled(last=10**9)
+    boundary = Boundary([done, busy], Hot())
+    following = [boundary.at_boundary(step, 0.0) for step in range(1, 8)]
+    assert done.asked == [1, 2, 3]
+    assert busy.asked == list(range(1, 8))
+    assert following == list(range(2, 9))
+    alone = Boundary([Scheduled(last=1)], Hot())
+    assert alone.at_boundary(1, 0.0) == NEVER  # none left wants a step: none is scheduled

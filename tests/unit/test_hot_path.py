@@ -47,6 +47,17 @@ def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most, own):
     assert count.bsmon <= own, count  # the post-hook, and the backward wrapper
 
 
+def test_a_measured_step_costs_its_hooks_and_one_pass_of_the_slow_path(hostcost):
+    """noise_budget=None measures every step: each is a step of the scheduled slow path
+    (agent/boundary.py), which asks only the parts that still have work there. The per-example
+    norms' own calls (bsmon +108, of which the hooks' C and torch calls follow) were 223 in
+    all before the slow path was split into parts, 231 after, and 223 again once a part done
+    for good stopped being asked (issue 44)."""
+    count = hostcost.count_calls(hostcost.CONFIGS["noise scale every step"], "tiny", steps=200)
+    assert count.ordinary <= 223, count
+    assert count.bsmon <= 108, count
+
+
 def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
     """--resizable on a DataLoader loop: batch control over the script's loader adds no
     call to any step (it acts only at a change, and once per epoch)."""
