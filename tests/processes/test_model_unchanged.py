@@ -113,3 +113,36 @@ def test_a_compiled_model_passed_to_attach_is_watched_through_its_wrapper_only(b
         assert b"bsmon" not in pickle.dumps(wrapper._orig_mod)
         assert "compiled" in mon._noise.why or "compile" in mon._noise.why
     assert not wrapper._forward_hooks
+
+
+def test_close_after_every_part_has_hooked_in_leaves_nothing_behind(bsmon_dir, monkeypatch):
+    """The order close() detaches the parts in (the noise scale's sources let go of the
+    forward watch before it closes; the accounting stops listening to loaders and modes):
+    after a run where each has hooked in — every step measured and timed, a DataLoader,
+    an evaluation pass — no hook, subscriber or thread of bsmon's is left."""
+    from bsmon.probes.anatomy.sampling import STRIDE_VARIABLE
+    from bsmon.probes.runtime import loader_watch, mode_watch
+
+    monkeypatch.setenv(STRIDE_VARIABLE, "1")
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = global_hooks()
+    data = torch.utils.data.DataLoader(torch.randint(0, 13, (32, 6)), batch_size=4)
+    with attach(model, optimizer, noise_budget=None) as mon:
+        for idx in data:
+            out = model(idx)
+            nn.functional.cross_entropy(out.reshape(-1, 13), idx.reshape(-1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            model(torch.randint(0, 13, (4, 6)))
+        model.train()
+        assert mon.flush() and mon.stats()["errors"] == 0
+        assert loader_watch._watch._subscribers and mode_watch._watch._subscribers
+    assert global_hooks() == before and not module_hooks(model)
+    assert not any(p._backward_hooks or p._post_accumulate_grad_hooks for p in model.parameters())
+    assert not any(m._backward_pre_hooks for m in model.modules())
+    assert not loader_watch._watch._subscribers and not mode_watch._watch._subscribers
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
