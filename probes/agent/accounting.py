@@ -6,6 +6,7 @@ forward passes go to ``EvalClock.on_root_pass``) and ``mon.dataloader``'s batche
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -25,48 +26,40 @@ from ..runtime.hot_path import FINISHED, NEVER, HotPath
 from ..runtime.samples import CHECK_EVERY, StepSamples, StepTally
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class Accounting:
     """The samples and evaluation time the job's signals say (training thread)."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module | None,
-        *,
-        samples: StepSamples,
-        evals: EvalClock,
-        watch: ForwardWatch,
-        phases: PhaseMarks | None,
-        hot: HotPath,
-        probe_source: ProbeSource,
-        ctx: JobContext,
-        tally: StepTally,
-        examples: ExampleCounter,
-        declared: bool,
-    ) -> None:
-        self._model = model
-        self._samples = samples
-        self._evals = evals
-        self._watch = watch
-        self._phases = phases
-        self._hot = hot
-        self._probe_source = probe_source
-        self._guard = ctx.guard
-        self._tally = tally
-        self._examples = examples
-        self._declared = declared  # a batch size declared: its samples are the step's
-        self._warn = ctx.warn_once
-        self._has_batchnorm = model is not None and any(
-            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    model: torch.nn.Module | None
+    samples: StepSamples
+    evals: EvalClock
+    watch: ForwardWatch
+    phases: PhaseMarks | None
+    hot: HotPath
+    probe_source: ProbeSource
+    ctx: JobContext
+    tally: StepTally
+    examples: ExampleCounter
+    declared: bool  # a batch size declared: its samples are the step's
+    # (iterator id, facts) of the training loader's iterator
+    loader_facts: tuple[int, LoaderFacts] | None = dataclasses.field(default=None, init=False)
+    # called once per training DataLoader iterator (an epoch), on the training thread
+    on_new_training_iterator: Callable[[Any], None] | None = dataclasses.field(
+        default=None, init=False
+    )
+    training_epochs: int = dataclasses.field(default=0, init=False)  # its iterators begun
+
+    def __post_init__(self) -> None:
+        self._guard = self.ctx.guard
+        self._warn = self.ctx.warn_once
+        self._has_batchnorm = self.model is not None and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in self.model.modules()
         )
-        self.loader_facts: tuple[int, LoaderFacts] | None = None  # (iterator id, facts)
         self._loader_sizes: tuple[Callable[[], Any], bool, int | None] = (lambda: None, False, None)
-        # called once per training DataLoader iterator (an epoch), on the training thread
-        self.on_new_training_iterator: Callable[[Any], None] | None = None
-        self.training_epochs = 0  # training DataLoader iterators begun
 
     def subscribe(self) -> None:
         """Listen to the model's modes and to every DataLoader."""
-        if self._model is not None:
+        if self.model is not None:
             mode_watch.subscribe(self._on_mode_switch)
         if (why := loader_watch.subscribe(self._on_loader)) is not None:
             self._warn("loaders_unseen", f"{why}; evaluation time counts as step time")
@@ -78,11 +71,11 @@ class Accounting:
     def at_boundary(self, step: int, _now: float) -> int:
         """Count the model's examples on step + 1 if nothing else says its samples (no
         DataLoader, no declared size), and the step the count next changes at."""
-        tally, counter = self._tally, self._examples
-        wanted = not self._declared and tally.counts_model_examples(step + 1)
+        tally, counter = self.tally, self.examples
+        wanted = not self.declared and tally.counts_model_examples(step + 1)
         if wanted is not counter.wanted:
             counter.want(wanted)
-        if self._declared:
+        if self.declared:
             return FINISHED  # its samples are the declared size's: nothing to count, ever
         if tally.batches_seen:
             return NEVER
@@ -105,13 +98,13 @@ class Accounting:
         """Any DataLoader's batch (loader_watch): training or evaluation activity; a
         training batch's samples count toward the step."""
         try:
-            model = self._model
+            model = self.model
             if not torch.is_grad_enabled() or (model is not None and not model.training):
-                self._evals.evaluate(finished)
+                self.evals.evaluate(finished)
                 return
-            self._evals.train(finished)
-            if self._phases is not None and self._hot.sampling and batch is not None:
-                self._phases.batch(started, finished)
+            self.evals.train(finished)
+            if self.phases is not None and self.hot.sampling and batch is not None:
+                self.phases.batch(started, finished)
                 if self.loader_facts is None or self.loader_facts[0] != id(iterator):
                     self.loader_facts = (id(iterator), loader_facts(iterator))
             n = batch_length(batch) if batch is not None else None
@@ -124,7 +117,7 @@ class Accounting:
                 if self.on_new_training_iterator is not None:
                     self.on_new_training_iterator(iterator)
             if known[1]:
-                self._samples.draw(n, known[2])
+                self.samples.draw(n, known[2])
         except Exception as exc:
             self._guard.report("DataLoader batch accounting", exc)
 
@@ -141,15 +134,15 @@ class Accounting:
 
     def _on_mode_switch(self, module: Any, _result: Any, started: float, finished: float) -> None:
         """``model.eval()`` starts an evaluation, ``model.train()`` ends it (mode_watch)."""
-        if module is not self._model:
+        if module is not self.model:
             return  # one of its submodules, or another model
         try:
             if module.training:
-                if self._evals.open:
-                    self._evals.evaluate(started)
-                self._evals.train(finished)
+                if self.evals.open:
+                    self.evals.evaluate(started)
+                self.evals.train(finished)
             else:
-                self._evals.evaluate(finished)
+                self.evals.evaluate(finished)
         except Exception as exc:
             self._guard.report("model.train()/eval() accounting", exc)
 
@@ -158,7 +151,7 @@ class Accounting:
         first step: the model's inputs are counted from the second on)."""
         if step <= 1:
             return None
-        watch = self._watch
+        watch = self.watch
         seen = watch.blocked() or watch.uncounted or "the model's own forward was not called"
         fix = audience.say(
             attach="attach(..., batch_size=N) declares them",
@@ -173,9 +166,9 @@ class Accounting:
         try:
             n = batch_length(batch)
             size = n if n is not None else len(indices)
-            self._samples.count(size, one_pass=True)
-            self._hot.batches_since_step.append((loader, indices))
-            self._probe_source.offer(batch, size)
+            self.samples.count(size, one_pass=True)
+            self.hot.batches_since_step.append((loader, indices))
+            self.probe_source.offer(batch, size)
             if self._has_batchnorm and size < loader.dynamic_sampler.current_size():
                 self._warn_uneven_batch(size)
         except Exception as exc:

@@ -26,22 +26,43 @@ def _check_positive_int(name: str, value: object, allow_none: bool = True) -> No
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_options(
-    model: object,
-    optimizer: object,
-    *,
-    batch_size: object,
-    batch_dim: object,
-    name: object,
-    noise_scale: object,
-    noise_window: object,
-    sample_interval_s: float,
-    micro_batch_size: object,
-    lr_scaling: object,
-    autopilot: object = False,
-    autopilot_half_batch: object = None,
-) -> None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+    """``attach()``'s keyword options (DESIGN.md and docs/api.md say what each does)."""
+
+    batch_size: int | None = None
+    name: str | None = None
+    loss_fn: Any = None
+    noise_scale: str | None = "auto"
+    noise_window: int = 1000
+    noise_preconditioned: bool = False
+    noise_budget: float | None = NOISE_BUDGET
+    grad_scaler: Any = None
+    socket_dir: str | os.PathLike[str] | None = None
+    record: bool | str | os.PathLike[str] = True
+    sample_interval_s: float = 1.0
+    serve: bool = True
+    max_batch_size: int | None = None
+    min_batch_size: int = 1
+    batch_step: StepRule = "double"
+    micro_batch_size: int | None = None
+    lr_scaling: str | None = DEFAULT_LR_SCALING
+    lr_scheduler: Any = None
+    probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+    ranks_view: bool = True
+    batch_dim: int | None = None
+    step_anatomy: bool = True
+    autopilot: bool = False
+    autopilot_half_batch: float | None = None
+
+
+def check_options(model: object, optimizer: object, options: Options) -> None:
     """Wrong arguments to attach() are the user's to fix: a clear error, at once."""
+    o = options
+    batch_size, batch_dim, name = o.batch_size, o.batch_dim, o.name
+    noise_scale, micro_batch_size, lr_scaling = o.noise_scale, o.micro_batch_size, o.lr_scaling
+    autopilot, autopilot_half_batch = o.autopilot, o.autopilot_half_batch
+    sample_interval_s, noise_window = o.sample_interval_s, o.noise_window
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("noise_window", noise_window, allow_none=False)
     _check_positive_int("micro_batch_size", micro_batch_size)
@@ -90,36 +111,6 @@ def check_options(
         )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Options:
-    """``attach()``'s keyword options (DESIGN.md and docs/api.md say what each does)."""
-
-    batch_size: int | None = None
-    name: str | None = None
-    loss_fn: Any = None
-    noise_scale: str | None = "auto"
-    noise_window: int = 1000
-    noise_preconditioned: bool = False
-    noise_budget: float | None = NOISE_BUDGET
-    grad_scaler: Any = None
-    socket_dir: str | os.PathLike[str] | None = None
-    record: bool | str | os.PathLike[str] = True
-    sample_interval_s: float = 1.0
-    serve: bool = True
-    max_batch_size: int | None = None
-    min_batch_size: int = 1
-    batch_step: StepRule = "double"
-    micro_batch_size: int | None = None
-    lr_scaling: str | None = DEFAULT_LR_SCALING
-    lr_scheduler: Any = None
-    probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
-    ranks_view: bool = True
-    batch_dim: int | None = None
-    step_anatomy: bool = True
-    autopilot: bool = False
-    autopilot_half_batch: float | None = None
-
-
 def checked_options(model: object, optimizer: object, given: dict[str, Any]) -> Options:
     """``given`` as ``Options``, checked: an unknown name is a TypeError, a wrong value a
     ValueError (or a TypeError for the model and optimizer), before anything is built."""
@@ -128,18 +119,5 @@ def checked_options(model: object, optimizer: object, given: dict[str, Any]) -> 
         if name not in known:
             raise TypeError(f"attach() got an unexpected keyword argument {name!r}")
     options = Options(**given)
-    check_options(
-        model,
-        optimizer,
-        batch_size=options.batch_size,
-        batch_dim=options.batch_dim,
-        name=options.name,
-        noise_scale=options.noise_scale,
-        noise_window=options.noise_window,
-        sample_interval_s=options.sample_interval_s,
-        micro_batch_size=options.micro_batch_size,
-        lr_scaling=options.lr_scaling,
-        autopilot=options.autopilot,
-        autopilot_half_batch=options.autopilot_half_batch,
-    )
+    check_options(model, optimizer, options)
     return options
