@@ -61,18 +61,18 @@ def child(config: str, steps: int, warmup: int, tick_steps: int = 0) -> None:
     import torch
 
     sys.path.insert(0, str(HERE))
-    import hostcost
+    from hostcost_kit.setups import CONFIGS, make_loop
 
     from bsmon.probes.runtime import logged, service
 
     # the tick's period, and the one over which the logging rate is judged
     service.TICK_S = logged.TICK_S = AGENT_IDLE_S if tick_steps else TICK_S
     torch.set_num_threads(1)
-    name = next(n for n in hostcost.CONFIGS if n.startswith(config))
-    loop = hostcost.make_loop("tiny")
+    name = next(n for n in CONFIGS if n.startswith(config))
+    loop = make_loop("tiny")
     instrument = ["callgrind_control", "-i", "on", str(os.getpid())]
     subprocess.run(instrument, check=False, capture_output=True)
-    with hostcost.CONFIGS[name](loop) as monitor:
+    with CONFIGS[name](loop) as monitor:
         for _ in range(warmup):
             loop.step()
         if not tick_steps:

@@ -5,5 +5,7 @@
 - ``report``: the results as Markdown and JSON (pure; tested without a GPU);
 - ``environment``: is there a GPU to check, and what is it;
 - one module per check (``*_check``), the processes they start (``jobs``), their models
-  (``models``), process handling (``procs``) and the GPU seen from outside (``outside``).
+  (``models``), process handling (``procs``) and the GPU seen from outside (``outside``);
+- the probe check's verdict on its searches (``probe_verdict``), and the searches themselves
+  (``boundary``).
 """

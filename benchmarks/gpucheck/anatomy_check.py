@@ -54,7 +54,7 @@ def measure(
     synchronized steps' clock and by the anatomy of those; and per step, the kernels' device
     seconds by phase (the profiler)."""
     import torch
-    from overhead import MODELS
+    from overhead_kit.models import MODELS
 
     from bsmon.probes import attach
     from bsmon.probes.anatomy.sampling import STRIDE_VARIABLE

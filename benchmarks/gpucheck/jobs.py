@@ -36,7 +36,7 @@ def _sync(device: torch.device) -> None:
 
 
 def busy(args: argparse.Namespace) -> int:
-    from overhead import make_step
+    from overhead_kit.models import make_step
 
     from bsmon.probes import attach
 

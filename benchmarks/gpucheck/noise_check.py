@@ -20,7 +20,9 @@ ARGS = argparse.Namespace(rounds=30, block=25, warmup=30)
 
 def run(deadline: Deadline) -> Finding:
     import torch
-    from overhead import FLOOR, MODELS, bench_noise, summary
+    from overhead_kit.blocks import summary
+    from overhead_kit.models import MODELS
+    from overhead_kit.noise import FLOOR, bench_noise
 
     rows, criteria, figures = [], [], {}
     for name, batch in GPU_BATCHES.items():

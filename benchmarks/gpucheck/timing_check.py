@@ -68,7 +68,7 @@ def run(deadline: Deadline) -> Finding:
 
 def calibrate() -> tuple[float, tuple]:
     """The CNN at the smallest batch (from 256, doubling) whose step takes ≥ 4 ms."""
-    from overhead import make_step
+    from overhead_kit.models import make_step
 
     batch = 256
     while True:
@@ -125,7 +125,8 @@ def events_vs_sync(made: tuple) -> tuple[list[float], list[float], list[float]]:
 
 def overhead(made: tuple, step_s: float) -> Any:
     import torch
-    from overhead import agent_blocks, interleave, start_reader, time_block
+    from overhead_kit.agent import agent_blocks, start_reader
+    from overhead_kit.blocks import interleave, time_block
 
     model, optimizer, step, examples, _ = made
     steps = max(50, round(BLOCK_S / step_s))
@@ -209,7 +210,7 @@ def judge(
     times: Any,
     debug: dict[str, Any],
 ) -> Finding:
-    from overhead import summary
+    from overhead_kit.blocks import summary
 
     event_s, synced_s = statistics.median(events), statistics.median(synced)
     reported_s = statistics.median(reported) if reported else None

@@ -12,14 +12,17 @@ import pytest
 from ..gpu_check_kit import BENCHMARKS  # noqa: F401  (puts benchmarks/ on the import path)
 
 bench = importlib.import_module("autopilot")  # benchmarks/autopilot.py (no torch imported)
-ArmResult, Reach, Run, TaskOutcome = bench.ArmResult, bench.Reach, bench.Run, bench.TaskOutcome
+outcomes = importlib.import_module("autopilot_kit.outcomes")
+verdicts = importlib.import_module("autopilot_kit.verdicts")
+ArmResult, Reach, Run = outcomes.ArmResult, outcomes.Reach, outcomes.Run
+TaskOutcome = outcomes.TaskOutcome
 fit_step_time, goals, quantile, table = (
-    bench.fit_step_time,
-    bench.goals,
-    bench.quantile,
-    bench.table,
+    outcomes.fit_step_time,
+    verdicts.goals,
+    outcomes.quantile,
+    verdicts.table,
 )
-simulated_time, time_to_target = bench.simulated_time, bench.time_to_target
+simulated_time, time_to_target = outcomes.simulated_time, outcomes.time_to_target
 
 EVALS = [  # (examples, steps, wall s, loss)
     (0, 0, 0.0, 2.3),
@@ -172,7 +175,7 @@ def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gra
     import torch
     from torch import nn
 
-    tasks = importlib.import_module("autopilot_tasks")
+    lag = importlib.import_module("autopilot_kit.lag")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
     inputs, labels = torch.randn(300, 5), torch.randint(0, 3, (300,))
@@ -184,7 +187,7 @@ def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gra
     flat = torch.stack(grads)
     trace = float(flat.var(0, unbiased=True).sum())
     g2 = float(flat.mean(0).pow(2).sum()) - trace / len(flat)
-    exact_trace, exact_g2 = tasks.exact_parts(model, inputs, labels)
+    exact_trace, exact_g2 = lag.exact_parts(model, inputs, labels)
     assert (exact_trace, exact_g2) == pytest.approx((trace, g2), rel=1e-6)
     assert exact_trace / exact_g2 == pytest.approx(trace / g2, rel=1e-6)
 
@@ -198,7 +201,7 @@ def test_the_cost_is_the_median_of_each_rounds_paired_change_with_its_quartiles(
 def test_the_look_clock_times_the_autopilots_looks_and_puts_the_method_back():
     from bsmon.probes.batch.autopilot import Autopilot
 
-    tasks = importlib.import_module("autopilot_tasks")
+    costs = importlib.import_module("autopilot_kit.costs")
     original = Autopilot.on_metrics
     calls = []
 
@@ -211,7 +214,7 @@ def test_the_look_clock_times_the_autopilots_looks_and_puts_the_method_back():
 
     try:
         Autopilot.on_metrics = Busy.on_metrics  # what the clock wraps
-        with tasks.LookClock() as clock:
+        with costs.LookClock() as clock:
             Autopilot.on_metrics(Busy(), "metrics")
         assert calls == ["metrics"]
         assert clock.seconds >= 0.02
@@ -223,26 +226,26 @@ def test_the_look_clock_times_the_autopilots_looks_and_puts_the_method_back():
 def test_the_fastest_ramp_holds_the_start_then_doubles_at_the_autopilots_own_pace():
     from bsmon.probes.batch.autopilot import SETTLE_STEPS, WARMUP_STEPS
 
-    tasks = importlib.import_module("autopilot_tasks")
-    sizes = [tasks.ramp_size(step, 16, 256) for step in range(WARMUP_STEPS + 6 * SETTLE_STEPS)]
+    training = importlib.import_module("autopilot_kit.training")
+    sizes = [training.ramp_size(step, 16, 256) for step in range(WARMUP_STEPS + 6 * SETTLE_STEPS)]
     assert sizes[:WARMUP_STEPS] == [16] * WARMUP_STEPS
     doubled = sizes[WARMUP_STEPS::SETTLE_STEPS]
     assert doubled == [32, 64, 128, 256, 256, 256]
     for start in range(WARMUP_STEPS, len(sizes), SETTLE_STEPS):  # one size per decision
         assert len(set(sizes[start : start + SETTLE_STEPS])) == 1
-    assert tasks.ramp_size(10**6, 16, 1024) == 1024
+    assert training.ramp_size(10**6, 16, 1024) == 1024
 
 
 def test_the_ramp_sampler_deals_every_example_once_an_epoch_and_keeps_counting_steps():
     import torch
 
-    tasks = importlib.import_module("autopilot_tasks")
-    sampler = tasks.RampSampler(3000, 4, 64, torch.Generator().manual_seed(0))
+    training = importlib.import_module("autopilot_kit.training")
+    sampler = training.RampSampler(3000, 4, 64, torch.Generator().manual_seed(0))
     for _epoch in range(2):
         first_step = sampler.steps
         batches = list(sampler)
         assert sorted(i for batch in batches for i in batch) == list(range(3000))
-        expected = [tasks.ramp_size(first_step + k, 4, 64) for k in range(len(batches))]
+        expected = [training.ramp_size(first_step + k, 4, 64) for k in range(len(batches))]
         assert [len(b) for b in batches[:-1]] == expected[:-1]
         assert 0 < len(batches[-1]) <= expected[-1]  # an epoch's last batch may be short
     assert sampler.steps > 50 + 4 * 25  # the second epoch went on from where the first ended
@@ -260,17 +263,18 @@ def test_a_ramp_is_a_bound_never_the_best_fixed_batch():
 
 
 def test_the_lag_window_spreads_eight_steps_over_the_last_quarter_of_the_run():
-    tasks = importlib.import_module("autopilot_tasks")
-    assert tasks.window_steps(800) == [625, 650, 675, 700, 725, 750, 775, 800]
-    steps = tasks.window_steps(3200)
-    assert len(steps) == tasks.WINDOW_POINTS and steps[0] == 2500 and steps[-1] == 3200
-    assert tasks.window_steps(4) == [3, 4]  # a run this young has fewer distinct steps
+    lag = importlib.import_module("autopilot_kit.lag")
+    assert lag.window_steps(800) == [625, 650, 675, 700, 725, 750, 775, 800]
+    steps = lag.window_steps(3200)
+    assert len(steps) == lag.WINDOW_POINTS and steps[0] == 2500 and steps[-1] == 3200
+    assert lag.window_steps(4) == [3, 4]  # a run this young has fewer distinct steps
 
 
 def test_a_noise_budget_what_if_reaches_the_autopilots_attach_and_says_so(monkeypatch):
     import bsmon.probes
 
-    tasks = importlib.import_module("autopilot_tasks")
+    tasks = importlib.import_module("autopilot_kit.tasks")
+    training = importlib.import_module("autopilot_kit.training")
     options: list[dict] = []
 
     class Attached(Exception):
@@ -282,12 +286,12 @@ def test_a_noise_budget_what_if_reaches_the_autopilots_attach_and_says_so(monkey
 
     monkeypatch.setattr(bsmon.probes, "attach", attach)
     task = tasks.TASKS["synthetic"]
-    what_if = tasks.Arm(16, 0.01, autopilot=True, half=64, noise_budget=0.1)
+    what_if = training.Arm(16, 0.01, autopilot=True, half=64, noise_budget=0.1)
     assert what_if.label == "auto, B½=64 declared, noise 0.1"
-    assert tasks.Arm(16, 0.01, autopilot=True, half=64).label == "auto, B½=64 declared"
-    for arm in (what_if, tasks.Arm(16, 0.01, autopilot=True)):
+    assert training.Arm(16, 0.01, autopilot=True, half=64).label == "auto, B½=64 declared"
+    for arm in (what_if, training.Arm(16, 0.01, autopilot=True)):
         with pytest.raises(Attached):
-            tasks.train(task, arm, 10, target=0.85, budget_examples=1024)
+            training.train(task, arm, 10, target=0.85, budget_examples=1024)
     assert options[0]["noise_budget"] == 0.1
     assert "noise_budget" not in options[1]  # bsmon's own default
 

@@ -11,7 +11,7 @@ from ..gpu_check_kit import BENCHMARKS  # noqa: F401  (puts benchmarks/ on the i
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_the_floor_computes_the_per_example_norms(name):
-    from overhead import make_step
+    from overhead_kit.models import make_step
     from pernorm_floor import FloorHooks
 
     model, optimizer, *_ = make_step(name, batch=6)

@@ -25,6 +25,7 @@ from gpucheck import (
     dashboard_check,
     nvml_check,
     probe_check,
+    probe_verdict,
     pytest_check,
     timing_check,
 )
@@ -108,10 +109,10 @@ def truth_of(boundary: int, tried: list[int] | None = None):
     return fits
 
 
-def searched(label: str, bounds: Boundary, truth: int, runs: int) -> probe_check.Search:
+def searched(label: str, bounds: Boundary, truth: int, runs: int) -> probe_verdict.Search:
     """A search run against a known boundary, its trials recorded as the GPU's would be
     (the peak grows by 21 MiB a sample over 1 GiB)."""
-    search = probe_check.Search(label, bounds)
+    search = probe_verdict.Search(label, bounds)
 
     def fits(size: int) -> bool:
         ok = size <= truth
@@ -138,10 +139,10 @@ def probe_result(recommended: int = 486, confirmed: int | None = None) -> ProbeR
     return result
 
 
-def probe_run(boundary: int, bf16_boundary: int, **how) -> probe_check.ModelRun:
+def probe_run(boundary: int, bf16_boundary: int, **how) -> probe_verdict.ModelRun:
     """The ResNet's run, its searches against the given boundaries."""
     result = probe_result(**how)
-    run = probe_check.ModelRun("resnet", result=result)
+    run = probe_verdict.ModelRun("resnet", result=result)
     run.job = {
         "steps_per_s_before": 20.0,
         "steps_per_s_during": 12.0,
@@ -152,7 +153,7 @@ def probe_run(boundary: int, bf16_boundary: int, **how) -> probe_check.ModelRun:
     searched_base = searched("as is", base.bounds, boundary, probe_check.PREDICTION_RUNS)
     for size in probe_check.offered_sizes(result):
         searched_base.bounds.settle(truth_of(boundary), size)
-    bf16 = Boundary(900, probe_check.WHAT_IF_GOAL, probe_check.WHAT_IF_TOLERANCE, 450)
+    bf16 = Boundary(900, probe_verdict.WHAT_IF_GOAL, probe_check.WHAT_IF_TOLERANCE, 450)
     run.searches = {
         "as is": searched_base,
         "bf16 autocast": searched("bf16 autocast", bf16, bf16_boundary, probe_check.WHAT_IF_RUNS),
@@ -165,7 +166,7 @@ def test_probe_predictions_within_their_goals_pass():
     base = run.searches["as is"]
     assert base.bounds.trials[0] == (512, False)  # the prediction before its margin, first
     assert base.bounds.converged and base.bounds.low <= 505 < base.bounds.high
-    finding = probe_check.judge([run], notes=[])
+    finding = probe_verdict.judge([run], notes=[])
     ok = verdicts(finding)
     assert finding.passed, finding.criteria
     assert ok["resnet: predicted largest batch vs the real boundary"] is True
@@ -186,7 +187,7 @@ def test_probe_predictions_within_their_goals_pass():
 
 
 def test_a_prediction_above_the_boundary_or_a_what_if_off_by_more_than_10_percent_fails():
-    finding = probe_check.judge([probe_run(470, 780)], notes=[])
+    finding = probe_verdict.judge([probe_run(470, 780)], notes=[])
     ok = verdicts(finding)
     # 512 is +8.9% over 470, and with the margin 486 does not fit
     assert ok["resnet: predicted largest batch vs the real boundary"] is False
@@ -200,7 +201,7 @@ def test_a_prediction_above_the_boundary_or_a_what_if_off_by_more_than_10_percen
 def test_the_recommendation_alone_above_the_boundary_fails():
     """A prediction within 5% and its margin under the boundary, but the probe recommends
     more than fits (and says it ran it): the one criterion that fails."""
-    finding = probe_check.judge([probe_run(500, 870, recommended=505, confirmed=505)], notes=[])
+    finding = probe_verdict.judge([probe_run(500, 870, recommended=505, confirmed=505)], notes=[])
     assert [c.what for c in finding.criteria if c.ok is False] == [
         "resnet: the recommendation ran out of memory?"
     ]
@@ -224,7 +225,7 @@ def test_an_unfinished_search_fails_with_its_bracket():
     base.bounds.trials = [(512, False)]
     base.trials = base.trials[:1]
     base.error = "7 s left of the 420 s budget; resnet trial at 502 skipped"
-    criterion = probe_check.model_criteria(run)[1]
+    criterion = probe_verdict.model_criteria(run)[1]
     assert criterion.ok is False
     assert criterion.measured == (
         "512; the boundary is between 450 and 512 after 1 runs; undecided (7 s left of the "
@@ -244,8 +245,8 @@ def test_a_bracket_that_decides_the_verdict_is_enough():
     least, most = bounds.error_range(251)
     assert 0.05 < least < most
     assert bounds.fits(238) is False
-    search = probe_check.Search("as is", bounds)
-    criterion = probe_check.prediction_criterion("gpt", search, 0.05, 238)
+    search = probe_verdict.Search("as is", bounds)
+    criterion = probe_verdict.prediction_criterion("gpt", search, 0.05, 238)
     assert criterion.ok is False
     assert f"after 6 runs (error {least:+.1%} to {most:+.1%})" in criterion.measured
     assert criterion.measured.endswith("with the margin 238 ran out of memory")
@@ -293,10 +294,10 @@ def test_a_confirmed_size_is_the_searchs_low_bound():
 def test_a_probe_that_ran_three_sizes_and_a_confirmation_is_within_its_sizes():
     result = probe_result(confirmed=486)
     result.points.append(ProbePoint(batch_size=486, fits=True))
-    criterion = probe_check.sizes_criterion("resnet", result)
+    criterion = probe_verdict.sizes_criterion("resnet", result)
     assert (criterion.measured, criterion.ok) == ("3 + a confirmation at 486", True)
     result.points.insert(0, ProbePoint(batch_size=64, fits=True))
-    assert probe_check.sizes_criterion("resnet", result).ok is False
+    assert probe_verdict.sizes_criterion("resnet", result).ok is False
 
 
 # -- the step anatomy ------------------------------------------------------------------------

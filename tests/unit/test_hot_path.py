@@ -23,10 +23,17 @@ LOG_CALL = 1
 
 
 @pytest.fixture(scope="module")
-def hostcost():
-    import hostcost
+def counting():
+    from hostcost_kit import counting
 
-    return hostcost
+    return counting
+
+
+@pytest.fixture(scope="module")
+def setups():
+    from hostcost_kit import setups
+
+    return setups
 
 
 @pytest.mark.parametrize(
@@ -40,29 +47,29 @@ def hostcost():
         ("bsmon run (zero-code)", 4, 2),
     ],
 )
-def test_an_ordinary_step_costs_a_handful_of_calls(hostcost, config, most, own):
-    count = hostcost.count_calls(hostcost.CONFIGS[config], "tiny", steps=200, warmup=120)
+def test_an_ordinary_step_costs_a_handful_of_calls(counting, setups, config, most, own):
+    count = counting.count_calls(setups.CONFIGS[config], "tiny", steps=200, warmup=120)
     added = count.ordinary - (LOG_CALL if "zero-code" not in config else 0)
     assert added <= most, count
     assert count.bsmon <= own, count  # the post-hook, and the backward wrapper
 
 
-def test_a_measured_step_costs_its_hooks_and_one_pass_of_the_slow_path(hostcost):
+def test_a_measured_step_costs_its_hooks_and_one_pass_of_the_slow_path(counting, setups):
     """noise_budget=None measures every step: each is a step of the scheduled slow path
     (agent/boundary.py), which asks only the parts that still have work there. The per-example
     norms' own calls (bsmon +108, of which the hooks' C and torch calls follow) were 223 in
     all before the slow path was split into parts, 231 after, and 223 again once a part done
     for good stopped being asked (issue 44)."""
-    count = hostcost.count_calls(hostcost.CONFIGS["noise scale every step"], "tiny", steps=200)
+    count = counting.count_calls(setups.CONFIGS["noise scale every step"], "tiny", steps=200)
     assert count.ordinary <= 223, count
     assert count.bsmon <= 108, count
 
 
-def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
+def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(counting, setups):
     """--resizable on a DataLoader loop: batch control over the script's loader adds no
     call to any step (it acts only at a change, and once per epoch)."""
     plain, resizable = (
-        hostcost.count_calls(hostcost.CONFIGS[name], "tiny-loader", steps=200, warmup=120)
+        counting.count_calls(setups.CONFIGS[name], "tiny-loader", steps=200, warmup=120)
         for name in ("bsmon run (zero-code)", "bsmon run --resizable")
     )
     assert resizable.ordinary == plain.ordinary and resizable.bsmon == plain.bsmon, (
@@ -71,37 +78,39 @@ def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(hostcost):
     )
 
 
-def test_a_batchnorm_model_waiting_for_accumulation_costs_its_ordinary_steps_nothing(hostcost):
+def test_a_batchnorm_model_waiting_for_accumulation_costs_its_ordinary_steps_nothing(
+    counting, setups
+):
     """auto does not measure a BatchNorm model per example; it looks at one step in 64 for
     gradient accumulation, and the others cost what any ordinary step costs."""
     # the step anatomy off in both: how many steps it samples in the 320 depends on how many
     # the warm-up ran (it runs two ticks of wall time), and it is not what is compared here
-    on = hostcost.bsmon(**hostcost.DECLARED, record=True, step_anatomy=False)
-    count = hostcost.count_calls(on, "tiny-bn", steps=320, warmup=20)
+    on = setups.bsmon(**setups.DECLARED, record=True, step_anatomy=False)
+    count = counting.count_calls(on, "tiny-bn", steps=320, warmup=20)
     assert count.ordinary - LOG_CALL <= 5, count
-    off = hostcost.bsmon(**hostcost.DECLARED, record=True, step_anatomy=False, noise_scale=None)
-    without = hostcost.count_calls(off, "tiny-bn", steps=320, warmup=20)
+    off = setups.bsmon(**setups.DECLARED, record=True, step_anatomy=False, noise_scale=None)
+    without = counting.count_calls(off, "tiny-bn", steps=320, warmup=20)
     assert count.mean - without.mean < 3, (count, without)  # ~100 calls every 64 steps
 
 
-def test_telemetry_alone_costs_the_same_on_every_step(hostcost):
-    config = hostcost.CONFIGS["telemetry (noise, anatomy, record off)"]
+def test_telemetry_alone_costs_the_same_on_every_step(counting, setups):
+    config = setups.CONFIGS["telemetry (noise, anatomy, record off)"]
     # after the start: the logging mode times steps 1 to 1 + SAMPLE_ABOVE at two boundaries
-    count = hostcost.count_calls(config, "tiny", steps=200, warmup=SAMPLE_ABOVE + 20)
+    count = counting.count_calls(config, "tiny", steps=200, warmup=SAMPLE_ABOVE + 20)
     # nothing is sampled or measured: the only steps that do more are those after a tick has
     # handed its loss back (one a tick, the full path's two calls), a few of the 200
     assert count.ordinary == 3 + LOG_CALL and count.bsmon == 1, count
     assert (count.mean - count.ordinary) * 200 <= 2 * 10, count
 
 
-def test_the_floor_is_what_the_benchmark_says(hostcost):
-    count = hostcost.count_calls(hostcost.CONFIGS["floor: perf_counter + append in a post-hook"])
+def test_the_floor_is_what_the_benchmark_says(counting, setups):
+    count = counting.count_calls(setups.CONFIGS["floor: perf_counter + append in a post-hook"])
     assert count.ordinary == 3 and count.by_category == {"C": 2, "other": 1}
 
 
-def test_sampled_and_measured_steps_stay_a_minority_of_the_cost(hostcost):
-    count = hostcost.count_calls(
-        hostcost.CONFIGS["defaults (noise scale on its budget)"], "tiny", steps=400, warmup=800
+def test_sampled_and_measured_steps_stay_a_minority_of_the_cost(counting, setups):
+    count = counting.count_calls(
+        setups.CONFIGS["defaults (noise scale on its budget)"], "tiny", steps=400, warmup=800
     )
     assert count.mean < 8 * count.ordinary, count  # was 99 calls on every step
 
