@@ -55,6 +55,7 @@ def calls_of_one_step(step: Step) -> Counter[str]:
 class CallCount:
     ordinary: int  # the most common step's added calls
     mean: float  # over all counted steps
+    most: int  # the dearest counted step's added calls
     bsmon: int  # of the ordinary step's, bsmon's own functions
     by_category: dict[str, int]  # the ordinary step's, added per category
 
@@ -115,6 +116,7 @@ def count_calls(
     return CallCount(
         ordinary=ordinary,
         mean=statistics.fmean(totals),
+        most=max(totals),
         bsmon=added.get("bsmon", 0),
         by_category={k: v for k, v in added.items() if v},
     )

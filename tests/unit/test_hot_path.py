@@ -97,10 +97,12 @@ def test_telemetry_alone_costs_the_same_on_every_step(counting, setups):
     config = setups.CONFIGS["telemetry (noise, anatomy, record off)"]
     # after the start: the logging mode times steps 1 to 1 + SAMPLE_ABOVE at two boundaries
     count = counting.count_calls(config, "tiny", steps=200, warmup=SAMPLE_ABOVE + 20)
-    # nothing is sampled or measured: the only steps that do more are those after a tick has
-    # handed its loss back (one a tick, the full path's two calls), a few of the 200
+    # nothing is sampled or measured: the only steps that do more are those that drop the
+    # losses a tick handed back (the full path's two calls). How many of the 200 do depends
+    # on how many ticks their wall time held, which cProfile and the machine's load stretch
+    # (a loaded run: 4.38 calls on average), so it is each step's cost that is pinned
     assert count.ordinary == 3 + LOG_CALL and count.bsmon == 1, count
-    assert (count.mean - count.ordinary) * 200 <= 2 * 10, count
+    assert count.most - count.ordinary <= 2, count
 
 
 def test_the_floor_is_what_the_benchmark_says(counting, setups):
