@@ -13,7 +13,7 @@ Modules, one job each:
 - ``safety``: which sizes ask first (not measured to fit; more than 2× from the last size
   that trained well);
 - ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and
-  whether the loss held (``loss_watch``);
+  whether the loss held, or diverged and perhaps recovered (``loss_watch``);
 - ``memory_model``: the job's peak memory per batch size, fitted by a line;
 - ``autopilot``: the batch size that follows the noise scale, switched on by the user; its
   model (``goodput``: step time fitted per size, efficiency from the noise scale), the gain it

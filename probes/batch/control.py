@@ -413,7 +413,7 @@ class BatchController:
 
     def observe_metrics(self, metrics: Metrics, nonfinite_loss: bool = False) -> list[Event]:
         """Feed one metrics window; returns the events it completes (a throughput verdict,
-        a divergence of the loss after a change)."""
+        a divergence of the loss after a change, its recovery)."""
         return self.watch.observe(metrics, nonfinite_loss)
 
     def observe_sample(self, sample: DeviceSample, step: int) -> None:

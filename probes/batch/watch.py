@@ -1,6 +1,7 @@
 """After each batch-size change (agent thread): what it bought in throughput, once resolved
-from the noise (``verdict``), and whether the loss held or diverged (``loss_watch``). A size
-whose change held becomes the last size that trained well, the base of the 2× rule."""
+from the noise (``verdict``), and whether the loss held or diverged, and then recovered
+(``loss_watch``). A size whose change held becomes the last size that trained well, the base
+of the 2× rule; one whose loss diverged does not, even once it recovered."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class ChangeWatch:
         loss = None if self.loss_mixed else metrics.scalars.get(LOSS)
         outcome = self._loss.observe(steps, loss, nonfinite_loss)
         if outcome is not None and latest is not None:
-            events.extend(self._loss_outcome(latest, outcome))
+            events.extend(self._loss_outcome(latest, outcome, metrics.step))
         judged = self._judge(latest, metrics.t) if latest and latest.verdict is None else None
         if judged is not None:
             events.append(judged)
@@ -113,8 +114,12 @@ class ChangeWatch:
             },
         )
 
-    def _loss_outcome(self, change: BatchChange, outcome: loss_watch.Outcome) -> list[Event]:
+    def _loss_outcome(
+        self, change: BatchChange, outcome: loss_watch.Outcome, step: int
+    ) -> list[Event]:
         change.loss = outcome.status
+        if outcome.status == loss_watch.RECOVERED:
+            return [self._recovered(change, outcome, step)]
         if outcome.status != loss_watch.DIVERGED:
             self.trained_well = change.new
             return []
@@ -144,3 +149,24 @@ class ChangeWatch:
                 },
             )
         ]
+
+    def _recovered(self, change: BatchChange, outcome: loss_watch.Outcome, step: int) -> Event:
+        """The loss came back after its divergence (the window ending at ``step``): said once,
+        so that the warning about the change no longer stands."""
+        after = outcome.after
+        return Event(
+            t=time.time(),
+            step=step,
+            kind="loss_recovered",
+            message=(
+                f"loss recovered to {after:.3g} at step {step:,} (it rose after batch "
+                f"{change.old} → {change.new} at step {change.step:,})"
+            ),
+            data={
+                "change_step": change.step,
+                "old": change.old,
+                "new": change.new,
+                "step": step,
+                "after": after,
+            },
+        )

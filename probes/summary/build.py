@@ -173,6 +173,7 @@ class SummaryBuilder:
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
         self.autopilot: Autopilot | None = None
         self.event_notes: list[Note] = []
+        self.divergences: dict[int, int] = {}  # a loss_diverged note's change step: its index
         self.probes: list[dict[str, Any]] = []
         self.probes_left_out = 0
         self.gpu_reason: str | None = None
@@ -304,11 +305,23 @@ class SummaryBuilder:
             self._autopilot_event(event)
         elif event.kind == "loss_units":
             self.scalar_notes.update(event.data)
+        elif event.kind == "loss_recovered":
+            self._loss_recovered(event)
         self.events["total"] += 1
         self.events[event.level] = self.events.get(event.level, 0) + 1
         if event.level in ("warning", "error") and len(self.event_notes) < MAX_LISTED:
+            if event.kind == "loss_diverged" and isinstance(event.data.get("change_step"), int):
+                self.divergences[event.data["change_step"]] = len(self.event_notes)
             note = Note(event.kind, event.message, event.step, _round(event.t - self.start))
             self.event_notes.append(note)
+
+    def _loss_recovered(self, event: Event) -> None:
+        """The loss came back after a change it had diverged after: the divergence's warning
+        gives way to the recovery, which says both (and advises no checkpoint)."""
+        at = self.divergences.pop(event.data.get("change_step"), None)
+        if at is not None:
+            t_s = _round(event.t - self.start)
+            self.event_notes[at] = Note(event.kind, event.message, event.step, t_s)
 
     def _autopilot_event(self, event: Event) -> None:
         autopilot = self.autopilot = self.autopilot or Autopilot(decisions=[], said=[])

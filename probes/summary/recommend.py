@@ -149,7 +149,8 @@ def _best_size(summary: Summary, notes: list[Note]) -> None:
 
 
 def _diverged(summary: Summary, notes: list[Note]) -> None:
-    """A loss that diverged after a batch-size change (the job's warning names the change)."""
+    """A loss that diverged after a batch-size change and stayed up (the job's warning names
+    the change; one that recovered has given way to its ``loss_recovered`` note: no advice)."""
     for warning in summary.warnings:
         if warning.kind == "loss_diverged":
             notes.append(

@@ -168,7 +168,9 @@ class BatchChange(msgspec.Struct, omit_defaults=True):
     verdict: ThroughputVerdict | None = None
     samples_per_s_se_before: float | None = None
     samples_per_s_se_after: float | None = None
-    loss: str | None = None  # the loss after the change: "held", "diverged", None: watching
+    # the loss after the change: "held", "diverged" (then "recovered" once back under its
+    # threshold), "not logged" (docs/batch-control.md); None: watching
+    loss: str | None = None
 
 
 class MemoryPoint(msgspec.Struct):

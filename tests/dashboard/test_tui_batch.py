@@ -83,7 +83,7 @@ async def test_a_jump_past_twice_the_size_that_trained_well_asks_with_the_jobs_r
         assert mon.batch_size == 32
 
 
-async def test_the_panel_says_each_changes_verdict_and_a_diverged_loss():
+async def test_the_panel_says_each_changes_verdict_and_a_diverged_or_recovered_loss():
     script = messages()
     changes = [
         protocol.BatchChange(
@@ -105,6 +105,16 @@ async def test_the_panel_says_each_changes_verdict_and_a_diverged_loss():
             verdict="no measurable difference",
             loss="diverged",
         ),
+        protocol.BatchChange(
+            step=8968,
+            t=NOW,
+            old=128,
+            new=262,
+            reason="the probe's recommendation",
+            source="monitor",
+            verdict="left before a verdict",
+            loss="recovered",
+        ),
     ]
     for message in script:
         if isinstance(message, protocol.Metrics):
@@ -116,6 +126,8 @@ async def test_the_panel_says_each_changes_verdict_and_a_diverged_loss():
         panel = text_of(app, "#batch")
     assert "64→32  left before a verdict" in panel
     assert "32→1  loss diverged · no measurable difference" in panel
+    assert "128→262  recovered · left before a verdict" in panel  # no stale alarm
+    assert panel.count("loss diverged") == 1
 
 
 def confirming_reply(command: protocol.Command) -> protocol.Reply:

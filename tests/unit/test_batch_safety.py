@@ -153,6 +153,42 @@ def test_one_spike_is_not_a_divergence_and_a_nan_is():
     assert watch.observe(10, None, nonfinite=True).status == loss_watch.DIVERGED
 
 
+def test_a_divergence_that_comes_back_under_the_threshold_recovered_and_one_that_stays_did_not():
+    """The demo's spike (newcomer review 2, finding 3): the loss at 0.74 before batch 128 →
+    262, about 1.3 after it, then back near 0.7 at the same size. The divergence is said
+    once either way; only the loss that came back (3 windows under the threshold) recovered,
+    once, and the watch ends there."""
+    rng = random.Random(8)
+    said = {}
+    for later in (0.7, 1.3):
+        watch = LossWatch()
+        feed(watch, [2.3, 1.5, 1.0] + [0.74 + rng.gauss(0, 0.01) for _ in range(20)])
+        watch.start(change_step=8968)
+        rise = feed(watch, [1.3 + rng.gauss(0, 0.05) for _ in range(5)])
+        assert not watch.watching  # judged: the NaN scan for a divergence is over
+        after = feed(watch, [later + rng.gauss(0, 0.01) for _ in range(40)])
+        said[later] = [o.status for o in rise + after]
+        if after:
+            assert after[0].before == pytest.approx(0.74, abs=0.02)
+            assert after[0].after == pytest.approx(0.7, abs=0.05)
+    assert said == {
+        0.7: [loss_watch.DIVERGED, loss_watch.RECOVERED],
+        1.3: [loss_watch.DIVERGED],
+    }
+
+
+def test_a_nan_recovers_only_once_finite_windows_come_back_under_the_threshold():
+    """The job says a NaN once, so the caller's flag stays up: the window means decide. A
+    window with no finite value, or an infinite mean, starts the stretch again."""
+    watch = LossWatch()
+    feed(watch, [1.0, 1.01, 0.99, 1.0, 1.02])
+    watch.start(change_step=50)
+    assert watch.observe(10, None, nonfinite=True).status == loss_watch.DIVERGED
+    stays = [None] * 10 + [5.0, 5.0, 5.0, 1.0, math.inf, 1.0, 1.0]
+    assert [watch.observe(10, v, nonfinite=True) for v in stays] == [None] * len(stays)
+    assert watch.observe(10, 1.0, nonfinite=True).status == loss_watch.RECOVERED
+
+
 def test_without_a_logged_loss_the_change_is_unwatched_after_its_steps():
     watch = LossWatch()
     watch.start(change_step=0)

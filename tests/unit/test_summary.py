@@ -6,6 +6,7 @@ import json
 import math
 import random
 import statistics
+import time
 
 import msgspec
 import pytest
@@ -403,6 +404,106 @@ def test_a_loss_that_diverged_after_a_change_is_a_warning_and_a_recommendation(t
     markdown = (tmp_path / "summary.md").read_text()
     assert "n/a in" not in markdown
     assert markdown.count("(step 30, 3.0 s in)") == 2  # the warning and the recommendation
+
+
+def test_a_divergence_that_recovered_is_one_note_with_its_time_and_no_checkpoint_advice(tmp_path):
+    rose = "loss rose 0.74 → 1.3, well above its level before the change after batch 128 → 262"
+    recovered = "loss recovered to 0.85 at step 9,050 (it rose after batch 128 → 262 at step 8,968)"
+    change = {"change_step": 8968, "old": 128, "new": 262}
+    items = [
+        header_for(session(), 128, START),
+        timed_span(0, 10, samples=128),
+        Event(
+            t=START + 3,
+            step=9000,
+            kind="loss_diverged",
+            level="warning",
+            message=f"{rose} at step 8,968: the change is the likely cause",
+            data={**change, "before": 0.74, "after": 1.3},
+        ),
+        Event(
+            t=START + 5,
+            step=9050,
+            kind="loss_recovered",
+            message=recovered,
+            data={**change, "step": 9050, "after": 0.85},
+        ),
+    ]
+    summary = write_record(tmp_path / "r.jsonl", items)
+    assert not [w for w in summary.warnings if w.kind == "loss_diverged"]
+    (note,) = [w for w in summary.warnings if w.kind == "loss_recovered"]
+    assert (note.message, note.step, note.t_s) == (recovered, 9050, 5.0)
+    assert not [r for r in summary.recommendations if "diverged" in r.kind]
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "restore a checkpoint" not in markdown and "n/a in" not in markdown
+    assert markdown.count(f"{recovered} (step 9,050, 5.0 s in)") == 1
+
+
+def changes_through_the_watch(losses_after: list[float]):
+    """The demo's run (newcomer review 2, finding 3): the loss down from 2.3 to 0.74 at batch
+    128, batch 262 from step 8,968, then ``losses_after``, one per 10-step window, through the
+    agent's batch watch. Returns the watch and the events it said."""
+    from bsmon.probes.batch.watch import ChangeWatch
+    from bsmon.probes.wire.protocol import BatchChange, Metrics
+
+    rng = random.Random(3)
+    now = {"step": 0}
+    watch = ChangeWatch(128, lambda: now["step"])
+
+    def window(step: int, size: int, loss: float) -> list[Event]:
+        now["step"] = step
+        return watch.observe(
+            Metrics(
+                t=START + step / 100, step=step, batch_size=size, step_time_s=0.1,
+                samples_per_s=size * 10.0, b_simple=None, steps_in_window=10,
+                scalars={"loss": loss},
+            )
+        )  # fmt: skip
+
+    before = [2.3, 1.5, 1.0] + [0.74 + rng.gauss(0, 0.01) for _ in range(20)]
+    for k, loss in enumerate(before):
+        window(8968 - 10 * (len(before) - 1 - k), 128, loss)
+    watch.add_change(
+        BatchChange(step=8968, t=START, old=128, new=262, reason="probe", source="monitor")
+    )
+    events = [e for k, loss in enumerate(losses_after) for e in window(8978 + 10 * k, 262, loss)]
+    return watch, events
+
+
+@pytest.mark.parametrize("recovers", [True, False])
+def test_the_batch_watchs_events_make_the_summary_say_a_recovery_once_or_advise_a_checkpoint(
+    tmp_path, recovers
+):
+    """The loss rose after batch 128 → 262 and came back within ~90 steps at the same size (the
+    summary reads the record's events, as a replay does): no stale alarm; one that stays up
+    keeps the warning and the advice."""
+    rise = [1.3, 1.36, 1.25, 1.17]
+    back = [0.9, 0.86, 0.83, 0.69, 0.7, 0.69] if recovers else [1.3] * 6
+    start = time.time()
+    watch, events = changes_through_the_watch(rise + back)
+    said = [e for e in events if e.kind.startswith("loss")]
+    assert [e.kind for e in said] == ["loss_diverged"] + ["loss_recovered"] * recovers
+    assert watch.latest.loss == ("recovered" if recovers else "diverged")
+    assert watch.trained_well == 128  # a size whose loss rose is not one that trained well
+    if recovers:
+        data = said[1].data
+        assert data == {"change_step": 8968, "old": 128, "new": 262, "step": 9028, "after": 0.9}
+        assert said[1].message == (
+            "loss recovered to 0.9 at step 9,028 (it rose after batch 128 → 262 at step 8,968)"
+        )
+    items = [header_for(session(start=start), 128, start), *events]
+    summary = write_record(tmp_path / "r.jsonl", items)
+    kinds = [w.kind for w in summary.warnings if w.kind.startswith("loss")]
+    advice = [r for r in summary.recommendations if r.kind == "loss_diverged_after_batch_change"]
+    markdown = (tmp_path / "summary.md").read_text()
+    if recovers:
+        assert (kinds, advice) == (["loss_recovered"], [])
+        assert "restore a checkpoint" not in markdown
+        assert markdown.count("loss recovered to 0.9 at step 9,028") == 1
+    else:
+        assert (kinds, len(advice)) == (["loss_diverged"], 1)
+        assert "restore a checkpoint" in markdown
+    assert "n/a in" not in markdown
 
 
 def test_a_note_whose_time_is_not_known_gives_its_step_alone():

@@ -68,7 +68,7 @@ def probe_line(m: Metrics) -> str | None:
 
 def change_line(change: BatchChange) -> str:
     """One change: its step, sizes, what it bought once resolved from the noise (or why not
-    yet), and a loss that diverged after it."""
+    yet), and a loss that diverged after it (or diverged and came back: "recovered")."""
     before, after = change.samples_per_s_before, change.samples_per_s_after
     if change.verdict == "left before a verdict":
         bought = "[$text-muted]left before a verdict[/]"
@@ -84,6 +84,8 @@ def change_line(change: BatchChange) -> str:
         bought = "[$text-muted]measuring…[/]"
     if change.loss == "diverged":
         bought = f"[$error]loss diverged[/] · {bought}"
+    elif change.loss == "recovered":
+        bought = f"[$warning]recovered[/] · {bought}"  # "loss recovered" is cut at 80 columns
     marker = "[$warning]![/]" if change.source == "oom guard" else " "
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
