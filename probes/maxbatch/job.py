@@ -139,7 +139,12 @@ class ProbeSource:
             memory_max = min(memory_max, control.policy.max_size)
         shared = result.device == "cpu"
         result.recommendation = plan.recommend(
-            result.points, memory_max, noise_scale, control.loader_size, shared_cores=shared
+            result.points,
+            memory_max,
+            noise_scale,
+            control.loader_size,
+            shared_cores=shared,
+            trained_well=control.watch.trained_well,
         )
         untested = (result.confirmation or "").startswith("untested")
         if result.recommendation is not None and untested:

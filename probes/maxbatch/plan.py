@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..batch.safety import RATIO
 from ..wire.protocol import ProbePoint, Recommendation, WhatIf
 
 MAX_SIZES = 3
@@ -251,9 +252,12 @@ def recommend(
     current: int,
     *,
     shared_cores: bool = False,
+    trained_well: int | None = None,
 ) -> Recommendation | None:
     """One size joining memory (largest fit), speed (where throughput stops rising) and the
-    noise scale (beyond it, a larger batch buys little progress per sample)."""
+    noise scale (beyond it, a larger batch buys little progress per sample), no further than
+    the 2× rule lets one change go from ``trained_well``, the last size that trained well
+    (``batch.safety``: the same rule that makes ``+`` ask first)."""
     largest_run = max((p.batch_size for p in points if p.fits), default=None)
     ceiling = memory_max if memory_max is not None else largest_run
     if ceiling is None:
@@ -281,7 +285,27 @@ def recommend(
             )
         else:
             reasons.append(f"noise scale: B_simple ≈ {noise_scale:,.0f} leaves room above")
-    return Recommendation(batch_size=max(1, choice), reasons=reasons, current=current)
+    choice = max(1, choice)
+    # memory is a hard ceiling; the rule bounds a step toward a size, not past what fits
+    step = min(within_one_change(choice, trained_well), ceiling) if trained_well else choice
+    if step != choice:
+        reasons.insert(0, one_change_reason(step, choice, trained_well))
+        choice = step
+    return Recommendation(batch_size=choice, reasons=reasons, current=current)
+
+
+def within_one_change(size: int, trained_well: int) -> int:
+    """``size``, or the size nearest it that one change may reach from ``trained_well``
+    without asking first (at most ``RATIO``× up or down)."""
+    return min(max(size, math.ceil(trained_well / RATIO)), math.floor(trained_well * RATIO))
+
+
+def one_change_reason(step: int, target: int, trained_well: int) -> str:
+    return (
+        f"one change at a time: {step:,} is as far as one goes from {trained_well:,}, the last "
+        f"size that trained well, toward {target:,} (more than {RATIO:g}× in one go can upset "
+        "training; the next step can follow once this one trains well)"
+    )
 
 
 def memory_reason(ceiling: int, largest_run: int | None) -> str:

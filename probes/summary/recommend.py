@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..batch import verdict
+from ..wire import describe
 from .schema import Note, Summary
 
 LOW_UTIL_PERCENT = 60.0
@@ -43,7 +44,8 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
     b_simple = summary.b_simple.end
     if b_simple is None or batch is None or b_simple <= 0:
         return
-    if batch < b_simple / 2:
+    said = describe.noise_verdict(batch, b_simple)
+    if said == describe.RAISE:
         notes.append(
             Note(
                 "batch_below_noise_scale",
@@ -53,7 +55,7 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
                 "(an estimate; check memory with `bsmon probe` before raising it)",
             )
         )
-    elif batch > 2 * b_simple:
+    elif said == describe.TOO_BIG:
         notes.append(
             Note(
                 "batch_above_noise_scale",

@@ -19,14 +19,23 @@ from __future__ import annotations
 from . import discovery, protocol
 from .client import ConnectionLost, JobConnection
 from .describe import (
+    BALANCED,
+    RAISE,
+    TOO_BIG,
+    TOO_EARLY,
     batch_varies,
     describe_prediction,
     describe_recommendation,
     describe_what_if,
+    noise_verdict,
 )
 from .discovery import BsmonDirError, JobEntry
 
 __all__ = [
+    "BALANCED",
+    "RAISE",
+    "TOO_BIG",
+    "TOO_EARLY",
     "BsmonDirError",
     "ConnectionLost",
     "JobConnection",
@@ -36,5 +45,6 @@ __all__ = [
     "describe_recommendation",
     "describe_what_if",
     "discovery",
+    "noise_verdict",
     "protocol",
 ]

@@ -9,6 +9,20 @@ from .protocol import ProbeResult, Recommendation, WhatIf
 
 FAR_EXTRAPOLATION = 3.0  # beyond this many times the largest run, a prediction is a guess
 
+RAISE, BALANCED, TOO_BIG, TOO_EARLY = "raise B", "balanced", "B too big", "too early"
+
+
+def noise_verdict(batch: int, b_simple: float, bound: bool = False) -> str:
+    """What B_simple says about a batch of ``batch`` (McCandlish et al.'s eqs. 2.7 and 2.11):
+    well below it (under half), raise it; well above it (over twice), it is too big; else
+    balanced. ``bound``: ``b_simple`` is only a lower bound, which says to raise a batch below
+    it and nothing yet about one above it. The one rule the Noise panel and the summary say."""
+    if batch < (b_simple if bound else b_simple / 2):
+        return RAISE
+    if bound:
+        return TOO_EARLY
+    return TOO_BIG if batch > 2 * b_simple else BALANCED
+
 
 def extrapolation_note(extrapolation: float | None) -> str:
     if extrapolation is None:

@@ -168,6 +168,25 @@ def test_the_recommendation_joins_memory_speed_and_noise():
     assert not rec.stay and describe_recommendation(rec) == "512"
 
 
+def test_the_recommendation_goes_no_further_than_one_change_may():
+    """The demo's finding (issue 41): from 128, the probe recommended B_simple's 262, 2.05×
+    the last size that trained well, where `+` would have asked first; applied, the loss
+    rose. One change goes at most 2× (batch.safety's rule), and says where it heads."""
+    points = [point(64, 1, speed=1000), point(512, 1, speed=3900), point(2048, 1, speed=4000)]
+    rec = plan.recommend(points, memory_max=4000, noise_scale=262.0, current=128, trained_well=128)
+    assert rec.batch_size == 256 and not rec.stay
+    assert rec.reasons[0].startswith("one change at a time: 256 is as far as one goes from 128")
+    assert "toward 262" in rec.reasons[0] and any("B_simple ≈ 262" in r for r in rec.reasons)
+    rec = plan.recommend(points, memory_max=4000, noise_scale=262.0, current=128, trained_well=64)
+    assert rec.batch_size == 128 and rec.stay  # 128 has not trained well yet: stay there
+    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=512, trained_well=2048)
+    assert rec.batch_size == 1024 and "toward 512" in rec.reasons[0]  # down too, at most 2×
+    rec = plan.recommend(points, memory_max=40, noise_scale=None, current=128, trained_well=128)
+    assert rec.batch_size == 40  # but never past what fits: memory is not a step to take
+    rec = plan.recommend(points, memory_max=4000, noise_scale=200.0, current=128, trained_well=128)
+    assert rec.batch_size == 200 and not rec.reasons[0].startswith("one change")  # within 2×
+
+
 def test_the_default_cpu_budget_says_why_it_is_what_it_is():
     budget, why = default_cpu_budget()
     available = psutil.virtual_memory().available

@@ -636,3 +636,27 @@ def test_a_size_that_varies_is_one_stretch_with_its_range_apart_from_unknown_ste
     ]
     md = (tmp_path / "summary.md").read_text()
     assert "| varies 5–40 per step | 2–11 |" in md
+
+
+@pytest.mark.parametrize("batch", [10, 24, 25, 26, 50, 100, 101, 400])
+def test_the_noise_panel_and_the_summary_say_one_verdict(summary, batch):
+    """The Noise panel's "raise B / B too big" and the summary's advice come from one rule
+    (wire.describe.noise_verdict): the thresholds were written twice and one copy changed
+    alone (issue 41)."""
+    from bsmon.probes.summary import recommend
+    from bsmon.tui.widgets.noise import meaning
+
+    b_simple = 50.0
+    ended = msgspec.structs.replace(
+        summary,
+        b_simple=msgspec.structs.replace(summary.b_simple, end=b_simple),
+        batch_size_history=[
+            msgspec.structs.replace(summary.batch_size_history[-1], batch_size=batch)
+        ],
+    )
+    kinds = {n.kind for n in recommend.recommendations(ended)}
+    (panel,) = meaning(batch, b_simple, compact=True)
+    said = panel.text.rsplit(": ", 1)[1]
+    expected = {"raise B": "batch_below_noise_scale", "B too big": "batch_above_noise_scale"}
+    assert said == ("raise B" if batch < 25 else "B too big" if batch > 100 else "balanced")
+    assert kinds & set(expected.values()) == ({expected[said]} if said in expected else set())

@@ -20,6 +20,7 @@ from textual.containers import Vertical
 from textual.markup import escape
 from textual.widgets import Static
 
+from bsmon.probes.wire import BALANCED, RAISE, TOO_BIG, TOO_EARLY, noise_verdict
 from bsmon.probes.wire.protocol import Capability, MetricsPoint, NoiseScaleReading
 
 from .. import format as fmt
@@ -91,18 +92,14 @@ def meaning(batch: int | None, b: float, bound: bool = False, compact: bool = Fa
         return [Line("a batch near B_simple balances steps against samples", priority=2)]
     worth = batch / (batch + b)
     relation = "≤" if bound else "≈"
-    if batch < (b if bound else b / 2):  # a bound above the batch, an estimate over twice it
-        verdict = "raise B"
-        advice = (
-            f"raising the batch toward {value(b)} cuts steps with little loss of sample efficiency"
-        )
-    elif bound:  # B_simple is somewhere above b: above the batch or below it, not known yet
-        verdict, advice = "too early", "too early to say whether a larger batch pays"
-    elif batch > 2 * b:
-        verdict = "B too big"
-        advice = "the batch is far above B_simple: a larger one wastes compute"
-    else:
-        verdict, advice = "balanced", "the batch is near B_simple: a balance of steps and samples"
+    verdict = noise_verdict(batch, b, bound)
+    advice = {
+        RAISE: f"raising the batch toward {value(b)} cuts steps with little loss of sample "
+        "efficiency",
+        TOO_EARLY: "too early to say whether a larger batch pays",
+        TOO_BIG: "the batch is far above B_simple: a larger one wastes compute",
+        BALANCED: "the batch is near B_simple: a balance of steps and samples",
+    }[verdict]
     if compact:
         return [Line(f"B={batch:,} step worth {relation}{worth:.0%}: {verdict}")]
     lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
