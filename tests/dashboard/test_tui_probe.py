@@ -182,6 +182,16 @@ async def test_the_palette_reopens_the_last_result_even_read_only():
     assert source.sent == []
 
 
+async def test_the_palette_says_when_no_probe_has_run_yet():
+    _, app = probe_job(messages())
+    async with app.run_test(size=(80, 24)) as pilot:
+        dashboard = await dashboard_ready(pilot)
+        dashboard.run_or_explain("probe_result")
+        toasts = lambda: [n.message for n in app._notifications]  # noqa: E731
+        await wait_for(pilot, lambda: "no probe has run yet" in toasts(), what="the toast")
+        assert app.screen is dashboard
+
+
 async def test_p_before_any_probe_has_finished_asks_only_yes_or_no():
     _, app = probe_job(messages())
     async with app.run_test(size=(80, 24)) as pilot:
