@@ -21,7 +21,11 @@ KEYS: list[tuple[str, str]] = [
     ("?", "this help"),
     ("+ =", "step the batch size up (double by default; applied at the next step)"),
     ("-", "step the batch size down"),
-    ("p", "probe the largest batch size in a sidecar process (asks first)"),
+    (
+        "p",
+        "probe the largest batch size in a sidecar process (asks first; once a probe has "
+        "finished, l in the question shows its result again)",
+    ),
     (
         "a",
         "autopilot on / off: the batch follows the noise scale (opt-in; a +/- pauses it); "

@@ -25,6 +25,12 @@ COMMANDS: tuple[tuple[str, str, str, tuple[object, ...]], ...] = (
         (),
     ),
     (
+        "Probe: the last result",
+        "The probe screen with the last probe's result, without probing (p, then l)",
+        "probe_result",
+        (),
+    ),
+    (
         "Autopilot on / off",
         "The batch follows the noise scale (opt-in; a +/- pauses it) (a)",
         "autopilot",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
@@ -68,20 +68,29 @@ def status_text(reading: ProbeReading, now: float) -> str:
     return f"[$success]✔ done[/] in {fmt.duration(result.duration_s)} on {result.device}"
 
 
+def recommendation_text(result: ProbeResult | None) -> str:
+    """What ``a`` applies and its first reason: the screen's answer, shown first."""
+    if result is None or result.status != "ok" or result.recommendation is None:
+        return ""
+    rec = result.recommendation
+    if rec.stay:
+        line = f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now)"
+    else:
+        line = f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply"
+    return "\n".join([line, *(f"  · {escape(reason)}" for reason in rec.reasons[:1])])
+
+
 def findings_text(result: ProbeResult | None) -> str:
+    """The rest: the largest size that ran, the prediction, the what-ifs, the other reasons."""
     if result is None or result.status != "ok":
         return ""
     lines = [f"largest batch that ran: [b]{result.max_batch_size:,}[/b]"]
     if (prediction := describe_prediction(result)) is not None:
         lines.append(escape(prediction))
     lines.extend(f"  {escape(describe_what_if(w))}" for w in result.what_ifs)
-    if result.recommendation is not None:
-        rec = result.recommendation
-        if rec.stay:
-            lines.append(f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now)")
-        else:
-            lines.append(f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply")
-        lines.extend(f"  · {escape(reason)}" for reason in rec.reasons)
+    if result.recommendation is not None and len(result.recommendation.reasons) > 1:
+        lines.append("the recommendation's other reasons:")
+        lines.extend(f"  · {escape(reason)}" for reason in result.recommendation.reasons[1:])
     lines.extend(f"[$warning]note:[/] {escape(note)}" for note in result.notes)
     return "\n".join(lines)
 
@@ -89,10 +98,11 @@ def findings_text(result: ProbeResult | None) -> str:
 class ProbeScreen(Screen[None]):
     DEFAULT_CSS = """
     ProbeScreen #probe-status { height: auto; padding: 0 1; }
+    ProbeScreen #recommendation { height: auto; padding: 0 1; }
     ProbeScreen #probe-body { height: 1fr; }
     ProbeScreen #probe-left { width: 1fr; min-width: 50; }  /* the table's columns, at 80 */
     ProbeScreen #probe-charts { width: 1fr; }
-    ProbeScreen DataTable { height: auto; max-height: 8; }
+    ProbeScreen DataTable { height: auto; }
     ProbeScreen #findings { height: auto; padding: 0 1; }
     ProbeScreen CachedPlot { height: 1fr; min-height: 6; }
     """
@@ -112,9 +122,12 @@ class ProbeScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield JobHeader()
         yield Static("", id="probe-status")
+        yield Static("", id="recommendation")  # first: at 80x24 the rest scrolls below it
         with Horizontal(id="probe-body"):
-            with Vertical(id="probe-left", classes="panel"):
-                yield DataTable(id="points", cursor_type="none", zebra_stripes=True)
+            with VerticalScroll(id="probe-left", classes="panel"):  # focused: ↑ ↓ PgDn scroll
+                table = DataTable(id="points", cursor_type="none", zebra_stripes=True)
+                table.can_focus = False  # the panel scrolls as one, table included
+                yield table
                 yield Static("", id="findings")
             with Vertical(id="probe-charts"):
                 yield CachedPlot(id="memory-chart", classes="panel")
@@ -126,6 +139,7 @@ class ProbeScreen(Screen[None]):
         self.query_one("#probe-left").border_title = "Probe: largest batch (sidecar)"
         self.query_one("#memory-chart").border_title = "Peak GiB by batch"
         self.query_one("#speed-chart").border_title = "Samples/s by batch"
+        self.query_one("#probe-left").focus()
         if self._first is not None:
             self.show(self._first)
 
@@ -134,6 +148,9 @@ class ProbeScreen(Screen[None]):
         reading = snap.latest.probe if snap.latest is not None else ProbeReading()
         self._reading = reading
         self.query_one("#probe-status", Static).update(status_text(reading, snap.now))
+        recommendation = recommendation_text(reading.result)
+        self.query_one("#recommendation", Static).update(recommendation)
+        self.query_one("#recommendation").display = bool(recommendation)
         self.query_one("#findings", Static).update(findings_text(reading.result))
         key = (reading.status, len(reading.points), reading.result is not None)
         if key != self._drawn:

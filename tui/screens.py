@@ -17,6 +17,7 @@ from bsmon.probes.wire import JobEntry
 from bsmon.probes.wire.protocol import (
     AutopilotCommand,
     ProbeCommand,
+    ProbeReading,
     Reply,
     SetBatchSize,
     StepBatchSize,
@@ -59,6 +60,9 @@ PROBE_QUESTION = (
     "device; an out-of-memory error in the probe never reaches the job, and a watchdog stops "
     "the probe if the device runs low. It takes from seconds to a few minutes."
 )
+
+LAST_RESULT_KEY = "l"
+LAST_RESULT_HINT = "A probe has finished: l shows its result again, without probing."
 
 PANEL_TITLES = {
     "devices": "Devices",
@@ -259,19 +263,37 @@ class DashboardScreen(Screen):
         self.commands.send(AutopilotCommand(on=not steering))
 
     def action_probe(self) -> None:
-        snap = self.snapshot
-        if snap is not None and snap.latest is not None and snap.latest.probe.status == "running":
+        """Ask before a new probe; once one has finished, the question can show its result."""
+        reading = self._probe_reading()
+        if reading is not None and reading.status == "running":
             self.open_probe_screen()
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
+        def answered(answer: bool | str | None) -> None:
+            if answer == LAST_RESULT_KEY:
+                self.open_probe_screen()
+            elif answer is True:
                 self.commands.send(ProbeCommand())
                 self.open_probe_screen()
 
+        finished = reading is not None and reading.result is not None
+        question = f"{PROBE_QUESTION}\n\n{LAST_RESULT_HINT}" if finished else PROBE_QUESTION
+        other = (LAST_RESULT_KEY, "Last result") if finished else None
         self.app.push_screen(
-            ConfirmScreen("Probe the largest batch size?", PROBE_QUESTION), answered
+            ConfirmScreen("Probe the largest batch size?", question, other), answered
         )
+
+    def action_probe_result(self) -> None:
+        """The probe screen with the last result (the palette's way in: works read-only too)."""
+        reading = self._probe_reading()
+        if reading is None or (reading.result is None and reading.status != "running"):
+            self.notify("no probe has run yet", severity="warning", timeout=4)
+        else:
+            self.open_probe_screen()
+
+    def _probe_reading(self) -> ProbeReading | None:
+        snap = self.snapshot
+        return snap.latest.probe if snap is not None and snap.latest is not None else None
 
     def open_probe_screen(self) -> None:
         can_apply = self.check_action("batch", ()) is True
