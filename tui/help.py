@@ -72,7 +72,8 @@ PANELS = """
   size the job ran), and the last changes with the throughput each one bought. With the
   autopilot on (`a`), its line: the target √(B½·B_simple), B½ of the step-time fit (`~`:
   assumed equal to the size while only one size is measured), the gain it claims against the
-  batch the run started at (measured there), or why it is paused.
+  batch it was switched on at (over the steps it drove; none before its first change), the
+  rule that holds it at its last look ("holds: 1.03× < 1.05×"), or why it is paused.
 - **Noise scale**: the gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018),
   estimated inside the job, ± its standard error. At batch B a step is worth B/(B+B_simple)
   of a noiseless step: raising the batch toward B_simple cuts the steps needed at little

@@ -13,10 +13,13 @@ Guards (docs/autopilot.md has the table): no decision while the estimate is unre
 the first ``WARMUP_STEPS`` steps or within ``SETTLE_STEPS`` of a change; never a size that may
 not fit (the controller's ``fit_reason``) or that the policy refuses; a divergence after its
 change reverts it and keeps that size out of reach; refused where it cannot own the learning
-rate or see the loss; any other batch change pauses it (the user's keys win).
+rate or see the loss; any other batch change pauses it (the user's keys win). A look that
+keeps the size names the rule that held it (``Hold``): an event once per change of rule, and a
+short form in the reading for the Batch panel.
 
-``claimed_gain`` (``gain_claim``) is the run's progress per second against a fixed
-``start_size``, from measured throughput and the noise scale's efficiency.
+``claimed_gain`` (``gain_claim``) is its progress per second over the spans it drove, against
+a fixed batch of the size it was switched on at, from measured throughput and the noise
+scale's efficiency; a run in which it made no decision claims nothing.
 
 Why one module: the decisions, the guards and the reading share one lock and one state (on,
 paused, refused; the target, the next look, a size out of reach); the model they use
@@ -30,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 
@@ -72,6 +76,14 @@ KEYED_ON_STEPS = (
 )
 
 
+class Hold(NamedTuple):
+    """Why a look kept the size: the rule (said once per change), in words, and short."""
+
+    rule: str
+    text: str
+    short: str  # the Batch panel's line: 24 columns at 80×24
+
+
 class Autopilot:
     def __init__(
         self,
@@ -88,7 +100,7 @@ class Autopilot:
         self._plain_step_s = plain_step_s  # an unmeasured step's time: the claim's base
         self._noise_refusal, self._emit, self._step = noise_refusal, emit, step
         self._declared_half = declared_half
-        self.start_size = controller.size
+        self.start_size = controller.size  # the run's: never below it
         self.state = "off"
         self.why: str | None = None
         self.waiting: str | None = None
@@ -99,7 +111,8 @@ class Autopilot:
         self._noise: NoiseScaleReading | None = None  # the latest reading, for why it waits
         self._model: StepTimeModel | None = None
         self._target: int | None = None
-        self._held: str | None = None  # why the last look kept the size
+        self._hold: Hold | None = None  # why the last look kept the size
+        self._said: tuple[str, int] | None = None  # the rule and size its last hold event named
         self._next_step: int | None = None
         self._last_change_step = 0
         self._last_look_step = -SETTLE_STEPS
@@ -139,13 +152,15 @@ class Autopilot:
     def switch(self, on: bool) -> AutopilotReading:
         with self._lock:
             if not on:
-                self.state, self.why = "off", None
+                self._stop("off", None)
                 self._say("autopilot off", level="info")
                 return self._reading()
             if (why := self.refusal()) is not None:
-                self.state, self.why = "refused", why
+                self._stop("refused", why)
                 raise CommandRefused(f"the autopilot cannot steer this job: {why}")
             self.state, self.why = "on", None
+            self._hold = self._said = None
+            self._ledger.begin(self._control.size, self._step())
             self.ramp_until = self._step() + RAMP_STEPS
             self._lr_owner.reset()
             self._say(f"autopilot on at batch {self._control.size}", level="info")
@@ -166,24 +181,26 @@ class Autopilot:
             self._last_change_step = change.step
             if change.source == SOURCE:
                 self.ramp_until = change.step + RAMP_STEPS
-        self._pause_for(change.new, change.source, change.step)  # the OOM guard asks for none
+        # the OOM guard asks for none; the size it steered to is the one the change left
+        self._pause_for(change.new, change.source, change.step, change.old)
 
     def on_request(self, request: Pending) -> None:
         """A change asked for: one from anywhere but the autopilot pauses it at once (a key
         that undoes its change before a step applied it changes nothing, and still wins)."""
-        self._pause_for(request.value, request.source, self._step())
+        self._pause_for(request.value, request.source, self._step(), self._control.size)
 
-    def _pause_for(self, size: int, source: str, step: int) -> None:
+    def _pause_for(self, size: int, source: str, step: int, left: int) -> None:
+        """``left``: the size it steered to, where its span ends."""
         if source == SOURCE:
             return  # its own change (a request of its own is made holding the lock)
         with self._lock:
             if self.state != "on":
                 return
-            self.state = "paused"
-            self.why = (
+            why = (
                 f"the batch was set to {size} by {source} at step {step:,}: the user's keys "
                 "win (a switches the autopilot on again)"
             )
+            self._stop("paused", why, left)
             self._say(f"autopilot paused: {self.why}", level="info")
 
     def on_metrics(self, metrics: Metrics) -> None:
@@ -191,7 +208,7 @@ class Autopilot:
         with self._lock:
             self._pace.observe(metrics.step, self._epochs())
             estimate = resolved(metrics.noise)
-            self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())
+            self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())  # off too
             if self.state != "on":
                 return
             self._estimate, self._noise = estimate, metrics.noise
@@ -211,6 +228,8 @@ class Autopilot:
         waiting = self._wait_reason(step)
         if waiting is not None:
             self.waiting = waiting
+            if self._estimate is None and waiting == unresolved_reason(self._noise):
+                self._held_by(Hold("estimate", waiting, "holds: B_simple unknown"))
             return
         estimate, model = self._estimate, self._model
         assert estimate is not None and model is not None
@@ -218,24 +237,54 @@ class Autopilot:
         half = model.half_batch
         current = control.size
         grown_on = estimate.for_growth
-        self._target = self._clamp(optimum(grown_on, half))
-        up = self._best(self._candidates(current, "up"), current, grown_on, half)
-        down = self._best(self._candidates(current, "down"), current, estimate.high, half)
+        wanted = optimum(grown_on, half)
+        self._target = self._clamp(wanted)
+        up_sizes, up_stop = self._candidates(current, "up")
+        down_sizes, down_stop = self._candidates(current, "down")
+        up = self._best(up_sizes, current, grown_on, half)
+        down = self._best(down_sizes, current, estimate.high, half)
         for kind, (size, gain) in (("grow", up), ("shrink", down)):
             if size is not None and gain > THRESHOLD:
-                self._held = None
+                self._hold = None
                 self._ask(kind, size, gain, estimate, half)
                 return
         self.ramp_until = 0  # holding: looks at the agent's own pace again
-        best = max((up, down), key=lambda choice: choice[1])
-        if best[0] is None:
-            self._held = f"holding at {current}: no size within 2× that fits and is allowed"
+        if abs(wanted - current) < 0.5:
+            hold = Hold("target", f"holding at {current}: its target", "holds: at its target")
+        elif wanted > current:
+            hold = self._hold_for(current, up, up_stop, model)
         else:
-            self._held = (
-                f"holding at {current}: {best[0]} would make {best[1]:.2f}× the progress per "
-                f"second (a change needs {THRESHOLD:g}×)"
+            hold = self._hold_for(current, down, down_stop, model)
+        self._held_by(hold)
+        self.waiting = hold.text
+
+    def _hold_for(
+        self, current: int, best: tuple[int | None, float], stop: Hold | None, model: StepTimeModel
+    ) -> Hold:
+        """The rule that kept ``current`` where the target lies one way: no size that way
+        (``stop``: what ended the walk), or none that promises enough."""
+        size, gain = best
+        if size is None:
+            stop = stop or Hold(
+                "none", "no size within 2× that fits and is allowed", "holds: no size"
             )
-        self.waiting = self._held
+            return stop._replace(text=f"holding at {current}: {stop.text}")
+        shown = _below_threshold(gain)
+        text = (
+            f"holding at {current}: {size} predicted {shown}× the progress per second, "
+            f"and a change needs {THRESHOLD:g}×"
+        )
+        if "assumed" in model.how:
+            text += f" (B½ taken as {count(model.half_batch)}: one size measured so far)"
+        return Hold("threshold", text, f"holds: {shown}× < {THRESHOLD:g}×")
+
+    def _held_by(self, hold: Hold) -> None:
+        """The look kept the size: an event when its rule (or the size) is new."""
+        self._hold = hold
+        said = (hold.rule, self._control.size)
+        if said != self._said:
+            self._said = said
+            self._say(f"autopilot {hold.text}", level="info", extra={"held": hold.short})
 
     def _wait_reason(self, step: int) -> str | None:
         control = self._control
@@ -246,7 +295,7 @@ class Autopilot:
         )
         self._next_step = due
         if step < due:
-            held = f"{self._held}; " if self._held else ""
+            held = f"{self._hold.text}; " if self._hold else ""
             return f"{held}next decision at step {due:,}"
         self._next_step = None  # due, but what it waits for has no step of its own
         if (unknown := self._pace.unknown()) is not None:
@@ -260,26 +309,59 @@ class Autopilot:
             return unresolved_reason(self._noise)
         return None
 
-    def _candidates(self, current: int, direction: str) -> list[int]:
+    def _candidates(self, current: int, direction: str) -> tuple[list[int], Hold | None]:
         """Sizes within 2× of ``current`` in one direction that the policy allows, that fit,
         and not below the size the run started at (every size a key press could reach,
-        walked one step at a time)."""
+        walked one step at a time), and the rule that ended the walk (None: none did)."""
         control = self._control
-        sizes, size = [], current
+        sizes: list[int] = []
+        size, stop, refused = current, None, None
         for _ in range(MAX_CANDIDATES):
             following = control.policy.next_size(size, direction)
-            if following is None or not current / 2 <= following <= current * 2:
+            if (stop := self._walk_ends(current, size, following)) is not None:
                 break
-            if following < self.start_size:
-                break
-            size = following
-            if self._out_of_reach is not None and size >= self._out_of_reach:
-                break
-            if control.fit_reason(size) is not None:
-                break  # a size that may not fit, and every one beyond it
-            if control.veto is None or control.veto(size) is None:
+            size = following  # type: ignore[assignment]  # _walk_ends said it is a size
+            if control.veto is None or (veto := control.veto(size)) is None:
                 sizes.append(size)
-        return sizes
+            elif refused is None:
+                refused = Hold(
+                    "policy", f"{size} is not allowed ({veto})", f"holds: {size} refused"
+                )
+        return sizes, refused or stop
+
+    def _walk_ends(self, current: int, size: int, following: int | None) -> Hold | None:
+        """Why the walk from ``size`` stops before ``following`` (None: it goes on)."""
+        if following is None:
+            return Hold(
+                "policy",
+                f"the batch policy allows no size past {size}",
+                f"holds: {size} is the last",
+            )
+        if not current / 2 <= following <= current * 2:
+            return Hold(
+                "band",
+                f"the next size the policy allows, {following}, is more than 2× away",
+                "holds: next size past 2×",
+            )
+        if following < self.start_size:
+            return Hold(
+                "floor",
+                f"never below the size the run started at, {self.start_size}",
+                f"holds: not below {self.start_size}",
+            )
+        if self._out_of_reach is not None and following >= self._out_of_reach:
+            return Hold(
+                "reach",
+                f"the loss diverged at {self._out_of_reach}: it and every size above stay "
+                "out of reach",
+                f"holds: {self._out_of_reach} diverged",
+            )
+        if (why := self._control.fit_reason(following)) is not None:
+            # a size that may not fit, and every one beyond it
+            return Hold(
+                "fit", f"{following} may not fit ({why})", f"holds: {following} may not fit"
+            )
+        return None
 
     @staticmethod
     def _best(
@@ -329,8 +411,10 @@ class Autopilot:
     def _record(self, decision: AutopilotDecision) -> None:
         self.decisions.append(decision)
         self.decided += 1
+        self._ledger.decided()
+        self._said = None  # a hold after it is news
         claimed = self._ledger.claim()[0]
-        so_far = f"; {claimed:.2f}× vs batch {self.start_size} so far" if claimed else ""
+        so_far = f"; {claimed:.2f}× vs batch {self._base()} so far" if claimed else ""
         if decision.kind == "revert":
             text = f"autopilot: batch {decision.old} → {decision.new} at step {decision.step:,}"
             text += f" ({decision.note})"
@@ -367,7 +451,7 @@ class Autopilot:
         try:
             self._control.request(latest.old, confirm=True, reason=note, source=SOURCE)
         except CommandRefused as exc:
-            self.state, self.why = "paused", f"{note}, but the revert was refused: {exc}"
+            self._stop("paused", f"{note}, but the revert was refused: {exc}")
             self._say(f"autopilot paused: {self.why}", level="warning")
             return
         self._record(
@@ -392,35 +476,48 @@ class Autopilot:
             )
         if why is None:
             return False
-        self.state, self.why = "refused", why
+        self._stop("refused", why)
         self._say(f"autopilot off: {why}", level="warning")
         return True
 
+    def _stop(self, state: str, why: str | None, left: int | None = None) -> None:
+        """It stops steering (``left``: the size it steered to, if not the job's now)."""
+        self.state, self.why = state, why
+        self._ledger.end(left if left is not None else self._control.size)
+
+    def _base(self) -> int:
+        """The size it was last switched on at: its claim's base (the job's now, before)."""
+        spans = self._ledger.spans
+        return spans[-1].base if spans else self._control.size
+
     def finish(self) -> None:
-        """At the job's end, once it was ever on: where it took the batch, and its claim."""
+        """At the job's end, once it was ever on: where it took the batch in the spans it
+        drove, and its claim; with no decision, what held it."""
         with self._lock:
-            if self.state == "off" and not self.decisions:
+            spans = self._ledger.spans
+            if self.state == "off" and not spans:
                 return
             claimed, note = self._ledger.claim()
             said = f"{claimed:.2f}× claimed {note}" if claimed is not None else f"no claim: {note}"
-            if not self.decided and (held := self._held_by()) is not None:
+            if not self.decided and (held := self._held_at_the_end()) is not None:
                 said = f"{held}; {said}"
+            size = self._control.size
+            drove = ", then ".join(span.text(size) for span in spans) or "it never steered"
             self._say(
-                f"autopilot at the end: batch {self.start_size} → {self._control.size} in "
-                f"{self.decided} decision{'' if self.decided == 1 else 's'}; {said}",
+                f"autopilot at the end: batch {drove}; {said}",
                 level="info",
-                end={"end": True, "claimed_gain": claimed},
+                extra={"end": True, "claimed_gain": claimed},
             )
 
-    def _held_by(self) -> str | None:
+    def _held_at_the_end(self) -> str | None:
         """What kept a run that is on from its first decision: B_simple, if it never
         resolved (the reason that matters in a job too short to reach a look, too), else
-        what it waited for last."""
+        the rule that held it at its last look, or what it waited for last."""
         if self.state != "on":
             return None
         if self._estimate is None:
             return unresolved_reason(self._noise)
-        return self.waiting
+        return self._hold.text if self._hold is not None else self.waiting
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -433,7 +530,8 @@ class Autopilot:
             state=self.state,  # type: ignore[arg-type]
             why=self.why,
             waiting=self.waiting if self.state == "on" else None,
-            start_size=self.start_size,
+            held=self._hold.short if self._hold is not None and self.state == "on" else None,
+            start_size=self._base(),
             size=self._control.size,
             b_simple=estimate.point if estimate else None,
             b_simple_low=estimate.low if estimate else None,
@@ -449,9 +547,10 @@ class Autopilot:
             decisions=list(self.decisions),
         )
 
-    def _say(self, message: str, *, level: str, end: dict[str, object] | None = None) -> None:
-        """An ``autopilot_state`` event; ``end``: the final claim's fields, at the job's end."""
-        data = {"state": self.state, "why": self.why, "start_size": self.start_size, **(end or {})}
+    def _say(self, message: str, *, level: str, extra: dict[str, object] | None = None) -> None:
+        """An ``autopilot_state`` event; ``extra``: the final claim's fields, at the job's end,
+        or the short form of a hold."""
+        data = {"state": self.state, "why": self.why, "start_size": self._base(), **(extra or {})}
         self._emit(
             Event(
                 t=time.time(),
@@ -468,3 +567,11 @@ def _half_text(half: float | None) -> str:
     if half is None or not math.isfinite(half):
         return "unbounded"
     return count(half)
+
+
+def _below_threshold(gain: float) -> str:
+    """A gain that did not reach the threshold, in enough figures to read below it."""
+    for digits in (2, 3):
+        if float(shown := f"{gain:.{digits}f}") < THRESHOLD:
+            return shown
+    return f"{gain:.4f}"

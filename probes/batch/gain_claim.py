@@ -1,41 +1,86 @@
-"""The gain the autopilot claims: this run's progress per second against a fixed batch of the
-size it started at, from what was measured.
+"""The gain the autopilot claims: its progress per second, over the spans it drove, against a
+fixed batch of the size it was switched on at, from what was measured.
 
-Each metrics window adds its timed seconds and its samples, weighted by the efficiency at the
-noise scale of that moment, ``(φ + B0)/(φ + B)`` (``goodput``): what they are worth in
-samples at the start size. The claim is the seconds a fixed start size would need for that
-worth, at its measured throughput, over the seconds taken. The start size must have run, so
-the claim is never against a batch that was not measured.
+A span runs from a switch-on to the moment it stops steering (off, paused by a key, refused);
+a change made while it was off is not its own, and neither is the time before it was switched
+on. Within a span each metrics window adds its timed seconds and its samples, weighted by the
+efficiency at the noise scale of that moment, ``(φ + B0)/(φ + B)`` (``goodput``): what they
+are worth in samples at the span's base size B0. A span's worth over the base size's measured
+throughput is the seconds a fixed B0 would need for it; the claim is those seconds, summed
+over the spans, over the seconds taken. A base size must have run, so the claim is never
+against a batch that was not measured, and a run in which it made no decision claims nothing.
 
-The start size's throughput is what bsmon costs it as usual: its windows once the noise
-scale's warm-up is over. The warm-up measures three steps in four, so its windows at the
-start size are left out of the claim. A fast ramp leaves the start size during the warm-up;
-then the base is the start size's steps the noise scale did not measure (the budget's plain
-steps, before the batch first changed). Against the warm-up's windows the claim read +30% on
-``benchmarks/autopilot.py``'s T1, and a run that never changed size claimed 0.91×.
+A size's throughput is what bsmon costs it as usual: its windows once the noise scale's
+warm-up is over, whether the autopilot was on or not. The warm-up measures three steps in
+four, so its windows at a base size are left out of the claim. A fast ramp leaves the run's
+first size during the warm-up; then that size's throughput is its steps the noise scale did
+not measure (the budget's plain steps, before the batch first changed). Against the warm-up's
+windows the claim read +30% on ``benchmarks/autopilot.py``'s T1, and a run that never changed
+size claimed 0.91×.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..noise.controller import WARMING_UP
 from ..wire.protocol import Metrics
 from .goodput import efficiency_ratio
 
-HOW = "measured throughput at each size × the noise scale's efficiency, over the run's timed steps"
+HOW = "measured throughput at each size × the noise scale's efficiency, over the steps it drove"
+
+
+@dataclass
+class Span:
+    """From a switch-on at ``base`` (at ``step``) to where it stopped steering (``end``: None
+    while it steers)."""
+
+    base: int
+    step: int
+    end: int | None = None
+    decisions: int = 0
+    seconds: float = 0.0  # timed seconds in the windows counted
+    worth: float = 0.0  # their samples, each weighted by its efficiency against ``base``
+    warming: int = 0  # windows at ``base`` left out: the noise scale's warm-up
+    unweighed: int = 0  # windows at another size before the noise scale resolved
+
+    def text(self, size: int) -> str:
+        """``16 → 256 in 4 decisions`` (``size``: where an open span stands now)."""
+        end = self.end if self.end is not None else size
+        return f"{self.base} → {end} in {self.decisions} decision{_s(self.decisions)}"
 
 
 class GainLedger:
-    def __init__(self, start_size: int) -> None:
-        self.start_size = start_size
+    def __init__(self, first_size: int) -> None:
+        self.spans: list[Span] = []
+        self._first_size = first_size  # the run's: its plain steps may price it (above)
+        self._left_first = False
+        self._first_plain_s: float | None = None
         self._phi: float | None = None  # the latest resolved noise scale
-        self._seconds = 0.0  # timed seconds in the windows counted
-        self._worth = 0.0  # their samples, each weighted by its efficiency against the start
-        self._start_samples = 0.0  # the start size's windows after the warm-up
-        self._start_seconds = 0.0
-        self._left_start = False
-        self._start_plain_s: float | None = None  # the start size's unmeasured step time
-        self._warming = 0  # the start size's windows left out: the noise scale's warm-up
-        self._unweighed = 0  # windows at another size before the noise scale resolved
+        self._measured: dict[int, list[float]] = {}  # size → [samples, seconds] after warm-up
+
+    @property
+    def driving(self) -> Span | None:
+        """The span it steers now (None: it is not steering)."""
+        return self.spans[-1] if self.spans and self.spans[-1].end is None else None
+
+    def begin(self, size: int, step: int) -> None:
+        """Switched on at ``size``: a span of its own, against a fixed ``size``."""
+        if self.driving is None:
+            self.spans.append(Span(base=size, step=step))
+
+    def end(self, size: int) -> None:
+        """It stopped steering with the batch at ``size``."""
+        if (span := self.driving) is not None:
+            span.end = size
+
+    def decided(self) -> None:
+        if (span := self.driving) is not None:
+            span.decisions += 1
+
+    @property
+    def decisions(self) -> int:
+        return sum(span.decisions for span in self.spans)
 
     def add(self, metrics: Metrics, phi: float | None, plain_step_s: float | None = None) -> None:
         """One metrics window; ``phi``: the noise scale now (None: not resolved);
@@ -43,50 +88,88 @@ class GainLedger:
         if phi is not None:
             self._phi = phi
         size, step_time, steps = metrics.batch_size, metrics.step_time_s, metrics.steps_in_window
-        self._left_start = self._left_start or size != self.start_size
+        self._left_first = self._left_first or size != self._first_size
         rate = metrics.samples_per_s
         if not size or not step_time or not steps or not rate:
             return
         seconds = step_time * steps
-        if size == self.start_size:
-            if metrics.noise is not None and metrics.noise.phase == WARMING_UP:
-                if not self._left_start and plain_step_s:
-                    self._start_plain_s = plain_step_s
-                self._warming += 1
+        warming = metrics.noise is not None and metrics.noise.phase == WARMING_UP
+        if warming and size == self._first_size and not self._left_first and plain_step_s:
+            self._first_plain_s = plain_step_s
+        if not warming:
+            measured = self._measured.setdefault(size, [0.0, 0.0])
+            measured[0] += rate * seconds
+            measured[1] += seconds
+        if (span := self.driving) is not None:
+            self._count(span, size, rate * seconds, seconds, warming)
+
+    def _count(self, span: Span, size: int, samples: float, seconds: float, warming: bool) -> None:
+        if size == span.base:
+            if warming:
+                span.warming += 1
                 return
             efficiency = 1.0
-            self._start_samples += rate * seconds
-            self._start_seconds += seconds
         elif self._phi is None:
-            self._unweighed += 1  # no noise scale yet: a window at another size cannot be weighed
+            span.unweighed += 1  # no noise scale yet: a window at another size cannot be weighed
             return
         else:
-            efficiency = efficiency_ratio(size, self.start_size, self._phi)
-        self._seconds += seconds
-        self._worth += rate * seconds * efficiency
+            efficiency = efficiency_ratio(size, span.base, self._phi)
+        span.seconds += seconds
+        span.worth += samples * efficiency
 
     def claim(self) -> tuple[float | None, str]:
-        """The gain against a fixed start size, and how it was made (or why there is none)."""
-        if self._start_seconds:
-            base = self._start_samples / self._start_seconds
-        elif self._start_plain_s:
-            base = self.start_size / self._start_plain_s
-        else:
-            return None, f"the start batch {self.start_size} was not measured long enough"
-        if not self._seconds:
-            return None, self._nothing_counted()
-        return self._worth / base / self._seconds, (
-            f"against a fixed batch of {self.start_size}: {HOW}"
-        )
+        """The gain over the spans it drove, against a fixed batch of the size each began at,
+        and how it was made (or why there is none)."""
+        if not self.spans:
+            return None, "it was not switched on"
+        if not self.decisions:
+            return None, "it made no change"
+        needed = taken = 0.0
+        why: list[str] = []
+        for span in self.spans:
+            if (rate := self._rate(span.base)) is None:
+                why.append(
+                    f"the batch {span.base} it was switched on at was not measured long enough"
+                )
+            elif not span.seconds:
+                why.append(self._nothing_counted(span))
+            else:
+                needed += span.worth / rate
+                taken += span.seconds
+        if not taken:
+            return None, "; ".join(dict.fromkeys(why))
+        return needed / taken, f"against a fixed batch of {self._bases()}: {HOW}"
 
-    def _nothing_counted(self) -> str:
-        """Why no window counts toward the claim yet, though the start size has a base."""
+    def _rate(self, size: int) -> float | None:
+        """``size``'s measured throughput (None: not measured after the warm-up, nor its plain
+        steps before the run first left it)."""
+        samples, seconds = self._measured.get(size, (0.0, 0.0))
+        if seconds:
+            return samples / seconds
+        if size == self._first_size and self._first_plain_s:
+            return size / self._first_plain_s
+        return None
+
+    def _bases(self) -> str:
+        """``16``, or ``the size it was switched on at (16 at step 0, 128 at step 2,000)``."""
+        if len({span.base for span in self.spans}) == 1:
+            return str(self.spans[0].base)
+        each = ", ".join(f"{span.base} at step {span.step:,}" for span in self.spans)
+        return f"the size it was switched on at ({each})"
+
+    @staticmethod
+    def _nothing_counted(span: Span) -> str:
+        """Why no window of ``span`` counts toward the claim, though its base has a rate."""
         why = []
-        if self._warming:
+        if span.warming:
             why.append(
-                f"batch {self.start_size} ran only in the noise scale's warm-up, whose windows "
+                f"batch {span.base} ran only in the noise scale's warm-up, whose windows "
                 "are left out (it measures three steps in four)"
             )
-        if self._unweighed:
+        if span.unweighed:
             why.append("the other sizes ran before B_simple resolved")
         return "; ".join(why) or "no timed window yet"
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"

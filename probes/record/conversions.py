@@ -147,8 +147,8 @@ def run_anatomy(spans: Iterable[Span], session: SessionInfo) -> StepAnatomy | No
 
 
 def autopilot_after(reading: AutopilotReading | None, event: Event) -> AutopilotReading | None:
-    """The autopilot's reading as its events rebuild it (replay): the state and why from
-    ``autopilot_state``; each decision, the target, B½ and the claim so far from
+    """The autopilot's reading as its events rebuild it (replay): the state, why and the rule
+    that holds it from ``autopilot_state``; each decision, the target, B½ and the claim so far from
     ``autopilot``. An event whose data does not read as the protocol says leaves it as it was
     (a record may be damaged)."""
     data = event.data or {}
@@ -161,6 +161,7 @@ def autopilot_after(reading: AutopilotReading | None, event: Event) -> Autopilot
                 why=data.get("why"),
                 start_size=data.get("start_size", base.start_size),
                 claimed_gain=data.get("claimed_gain", base.claimed_gain),
+                held=held if isinstance(held := data.get("held"), str) else None,
             )
         if event.kind == "autopilot":
             decision = msgspec.convert(data["decision"], AutopilotDecision)
@@ -174,6 +175,7 @@ def autopilot_after(reading: AutopilotReading | None, event: Event) -> Autopilot
                 half_batch=half if half is not None else base.half_batch,
                 half_batch_how="as recorded" if half is not None else base.half_batch_how,
                 claimed_gain=data.get("claimed_gain", base.claimed_gain),
+                held=None,  # a decision: nothing holds it
             )
     except (KeyError, TypeError, msgspec.ValidationError):
         return reading

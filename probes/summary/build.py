@@ -328,7 +328,7 @@ class SummaryBuilder:
         if event.kind == "autopilot" and isinstance(event.data.get("decision"), dict):
             if len(autopilot.decisions) < MAX_LISTED:
                 autopilot.decisions.append(event.data["decision"])
-        elif len(autopilot.said) < MAX_LISTED:
+        elif len(autopilot.said) < MAX_LISTED or event.data.get("end"):  # its last word stays
             note = Note(event.kind, event.message, event.step, _round(event.t - self.start))
             autopilot.said.append(note)
         if event.data.get("end"):

@@ -246,8 +246,9 @@ def _autopilot(s: Summary) -> str:
     if autopilot.claimed_gain is not None:
         claim = (
             f"It claims **{autopilot.claimed_gain:.2f}×** the progress per second of a fixed "
-            f"batch of {autopilot.start_size} (measured throughput at each size × the noise "
-            "scale's efficiency, against the batch the run started at).\n\n"
+            f"batch of {autopilot.start_size}, the size it was switched on at, over the steps it "
+            "drove (measured throughput at each size × the noise scale's efficiency; its end "
+            "line below names each span).\n\n"
         )
     else:
         claim = ""

@@ -156,8 +156,9 @@ class Note(msgspec.Struct, omit_defaults=True):
 class Autopilot(msgspec.Struct):
     """What the autopilot did (docs/autopilot.md): its decisions in order (each as its event's
     ``data.decision``: step, old, new, kind, b_simple with its interval, half_batch, target,
-    predicted_gain), what it said (on, off, paused, refused, the end), and the gain it claimed
-    at the end against a fixed batch of ``start_size``."""
+    predicted_gain), what it said (on, off, paused, refused, what held it, the end), and the
+    gain it claimed at the end over the steps it drove, against a fixed batch of
+    ``start_size``, the size it was (last) switched on at."""
 
     decisions: list[dict[str, Any]]
     said: list[Note]

@@ -227,13 +227,15 @@ AutopilotState = Literal["off", "on", "paused", "refused"]
 class AutopilotReading(msgspec.Struct, omit_defaults=True):
     """The autopilot (docs/autopilot.md): whether it steers, what it sees and why it holds.
 
-    ``claimed_gain`` is this run's progress per second against the fixed ``start_size``
-    (measured there), from measured throughput and the noise scale's efficiency."""
+    ``claimed_gain`` is its progress per second over the spans it drove against a fixed batch
+    of the size it was switched on at (``start_size``: the latest; measured there), from
+    measured throughput and the noise scale's efficiency; none before its first decision."""
 
     state: AutopilotState = "off"
     why: str | None = None  # why it is paused or refused
     waiting: str | None = None  # what the next decision waits for, or what it decided last
-    start_size: int | None = None
+    held: str | None = None  # why its last look kept the size, short: "holds: 1.03× < 1.05×"
+    start_size: int | None = None  # the size it was last switched on at: the claim's base
     size: int | None = None
     b_simple: float | None = None
     b_simple_low: float | None = None

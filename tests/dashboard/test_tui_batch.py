@@ -262,7 +262,9 @@ def test_the_autopilot_lines_fit_the_batch_panel_at_80_columns():
         claimed_gain=2.46,
         start_size=64,
         target=512,
+        held="holds: 1.049× < 1.05×",  # the agent's words (issue 41), shown as they come
     )
     lines = [Text.from_markup(line.replace("$", "")).plain for line in autopilot_lines(reading)]
     assert lines[1].strip() == "B½ ~64 · next s123,456"
+    assert lines[2].strip() == "holds: 1.049× < 1.05×"
     assert all(len(line) <= 32 for line in lines), lines

@@ -384,6 +384,7 @@ def test_a_divergence_after_its_change_reverts_it_and_that_size_stays_out_of_rea
     job.run(60, loss=lambda step: 2.0 - step / 1000)
     assert job.control.size == 16 and len(job.decisions("grow")) == 1  # 32 stays out of reach
     assert job.autopilot.reading().target == 31
+    assert job.autopilot.reading().held == "holds: 32 diverged"  # the rule, said (issue 41)
 
 
 def test_the_users_keys_win_and_pause_it():
@@ -524,13 +525,20 @@ def test_the_claims_base_is_the_start_size_as_bsmon_runs_it_after_the_noise_scal
     def at(size: int, rate: float, noise: NoiseScaleReading) -> Metrics:
         return Metrics(t=1.0, step=100, batch_size=size, samples_per_s=rate, noise=noise, **window)
 
-    held = GainLedger(16)
+    def driven(size: int) -> GainLedger:
+        """Switched on at the start, and one decision made (none: no claim at all)."""
+        ledger = GainLedger(size)
+        ledger.begin(size, step=0)
+        ledger.decided()
+        return ledger
+
+    held = driven(16)
     held.add(at(16, 8e3, warming), 1000.0, 0.5e-3)
     assert held.claim()[0] is None  # only the warm-up's window: nothing counted yet
     held.add(at(16, 16e3, tracking), 1000.0, 0.5e-3)
     claimed, how = held.claim()
     assert claimed == pytest.approx(1.0) and "against a fixed batch of 16" in how
-    ramp = GainLedger(16)
+    ramp = driven(16)
     ramp.add(at(16, 8e3, warming), 1000.0, 0.5e-3)  # plain steps: 32k samples/s
     ramp.add(at(32, 32e3, warming), 1000.0, 0.25e-3)  # a plain step at 32 is not the start's
     efficiency = (1000 + 16) / (1000 + 32)
@@ -538,10 +546,14 @@ def test_the_claims_base_is_the_start_size_as_bsmon_runs_it_after_the_noise_scal
 
 
 def test_a_run_that_ended_in_the_noise_scales_warm_up_says_so_not_nothing_measured():
-    """B_simple resolved during the warm-up, and the run ended before it was over: the last
-    line says the start size's windows were the warm-up's (issue 43), not "nothing measured"."""
+    """B_simple resolved during the warm-up, and the run ended right after its first decision,
+    before the warm-up was over: the last line says the start size's windows were the
+    warm-up's (issue 43), not "nothing measured". Ended before any decision, it claims
+    nothing, and says so (issue 41)."""
     warming = NoiseScaleReading(b_simple=500.0, ci_low=450.0, ci_high=550.0, phase="warming up")
-    job = Job(size=16, noise=lambda _step: warming, plain_step_s=1e-3).run(3)
+    job = Job(size=16, noise=lambda _step: warming, plain_step_s=1e-3)
+    while not job.decisions():
+        job.run(1)
     job.autopilot.finish()
     line = job.events[-1].message
     assert "nothing measured" not in line
@@ -549,6 +561,9 @@ def test_a_run_that_ended_in_the_noise_scales_warm_up_says_so_not_nothing_measur
         "no claim: batch 16 ran only in the noise scale's warm-up, whose windows are left out "
         "(it measures three steps in four)"
     )
+    short = Job(size=16, noise=lambda _step: warming, plain_step_s=1e-3).run(3)
+    short.autopilot.finish()
+    assert short.events[-1].message.endswith("; no claim: it made no change")
 
 
 def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():
@@ -561,3 +576,152 @@ def test_a_second_optimizer_or_a_scheduler_made_later_stops_it_saying_why():
     torch.optim.lr_scheduler.LambdaLR(job.optimizer, lambda step: 1.0)  # leaves initial_lr
     job.run(1)
     assert "scheduler" in job.autopilot.reading().why
+
+
+# -- what it claims: only the spans it drove (issue 41) ------------------------------------------
+
+
+def claim_over(job: Job, spans: list[tuple[int, int]], phi: float) -> float:
+    """The claim worked out by hand: the windows ``job.sizes[start:stop]`` of each span, worth
+    their samples at the span's first size (its base), over the time they took."""
+    rate = {size: size / job.step_time(size) for size in set(job.sizes)}
+    needed = taken = 0.0
+    for start, stop in spans:
+        base = job.sizes[start]
+        for size in job.sizes[start:stop]:
+            seconds = job.step_time(size) * 10
+            needed += seconds * rate[size] / rate[base] * (phi + base) / (phi + size)
+            taken += seconds
+    return needed / taken
+
+
+def test_changes_made_while_it_was_off_are_not_its_own_and_it_claims_against_where_it_began():
+    """The demo's run: the user's keys took 64 to 256, then the autopilot was switched on and
+    shrank it. Its end line starts at 256, its claim is against a fixed 256, over the windows
+    since it was switched on (it said 64 → 64 and claimed against 64 over the whole run)."""
+    job = Job(size=64, half=64, noise=tight(20.0), on=False).run(20)
+    job.control.request(256, confirm=True, reason="the user's key", source="monitor")
+    job.run(20)
+    on_at = len(job.sizes)
+    job.autopilot.switch(True)
+    job.run(120)
+    assert [(d.old, d.new) for d in job.decisions()] == [(256, 128), (128, 64)]
+    reading = job.autopilot.reading()
+    assert reading.start_size == 256
+    assert reading.claimed_gain == pytest.approx(claim_over(job, [(on_at, None)], 20.0))
+    job.autopilot.finish()
+    end = job.events[-1]
+    assert end.message.startswith("autopilot at the end: batch 256 → 64 in 2 decisions; ")
+    assert "claimed against a fixed batch of 256: " in end.message
+    assert end.data["start_size"] == 256 and end.data["claimed_gain"] == reading.claimed_gain
+
+
+def test_switched_on_after_the_keys_changed_the_batch_and_holding_it_claims_nothing_and_says_why():
+    """minGPT's run: the keys took 16 to 32, the autopilot was switched on and held. It made
+    no change, so it claims nothing, and its end line says what held it (it said 16 → 32 and
+    claimed the keys' gain)."""
+    job = Job(size=16, half=16, noise=tight(30.0, spread=0.05), on=False).run(10)
+    job.control.request(32, confirm=True, reason="the user's key", source="monitor")
+    job.run(10)
+    job.autopilot.switch(True)
+    job.run(60)
+    assert job.decisions() == [] and job.control.size == 32
+    reading = job.autopilot.reading()
+    assert reading.claimed_gain is None and reading.claimed_note == "it made no change"
+    assert reading.held == "holds: 1.00× < 1.05×"
+    job.autopilot.finish()
+    assert job.events[-1].message == (
+        "autopilot at the end: batch 32 → 32 in 0 decisions; holding at 32: 16 predicted 1.00× "
+        "the progress per second, and a change needs 1.05×; no claim: it made no change"
+    )
+
+
+def test_switched_off_and_on_its_claim_covers_each_span_against_its_own_start():
+    """On at 16 it grows; a key sets 32 (paused: those windows are the user's); on again at
+    32 it grows. The end line names both spans, the claim weighs each against its own base."""
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    while job.control.size < 64:
+        job.run(1)
+    paused_at = len(job.sizes)
+    job.control.request(32, confirm=True, reason="the user's key", source="monitor")
+    job.run(20)
+    assert job.autopilot.reading().state == "paused"
+    on_again, step = len(job.sizes), job.step
+    job.autopilot.switch(True)
+    job.run(120)
+    assert job.control.size == 256
+    reading = job.autopilot.reading()
+    assert reading.start_size == 32
+    spans = [(0, paused_at), (on_again, None)]
+    assert reading.claimed_gain == pytest.approx(claim_over(job, spans, 1000.0))
+    job.autopilot.finish()
+    message = job.events[-1].message
+    assert message.startswith(
+        "autopilot at the end: batch 16 → 64 in 2 decisions, then 32 → 256 in 3 decisions; "
+    )
+    assert f"(16 at step 0, 32 at step {step:,})" in message
+
+
+# -- what holds it, said once per change of rule (issue 41) -----------------------------------
+
+
+def holds(job: Job) -> list[Event]:
+    return [e for e in job.events if e.kind == "autopilot_state" and "held" in e.data]
+
+
+def capped(job: Job) -> Job:
+    job.control.probe_max = 64
+    return job
+
+
+@pytest.mark.parametrize(
+    ("make", "short", "said"),
+    [
+        (  # one size measured: B½ is taken equal to it, and the threshold holds it
+            lambda: Job(size=16, half=16, noise=tight(30.0, spread=0.05)),
+            "holds: 0.98× < 1.05×",
+            "autopilot holding at 16: 32 predicted 0.98× the progress per second, and a change "
+            "needs 1.05× (B½ taken as 16: one size measured so far)",
+        ),
+        (  # B* ≈ 9 but 1024 was chosen
+            lambda: Job(size=1024, half=16, noise=tight(5.0)),
+            "holds: not below 1024",
+            "autopilot holding at 1024: never below the size the run started at, 1024",
+        ),
+        (
+            lambda: capped(Job(size=16, half=64, noise=tight(1000.0))),
+            "holds: 128 may not fit",
+            "autopilot holding at 64: 128 may not fit (",
+        ),
+        (
+            lambda: Job(noise=lambda _s: NoiseScaleReading(needed=30, effective=12.0)),
+            None,  # no target to show it beside: the panel's waiting line says it
+            "autopilot waiting for B_simple to resolve (12 of 30 effective steps)",
+        ),
+    ],
+)
+def test_a_look_that_holds_says_which_rule_held_it_once(make, short, said):
+    job = make().run(120)
+    events = holds(job)
+    assert len(events) == 1, [e.message for e in events]  # once, though it held at every look
+    assert events[0].message.startswith(said) and events[0].level == "info"
+    reading = job.autopilot.reading()
+    assert reading.held == (short or "holds: B_simple unknown")
+    assert events[0].data["held"] == reading.held
+    assert len(reading.held) <= 24  # the Batch panel's line at 80 columns
+    if short is None:
+        assert reading.target is None and reading.waiting in said
+
+
+def test_a_new_rule_or_a_decision_makes_a_hold_news_again_and_paused_it_holds_nothing():
+    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    job.control.probe_max = 64
+    job.run(120)
+    assert [e.data["held"] for e in holds(job)] == ["holds: 128 may not fit"]
+    job.control.probe_max = None  # the ceiling lifts: it grows, then the threshold holds it
+    job.run(120)
+    assert job.control.size == 256
+    assert [e.data["held"] for e in holds(job)][1:] == [job.autopilot.reading().held]
+    assert job.autopilot.reading().held.startswith("holds: 0.")
+    job.control.request(128, confirm=True, reason="the user's key", source="monitor")
+    assert job.autopilot.reading().held is None

@@ -92,7 +92,7 @@ def change_line(change: BatchChange) -> str:
 
 def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
     """The autopilot at a glance (nothing while it is off): where it steers, what it claims
-    and its model, or why it does not steer."""
+    and its model, and the rule that holds it (the agent's words), or why it does not steer."""
     if reading is None or reading.state == "off":
         return []
     if reading.state != "on":
@@ -111,6 +111,8 @@ def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
     lines = [f"auto    [$success]on[/] {first}"]
     if model:
         lines.append(f"        [$text-muted]{' · '.join(model)}[/]")
+    if steer and reading.held:  # without a target the waiting line says it already
+        lines.append(f"        [$warning]{reading.held}[/]")
     return lines
 
 
