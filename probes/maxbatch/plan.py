@@ -263,28 +263,30 @@ def recommend(
     if ceiling is None:
         return None
     reasons = [memory_reason(ceiling, largest_run)]
-    choice = ceiling
+    choice, deciding = ceiling, 0  # the reason that set the choice is said first
     fast = speed_size(points)
     if fast is not None and fast < choice:
-        choice = fast
+        choice, deciding = fast, len(reasons)
         shared = " (measured beside the job, on its CPU cores)" if shared_cores else ""
         reasons.append(f"speed: throughput stops rising at about {fast}{shared}")
     elif fast is not None:
         reasons.append("speed: throughput still rose at the largest size measured")
     if noise_scale is not None and noise_scale > 0:
         if noise_scale < current:  # never a case for a smaller batch: steps cost time too
-            choice = min(choice, current)
+            if current < choice:
+                choice, deciding = current, len(reasons)
             reasons.append(
                 f"noise scale: B_simple ≈ {noise_scale:,.0f}, below the job's {current:,} "
                 "(it grows as the loss falls): no case for a larger batch yet"
             )
         elif choice > noise_scale:
-            choice = math.floor(noise_scale)
+            choice, deciding = math.floor(noise_scale), len(reasons)
             reasons.append(
                 f"noise scale: B_simple ≈ {noise_scale:,.0f}; a larger batch mostly wastes samples"
             )
         else:
             reasons.append(f"noise scale: B_simple ≈ {noise_scale:,.0f} leaves room above")
+    reasons.insert(0, reasons.pop(deciding))
     choice = max(1, choice)
     # memory is a hard ceiling; the rule bounds a step toward a size, not past what fits
     step = min(within_one_change(choice, trained_well), ceiling) if trained_well else choice
