@@ -14,9 +14,10 @@ from textual.screen import Screen
 from bsmon.probes.wire import discovery
 
 from .disabled import APP_ACTIONS, app_why_off
-from .help import quit_help
+from .help import HelpScreen, quit_help
+from .job_screens import NoJobsScreen, PickerScreen
 from .palette import dashboard_commands
-from .screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
+from .screens import DashboardScreen
 from .settings import DETACH, settings
 from .sources import SocketSource, Source
 

@@ -1,4 +1,4 @@
-"""The dashboard screen and the small screens around it (help, picker, no jobs)."""
+"""The dashboard screen (the picker and the no-job screen are in ``job_screens``)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ from pathlib import Path
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.markup import escape
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Markdown, OptionList, Static
-from textual.widgets.option_list import Option
+from textual.widgets import Footer
 
-from bsmon.probes.wire import JobEntry
 from bsmon.probes.wire.protocol import (
     AutopilotCommand,
     ProbeCommand,
@@ -23,7 +20,6 @@ from bsmon.probes.wire.protocol import (
     StepBatchSize,
 )
 
-from . import format as fmt
 from .anatomy_screen import AnatomyScreen
 from .commands import CommandDesk
 from .confirm import ConfirmScreen
@@ -365,75 +361,3 @@ class DashboardScreen(Screen):
 def _state(snap: Snapshot) -> tuple[object, bool]:
     """What the header's state says: a change is drawn at once."""
     return snap.state, snap.silent_s is not None
-
-
-class PickerScreen(Screen[Path]):
-    """Several jobs are running: choose one."""
-
-    BINDINGS = [Binding("escape", "app.quit", "Quit", id="picker_quit", show=False)]  # q says it
-
-    def __init__(self, jobs: list[JobEntry], now: float) -> None:
-        super().__init__()
-        self.jobs = jobs
-        self.now = now
-
-    def compose(self) -> ComposeResult:
-        yield Static(
-            "[b]bsmon[/b] — several training jobs are running; pick one (↑↓, enter)",
-            id="picker-title",
-        )
-        yield OptionList(
-            *[Option(self.describe(job), id=str(i)) for i, job in enumerate(self.jobs)], id="jobs"
-        )
-        yield Footer()
-
-    def describe(self, job: JobEntry) -> str:
-        age = fmt.clock(self.now - job.start_time) if job.start_time else "n/a"
-        return f"{escape(job.name):<20} pid {job.pid:<8} {escape(job.host):<16} up {age}"
-
-    @on(OptionList.OptionSelected)
-    def _chosen(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self.jobs[int(event.option.id or 0)].socket)
-
-
-NO_JOBS_TEXT = """\
-# No training job is running
-
-bsmon shows jobs that have the agent attached. Run a script unchanged under bsmon:
-
-```
-bsmon run -- python train.py
-```
-
-or attach it in the script:
-
-```python
-from bsmon.probes import attach
-
-mon = attach(model, optimizer, batch_size=64)
-loader = mon.dataloader(dataset, shuffle=True)
-for x, y in loader:
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    mon.log(loss=loss)
-```
-
-or try it on a demo job: `bsmon demo`
-
-This screen attaches by itself when a job appears (looking in `{directory}`).
-"""
-
-
-class NoJobsScreen(Screen[None]):
-    BINDINGS = [Binding("q", "app.quit", "Quit", id="empty_quit")]
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__()
-        self.directory = directory
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(id="empty-box"):
-            yield Markdown(NO_JOBS_TEXT.format(directory=self.directory))
-        yield Footer()

@@ -17,7 +17,8 @@ Modules, one job each:
 - ``memory_model``: the job's peak memory per batch size, fitted by a line;
 - ``autopilot``: the batch size that follows the noise scale, switched on by the user; its
   model (``goodput``: step time fitted per size, efficiency from the noise scale), the gain it
-  claims (``gain_claim``), and whether the job moves the learning rate itself (``lr_owner``);
+  claims (``gain_claim``), whether the job moves the learning rate itself (``lr_owner``), and
+  the rule that holds it when it keeps the size (``autopilot_holds``);
 - ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator;
   ``oom_recovery``: ``mon.guard()``'s recovery from one (a smaller size, samples re-queued).
 """

@@ -33,7 +33,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
 
 import msgspec
 
@@ -47,6 +46,7 @@ from ..wire.protocol import (
     NoiseScaleReading,
 )
 from ..wire.routing import CommandRefused
+from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for
 from .control import BatchController, Pending
 from .gain_claim import GainLedger
 from .goodput import (
@@ -64,24 +64,14 @@ from .lr_owner import LearningRateOwner, SchedulerPace
 from .lr_scaling import owned_by_scheduler
 
 SOURCE = "autopilot"
-THRESHOLD = 1.05  # predicted gain that makes a change (AdaptDL's: re-choosing every time flaps)
 WARMUP_STEPS = 50  # steps before the first decision
 SETTLE_STEPS = 25  # steps at a size (and MIN_WINDOWS windows) before deciding again
 RAMP_STEPS = 40 * SETTLE_STEPS  # after switching on or its own change: looks paced by steps
-MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has many)
 DECISIONS_KEPT = 50
 KEYED_ON_STEPS = (
     "would run its schedule faster in examples as the batch grows; the autopilot refuses "
     "rather than change what the schedule means (one stepped once an epoch it follows)"
 )
-
-
-class Hold(NamedTuple):
-    """Why a look kept the size: the rule (said once per change), in words, and short."""
-
-    rule: str
-    text: str
-    short: str  # the Batch panel's line: 24 columns at 80×24
 
 
 class Autopilot:
@@ -239,8 +229,12 @@ class Autopilot:
         grown_on = estimate.for_growth
         wanted = optimum(grown_on, half)
         self._target = self._clamp(wanted)
-        up_sizes, up_stop = self._candidates(current, "up")
-        down_sizes, down_stop = self._candidates(current, "down")
+        up_sizes, up_stop = candidates(
+            control, current, "up", start_size=self.start_size, out_of_reach=self._out_of_reach
+        )
+        down_sizes, down_stop = candidates(
+            control, current, "down", start_size=self.start_size, out_of_reach=self._out_of_reach
+        )
         up = self._best(up_sizes, current, grown_on, half)
         down = self._best(down_sizes, current, estimate.high, half)
         for kind, (size, gain) in (("grow", up), ("shrink", down)):
@@ -252,31 +246,11 @@ class Autopilot:
         if abs(wanted - current) < 0.5:
             hold = Hold("target", f"holding at {current}: its target", "holds: at its target")
         elif wanted > current:
-            hold = self._hold_for(current, up, up_stop, model)
+            hold = hold_for(current, up, up_stop, model)
         else:
-            hold = self._hold_for(current, down, down_stop, model)
+            hold = hold_for(current, down, down_stop, model)
         self._held_by(hold)
         self.waiting = hold.text
-
-    def _hold_for(
-        self, current: int, best: tuple[int | None, float], stop: Hold | None, model: StepTimeModel
-    ) -> Hold:
-        """The rule that kept ``current`` where the target lies one way: no size that way
-        (``stop``: what ended the walk), or none that promises enough."""
-        size, gain = best
-        if size is None:
-            stop = stop or Hold(
-                "none", "no size within 2× that fits and is allowed", "holds: no size"
-            )
-            return stop._replace(text=f"holding at {current}: {stop.text}")
-        shown = _below_threshold(gain)
-        text = (
-            f"holding at {current}: {size} predicted {shown}× the progress per second, "
-            f"and a change needs {THRESHOLD:g}×"
-        )
-        if "assumed" in model.how:
-            text += f" (B½ taken as {count(model.half_batch)}: one size measured so far)"
-        return Hold("threshold", text, f"holds: {shown}× < {THRESHOLD:g}×")
 
     def _held_by(self, hold: Hold) -> None:
         """The look kept the size: an event when its rule (or the size) is new."""
@@ -307,60 +281,6 @@ class Autopilot:
             return f"reading the memory at batch {control.size}"
         if self._estimate is None:
             return unresolved_reason(self._noise)
-        return None
-
-    def _candidates(self, current: int, direction: str) -> tuple[list[int], Hold | None]:
-        """Sizes within 2× of ``current`` in one direction that the policy allows, that fit,
-        and not below the size the run started at (every size a key press could reach,
-        walked one step at a time), and the rule that ended the walk (None: none did)."""
-        control = self._control
-        sizes: list[int] = []
-        size, stop, refused = current, None, None
-        for _ in range(MAX_CANDIDATES):
-            following = control.policy.next_size(size, direction)
-            if (stop := self._walk_ends(current, size, following)) is not None:
-                break
-            size = following  # type: ignore[assignment]  # _walk_ends said it is a size
-            if control.veto is None or (veto := control.veto(size)) is None:
-                sizes.append(size)
-            elif refused is None:
-                refused = Hold(
-                    "policy", f"{size} is not allowed ({veto})", f"holds: {size} refused"
-                )
-        return sizes, refused or stop
-
-    def _walk_ends(self, current: int, size: int, following: int | None) -> Hold | None:
-        """Why the walk from ``size`` stops before ``following`` (None: it goes on)."""
-        if following is None:
-            return Hold(
-                "policy",
-                f"the batch policy allows no size past {size}",
-                f"holds: {size} is the last",
-            )
-        if not current / 2 <= following <= current * 2:
-            return Hold(
-                "band",
-                f"the next size the policy allows, {following}, is more than 2× away",
-                "holds: next size past 2×",
-            )
-        if following < self.start_size:
-            return Hold(
-                "floor",
-                f"never below the size the run started at, {self.start_size}",
-                f"holds: not below {self.start_size}",
-            )
-        if self._out_of_reach is not None and following >= self._out_of_reach:
-            return Hold(
-                "reach",
-                f"the loss diverged at {self._out_of_reach}: it and every size above stay "
-                "out of reach",
-                f"holds: {self._out_of_reach} diverged",
-            )
-        if (why := self._control.fit_reason(following)) is not None:
-            # a size that may not fit, and every one beyond it
-            return Hold(
-                "fit", f"{following} may not fit ({why})", f"holds: {following} may not fit"
-            )
         return None
 
     @staticmethod
@@ -567,11 +487,3 @@ def _half_text(half: float | None) -> str:
     if half is None or not math.isfinite(half):
         return "unbounded"
     return count(half)
-
-
-def _below_threshold(gain: float) -> str:
-    """A gain that did not reach the threshold, in enough figures to read below it."""
-    for digits in (2, 3):
-        if float(shown := f"{gain:.{digits}f}") < THRESHOLD:
-            return shown
-    return f"{gain:.4f}"

@@ -10,7 +10,9 @@ from textual.widgets import Markdown, OptionList
 from bsmon.probes import attach
 from bsmon.tui.app import BsmonApp, follow_job
 from bsmon.tui.disabled import JOBS_OFF
-from bsmon.tui.screens import DashboardScreen, HelpScreen, NoJobsScreen, PickerScreen
+from bsmon.tui.help import HelpScreen
+from bsmon.tui.job_screens import NoJobsScreen, PickerScreen
+from bsmon.tui.screens import DashboardScreen
 from bsmon.tui.session import ConnState
 from bsmon.tui.widgets.banner import StateBanner
 
