@@ -85,35 +85,24 @@ async def test_a_jump_past_twice_the_size_that_trained_well_asks_with_the_jobs_r
 
 async def test_the_panel_says_each_changes_verdict_and_a_diverged_or_recovered_loss():
     script = messages()
+
+    def change(step: int, old: int, new: int, reason: str, verdict: str, **loss: str):
+        return protocol.BatchChange(
+            step=step,
+            t=NOW,
+            old=old,
+            new=new,
+            reason=reason,
+            source="monitor",
+            verdict=verdict,
+            **loss,
+        )
+
     changes = [
-        protocol.BatchChange(
-            step=100,
-            t=NOW,
-            old=64,
-            new=32,
-            reason="step down",
-            source="monitor",
-            verdict="left before a verdict",
-        ),
-        protocol.BatchChange(
-            step=200,
-            t=NOW,
-            old=32,
-            new=1,
-            reason="set",
-            source="monitor",
-            verdict="no measurable difference",
-            loss="diverged",
-        ),
-        protocol.BatchChange(
-            step=8968,
-            t=NOW,
-            old=128,
-            new=262,
-            reason="the probe's recommendation",
-            source="monitor",
-            verdict="left before a verdict",
-            loss="recovered",
+        change(100, 64, 32, "step down", "left before a verdict"),
+        change(200, 32, 1, "set", "no measurable difference", loss="diverged"),
+        change(
+            8968, 128, 262, "the probe's recommendation", "left before a verdict", loss="recovered"
         ),
     ]
     for message in script:
