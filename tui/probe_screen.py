@@ -73,10 +73,12 @@ def recommendation_text(result: ProbeResult | None) -> str:
     if result is None or result.status != "ok" or result.recommendation is None:
         return ""
     rec = result.recommendation
+    sure = f"; confidence {rec.confidence}" if rec.confidence else ""
     if rec.stay:
-        line = f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now)"
+        line = f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now{sure})"
     else:
         line = f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply"
+        line += f" [$text-muted]({rec.confidence})[/]" if rec.confidence else ""
     return "\n".join([line, *(f"  · {escape(reason)}" for reason in rec.reasons[:1])])
 
 
@@ -91,6 +93,8 @@ def findings_text(result: ProbeResult | None) -> str:
     if result.recommendation is not None and len(result.recommendation.reasons) > 1:
         lines.append("the recommendation's other reasons:")
         lines.extend(f"  · {escape(reason)}" for reason in result.recommendation.reasons[1:])
+    if result.recommendation is not None and result.recommendation.would_change:
+        lines.append(f"what would change it: {escape(result.recommendation.would_change)}")
     lines.extend(f"[$warning]note:[/] {escape(note)}" for note in result.notes)
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from bsmon.probes.wire import batch_varies
 from bsmon.probes.wire.protocol import (
     CLIENT_COMMANDS,
     PROTOCOL_VERSION,
+    Advice,
     AutopilotReading,
     Bye,
     Capability,
@@ -198,6 +199,7 @@ class RecordSource(Source):
         self._status: Status | None = None
         self._bye = False
         self._autopilot: AutopilotReading | None = None
+        self._advice: Advice | None = None
         self.model.feed(self._hello())
 
     def _hello(self) -> Hello:
@@ -232,6 +234,7 @@ class RecordSource(Source):
         for event in data.events[self._event_i : events]:
             model.feed(event)
             self._autopilot = conversions.autopilot_after(self._autopilot, event)
+            self._advice = conversions.advice_after(self._advice, event)
         self._event_i = events
         if spans:
             model.feed(self._metrics(spans - 1, position))
@@ -271,6 +274,7 @@ class RecordSource(Source):
                 rss_bytes=int(host.rss.max) if host and host.rss else None,
             ),
             autopilot=self._autopilot,
+            advice=self._advice,
         )
 
     def snapshot(self) -> Snapshot:

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from bsmon.probes.wire import describe_advice
 from bsmon.probes.wire.protocol import (
     AutopilotCommand,
     ProbeCommand,
@@ -319,7 +320,11 @@ class DashboardScreen(Screen):
                 if yes and retry is not None:
                     self.commands.send(retry)
 
-            question = f"{outcome.message}.\n\nApply it anyway?"
+            question = f"{outcome.message}.\n\n"
+            latest = self.snapshot.latest
+            if latest is not None and latest.advice is not None:  # the agent's one answer
+                question += f"The {describe_advice(latest.advice)}.\n\n"
+            question += "Apply it anyway?"
             self.app.push_screen(ConfirmScreen("Risky batch size", question), confirmed)
 
     def action_export(self) -> None:

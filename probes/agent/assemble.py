@@ -20,7 +20,12 @@ from ..anatomy.marks import PhaseMarks
 from ..anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
 from ..batch.autopilot import Autopilot
 from ..batch.control import BatchController
-from ..batch.extension import AutopilotExtension, BatchExtension, register_autopilot
+from ..batch.extension import (
+    AdvisorExtension,
+    AutopilotExtension,
+    BatchExtension,
+    register_autopilot,
+)
 from ..batch.extension import register_commands as register_batch_commands
 from ..batch.oom_recovery import OomRecovery
 from ..batch.policy import BatchPolicy
@@ -241,6 +246,7 @@ def assemble(
                 job.autopilot, job.batch_control, sampler.sample_soon, report=mon._guard.report
             )
         )
+        extensions.append(AdvisorExtension(job.autopilot.advisor, mon._ctx.emit))
     if job.recorder is not None:
         extensions.append(job.recorder)
     runtime_parts: list[TakesBoundaries] = [
@@ -408,6 +414,6 @@ def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
 def probe_concluded(mon: Monitor, source: ProbeSource, result: ProbeResult) -> None:
     """The probe's result: concluded (recommendation, batch control), then recorded."""
     try:
-        source.conclude(result, mon.noise_scale)
+        source.conclude(result, mon.job.advisor)
     finally:
         mon.record_probe_result(protocol.to_builtins(result))

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..batch.advisor import Advisor
 from ..batch.autopilot import Autopilot
 from ..batch.control import BatchController
 from ..maxbatch.job import ProbeSource
@@ -150,6 +151,11 @@ class Job:
     def set_autopilot(self, on: bool) -> protocol.Reply:
         """Switch the autopilot on or off through the same path as the monitor's ``a`` key."""
         return self.router.handle_fields({"type": "autopilot", "id": "api", "on": on})
+
+    @property
+    def advisor(self) -> Advisor | None:
+        """The one answer to which batch size (None: as for the autopilot, whose it is)."""
+        return self.autopilot.advisor if self.autopilot is not None else None
 
     def autopilot_reading(self) -> protocol.AutopilotReading | None:
         """What the autopilot sees and did (None: this job has none: no batch size declared,

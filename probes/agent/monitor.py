@@ -205,7 +205,17 @@ class Monitor:
             "socket": str(self.socket_path) if self.socket_path else None,
             "record": self.session.record,
             "serving": self.job.serving.available,
+            "advice": self._advice(),
         }
+
+    def _advice(self) -> dict[str, Any] | None:
+        """The advisor's latest answer (None: no batch size declared, not rank 0, or no
+        metrics window yet)."""
+        advisor = self.job.advisor
+        latest = advisor.latest if advisor is not None else None
+        if latest is None:
+            return None
+        return {name: getattr(latest, name) for name in latest.__struct_fields__}
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the agent thread has processed (and broadcast) everything so far."""

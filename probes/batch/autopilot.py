@@ -46,19 +46,17 @@ from ..wire.protocol import (
     NoiseScaleReading,
 )
 from ..wire.routing import CommandRefused
-from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for
+from .advisor import Advisor
+from .autopilot_holds import Hold
 from .control import BatchController, Pending
 from .gain_claim import GainLedger
 from .goodput import (
     MIN_WINDOWS,
     Estimate,
     StepTimeModel,
-    fit_step_time,
-    optimum,
     resolved,
     unresolved_reason,
 )
-from .goodput import goodput_gain as gain_of
 from .loss_watch import DIVERGED
 from .lr_owner import LearningRateOwner, SchedulerPace
 from .lr_scaling import owned_by_scheduler
@@ -85,12 +83,13 @@ class Autopilot:
         declared_half: float | None = None,
         plain_step_s: Callable[[], float | None] = lambda: None,
         epochs: Callable[[], int] = lambda: 0,
+        advisor: Advisor | None = None,
     ) -> None:
+        """``advisor``: the one answer it acts on (its own, with ``declared_half``, if none)."""
         self._control = controller
+        self.advisor = advisor or Advisor(controller, declared_half=declared_half)
         self._plain_step_s = plain_step_s  # an unmeasured step's time: the claim's base
         self._noise_refusal, self._emit, self._step = noise_refusal, emit, step
-        self._declared_half = declared_half
-        self.start_size = controller.size  # the run's: never below it
         self.state = "off"
         self.why: str | None = None
         self.waiting: str | None = None
@@ -100,14 +99,13 @@ class Autopilot:
         self._estimate: Estimate | None = None
         self._noise: NoiseScaleReading | None = None  # the latest reading, for why it waits
         self._model: StepTimeModel | None = None
-        self._target: int | None = None
+        self._target: int | None = None  # the advisor's, at its last look
         self._hold: Hold | None = None  # why the last look kept the size
         self._said: tuple[str, int] | None = None  # the rule and size its last hold event named
         self._next_step: int | None = None
         self._last_change_step = 0
         self._last_look_step = -SETTLE_STEPS
         self.ramp_until = 0  # before this step a look is wanted as soon as it is due
-        self._out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self._lr_owner = LearningRateOwner(controller)
         self._epochs = epochs  # training DataLoader iterators begun (the job's epochs)
         self._pace = SchedulerPace(controller.scheduler)
@@ -202,6 +200,7 @@ class Autopilot:
             if self.state != "on":
                 return
             self._estimate, self._noise = estimate, metrics.noise
+            self.advisor.advise(metrics.noise, metrics.step)
             self._revert_a_divergence()
             if self.state == "on" and not self._refused_now():
                 self._decide(metrics.step)
@@ -213,42 +212,26 @@ class Autopilot:
     # -- decisions ----------------------------------------------------------------------------
 
     def _decide(self, step: int) -> None:
-        control = self._control
-        self._model = fit_step_time(control.watch.sizes, self._declared_half)
+        """Act on the advisor's answer when a look is due: its change, or the rule that holds."""
+        advisor = self.advisor
+        self._model = advisor.model
         waiting = self._wait_reason(step)
         if waiting is not None:
             self.waiting = waiting
             if self._estimate is None and waiting == unresolved_reason(self._noise):
                 self._held_by(Hold("estimate", waiting, "holds: B_simple unknown"))
             return
-        estimate, model = self._estimate, self._model
-        assert estimate is not None and model is not None
+        advice = advisor.latest
+        assert advice is not None and self._estimate is not None and self._model is not None
         self._last_look_step, self._next_step = step, step + SETTLE_STEPS
-        half = model.half_batch
-        current = control.size
-        grown_on = estimate.for_growth
-        wanted = optimum(grown_on, half)
-        self._target = self._clamp(wanted)
-        up_sizes, up_stop = candidates(
-            control, current, "up", start_size=self.start_size, out_of_reach=self._out_of_reach
-        )
-        down_sizes, down_stop = candidates(
-            control, current, "down", start_size=self.start_size, out_of_reach=self._out_of_reach
-        )
-        up = self._best(up_sizes, current, grown_on, half)
-        down = self._best(down_sizes, current, estimate.high, half)
-        for kind, (size, gain) in (("grow", up), ("shrink", down)):
-            if size is not None and gain > THRESHOLD:
-                self._hold = None
-                self._ask(kind, size, gain, estimate, half)
-                return
+        self._target = advice.target
+        if advice.action in ("raise", "lower") and advice.gain is not None:
+            self._hold = None
+            kind = "grow" if advice.action == "raise" else "shrink"
+            self._ask(kind, advice.batch_size, advice.gain, self._estimate, self._model.half_batch)
+            return
         self.ramp_until = 0  # holding: looks at the agent's own pace again
-        if abs(wanted - current) < 0.5:
-            hold = Hold("target", f"holding at {current}: its target", "holds: at its target")
-        elif wanted > current:
-            hold = hold_for(current, up, up_stop, model)
-        else:
-            hold = hold_for(current, down, down_stop, model)
+        hold = advisor.hold or Hold(advice.rule, advice.reasons[0], f"holds: {advice.why}")
         self._held_by(hold)
         self.waiting = hold.text
 
@@ -282,26 +265,6 @@ class Autopilot:
         if self._estimate is None:
             return unresolved_reason(self._noise)
         return None
-
-    @staticmethod
-    def _best(
-        candidates: list[int], current: int, phi: float, half: float
-    ) -> tuple[int | None, float]:
-        best: tuple[int | None, float] = (None, 0.0)
-        for size in candidates:
-            gain = gain_of(size, current, phi=phi, half=half)
-            if gain > best[1]:
-                best = (size, gain)
-        return best
-
-    def _clamp(self, target: float) -> int:
-        """The target within the start size, the policy's maximum, the memory ceiling and a
-        diverged size."""
-        control = self._control
-        reach = self._out_of_reach - 1 if self._out_of_reach is not None else None
-        limits = [x for x in (control.policy.max_size, control.memory_ceiling()[0], reach) if x]
-        value = min(max(target, self.start_size), min(limits, default=math.inf))
-        return int(value) if math.isfinite(value) else control.size
 
     def _ask(self, kind: str, size: int, gain: float, estimate: Estimate, half: float) -> None:
         control, step, old = self._control, self._step(), self._control.size
@@ -360,8 +323,6 @@ class Autopilot:
             return
         if self._control.upcoming is not None:
             return  # the revert asked for already (or a change the user asked for) comes first
-        if latest.new > latest.old:
-            self._out_of_reach = min(latest.new, self._out_of_reach or latest.new)
         note = (
             f"the loss diverged after batch {latest.old} → {latest.new} at step "
             f"{latest.step:,}: back to {latest.old}"

@@ -1,9 +1,11 @@
 """Batch control on the agent thread: the wire commands that ask for a size or switch the
 autopilot, the extension that feeds the controller (memory readings, what each change bought)
-and puts the batch reading in every metrics message and hello, and the autopilot's."""
+and puts the batch reading in every metrics message and hello, the autopilot's, and the
+advisor's answer."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,16 +14,20 @@ import msgspec
 from ..runtime.devices import DeviceSample
 from ..runtime.service import Extension, HelloPart, MetricsPart
 from ..runtime.telemetry import Telemetry
+from ..wire.describe import describe_advice
 from ..wire.protocol import (
+    Advice,
     AutopilotCommand,
     BatchChange,
     Command,
+    Event,
     Hello,
     Metrics,
     SetBatchSize,
     StepBatchSize,
 )
 from ..wire.routing import CommandRouter
+from .advisor import Advisor
 from .autopilot import SETTLE_STEPS, Autopilot
 from .control import BatchController
 from .watch import LOSS
@@ -158,3 +164,49 @@ def register_autopilot(router: CommandRouter, autopilot: Autopilot) -> None:
         return msgspec.to_builtins(autopilot.switch(command.on))
 
     router.register("autopilot", switch)
+
+
+class AdvisorExtension(Extension):
+    """The advisor on the agent thread, after the autopilot (which asks it first when it is on):
+    its answer in every metrics message and hello, an ``advice`` event when the answer changes
+    (at most once per ``SETTLE_STEPS`` steps, a divergence's "back" at once), and its final
+    word at the job's end."""
+
+    def __init__(self, advisor: Advisor, emit: Callable[[Event], None]) -> None:
+        self._advisor = advisor
+        self._emit = emit
+        self._said: tuple[str, int] | None = None
+        self._said_step = -SETTLE_STEPS
+
+    def metrics_part(self, metrics: Metrics) -> MetricsPart:
+        latest = self._advisor.latest
+        if latest is None or latest.step != metrics.step:
+            latest = self._advisor.advise(metrics.noise, metrics.step)
+        said = (latest.action, latest.batch_size)
+        quiet = metrics.step - self._said_step >= SETTLE_STEPS or latest.action == "back"
+        if said != self._said and quiet:
+            self._said, self._said_step = said, metrics.step
+            self._say(latest, "advice")
+        return {"advice": latest}
+
+    def hello_part(self, hello: Hello) -> HelloPart:
+        return {"advice": self._advisor.latest}
+
+    def last_word(self) -> None:
+        """The advice as the job ends: the summary's final word."""
+        if (latest := self._advisor.latest) is not None:
+            self._say(latest, "final word", final=True)
+
+    def _say(self, advice: Advice, lead: str, final: bool = False) -> None:
+        data: dict[str, Any] = {"advice": msgspec.to_builtins(advice)}
+        if final:
+            data["final"] = True
+        self._emit(
+            Event(
+                t=time.time(),
+                step=advice.step,
+                kind="advice",
+                message=describe_advice(advice, lead),
+                data=data,
+            )
+        )

@@ -17,7 +17,7 @@ Only ratios matter to a decision, so every function here returns one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..units import count
@@ -57,19 +57,25 @@ def measured_points(sizes: Mapping[int, SizeThroughput]) -> dict[int, tuple[floa
 
 
 def fit_step_time(
-    sizes: Mapping[int, SizeThroughput], declared_half: float | None = None
+    sizes: Mapping[int, SizeThroughput],
+    declared_half: float | None = None,
+    probe_half: float | None = None,
 ) -> StepTimeModel | None:
     """The step-time line through the measured sizes, weighted by the time spent at each
-    (None: no size measured yet)."""
+    (None: no size measured yet). ``probe_half``: B½ from the probe's step times, the shape
+    while the job itself has run only one size."""
     points = measured_points(sizes)
     if not points:
         return None
+    how = f"declared B½ = {declared_half:g}" if declared_half is not None else ""
+    if declared_half is None and probe_half is not None and len(points) == 1:
+        declared_half, how = probe_half, f"B½ ≈ {count(probe_half)} from the probe's step times"
     if declared_half is not None:
         # t(B) = c·(B½ + B): only c is fitted, by weighted least squares
         top = sum(w * t * (declared_half + b) for b, (t, w) in points.items())
         bottom = sum(w * (declared_half + b) ** 2 for b, (_t, w) in points.items())
         c = top / bottom
-        return StepTimeModel(c * declared_half, c, f"declared B½ = {declared_half:g}")
+        return StepTimeModel(c * declared_half, c, how)
     if len(points) == 1:
         ((size, (step_time, _w)),) = points.items()
         return StepTimeModel(
@@ -77,14 +83,20 @@ def fit_step_time(
             step_time / (2 * size),
             f"assumed: one size measured ({size}), B½ taken as that size until a second runs",
         )
+    intercept, slope = weighted_line(points)
+    slope = max(slope, 0.0)
+    return StepTimeModel(max(intercept, 0.0), slope, f"fitted from {len(points)} sizes")
+
+
+def weighted_line(points: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of step time on batch size, each size's point (time, weight)
+    weighted; two sizes at least."""
     total = sum(w for _t, w in points.values())
     mean_b = sum(w * b for b, (_t, w) in points.items()) / total
     mean_t = sum(w * t for t, w in points.values()) / total
     spread = sum(w * (b - mean_b) ** 2 for b, (_t, w) in points.items())
     slope = sum(w * (b - mean_b) * (t - mean_t) for b, (t, w) in points.items()) / spread
-    slope = max(slope, 0.0)
-    intercept = max(mean_t - slope * mean_b, 0.0)
-    return StepTimeModel(intercept, slope, f"fitted from {len(points)} sizes")
+    return mean_t - slope * mean_b, slope
 
 
 def throughput_ratio(new: float, old: float, half: float) -> float:
@@ -102,6 +114,28 @@ def efficiency_ratio(new: float, old: float, phi: float) -> float:
 def goodput_gain(new: float, old: float, *, phi: float, half: float) -> float:
     """Predicted progress per second at ``new`` over that at ``old``."""
     return throughput_ratio(new, old, half) * efficiency_ratio(new, old, phi)
+
+
+def break_even(new: float, old: float, half: float, threshold: float) -> float | None:
+    """The noise scale φ at which moving from ``old`` to ``new`` predicts exactly
+    ``threshold``× the progress per second: growing pays above it, shrinking below it (None:
+    no φ makes it pay, or every one does)."""
+    speed = throughput_ratio(new, old, half)
+    if speed == threshold:
+        return None
+    phi = (threshold * new - speed * old) / (speed - threshold)
+    return phi if phi > 0 else None
+
+
+def probe_half_batch(points: Sequence[tuple[int, float]]) -> float | None:
+    """B½ of the step-time line through the probe's (batch size, step time) readings, each
+    alike (the sidecar's times are not the job's, but their shape is: its first size is the
+    job's own); None without two sizes or with a line that does not rise."""
+    by_size = {size: (step_time, 1.0) for size, step_time in points}
+    if len(by_size) < 2:
+        return None
+    intercept, slope = weighted_line(by_size)
+    return max(intercept, 0.0) / slope if slope > 0 else None
 
 
 def optimum(phi: float, half: float) -> float:

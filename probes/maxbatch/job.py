@@ -9,10 +9,10 @@ from typing import Any
 import psutil
 import torch
 
+from ..batch.advisor import Advisor
 from ..batch.control import BatchController
 from ..runtime.forward_watch import ForwardWatch, RootPass
-from ..wire.protocol import ProbeResult
-from . import plan
+from ..wire.protocol import ProbeResult, Recommendation
 from . import recipe as recipes
 from .seen_step import SeenStep
 
@@ -128,8 +128,9 @@ class ProbeSource:
             threads=torch.get_num_threads(),
         )
 
-    def conclude(self, result: ProbeResult, noise_scale: float | None) -> None:
-        """Add the recommendation and tell batch control the largest size that fits."""
+    def conclude(self, result: ProbeResult, advisor: Advisor | None) -> None:
+        """Tell batch control the largest size that fits, and give the probe's step times to
+        the advisor, whose answer is then the probe's recommendation."""
         control = self.control
         if control is None or result.status != "ok":
             return
@@ -137,22 +138,25 @@ class ProbeSource:
         memory_max = result.confirmed_max or result.max_batch_size or None
         if memory_max is not None and control.policy.max_size is not None:
             memory_max = min(memory_max, control.policy.max_size)
+        control.probe_max = memory_max
         shared = result.device == "cpu"
-        result.recommendation = plan.recommend(
-            result.points,
-            memory_max,
-            noise_scale,
-            control.loader_size,
-            shared_cores=shared,
-            trained_well=control.watch.trained_well,
-        )
-        untested = (result.confirmation or "").startswith("untested")
-        if result.recommendation is not None and untested:
-            result.recommendation.reasons.append(f"the prediction is {result.confirmation}")
+        if advisor is not None:
+            advisor.learn_probe(
+                [(p.batch_size, p.step_time_s) for p in result.points if p.fits and p.step_time_s]
+            )
+            advice = advisor.advise()
+            result.recommendation = Recommendation(
+                batch_size=advice.batch_size,
+                reasons=list(advice.reasons),
+                current=advice.current,
+                confidence=advice.confidence,
+                would_change=advice.would_change,
+            )
+            if (result.confirmation or "").startswith("untested"):
+                result.recommendation.reasons.append(f"the prediction is {result.confirmation}")
         result.budget_note = result.budget_note or self.budget_note
         if shared:
             result.notes.append(shared_cores_note(result, control))
-        control.probe_max = memory_max
 
 
 def default_cpu_budget() -> tuple[int, str]:

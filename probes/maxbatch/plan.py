@@ -27,13 +27,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..batch.safety import RATIO
-from ..wire.protocol import ProbePoint, Recommendation, WhatIf
+from ..wire.protocol import ProbePoint, WhatIf
 
 MAX_SIZES = 3
 MARGIN = 0.05  # taken off the predicted largest batch
 MAX_GROWTH = 8  # the next size is at most this many times the largest that ran
-SPEED_PLATEAU = 0.95  # "throughput stops rising": within 5% of the best measured
 RUNAWAY_FACTOR = 1.5  # on the CPU, a sidecar this far over its budget is killed by the job
 CPU_ALLOCATION_CAP = 0.9  # of that line: the sidecar's own allocations fail first
 CURVE_TOLERANCE = 0.10  # slopes closer than this are one line
@@ -234,88 +232,6 @@ def confirmed_max(predicted: int | None, points: Sequence[ProbePoint]) -> int | 
     if largest is None:
         return None
     return min(predicted, largest) if predicted is not None else largest
-
-
-def speed_size(points: Sequence[ProbePoint]) -> int | None:
-    """The smallest measured size whose throughput is within 5% of the best one."""
-    rated = [p for p in points if p.fits and p.samples_per_s]
-    if not rated:
-        return None
-    best = max(p.samples_per_s for p in rated)  # type: ignore[type-var]
-    return min(p.batch_size for p in rated if p.samples_per_s >= SPEED_PLATEAU * best)  # type: ignore[operator]
-
-
-def recommend(
-    points: Sequence[ProbePoint],
-    memory_max: int | None,
-    noise_scale: float | None,
-    current: int,
-    *,
-    shared_cores: bool = False,
-    trained_well: int | None = None,
-) -> Recommendation | None:
-    """One size joining memory (largest fit), speed (where throughput stops rising) and the
-    noise scale (beyond it, a larger batch buys little progress per sample), no further than
-    the 2× rule lets one change go from ``trained_well``, the last size that trained well
-    (``batch.safety``: the same rule that makes ``+`` ask first)."""
-    largest_run = max((p.batch_size for p in points if p.fits), default=None)
-    ceiling = memory_max if memory_max is not None else largest_run
-    if ceiling is None:
-        return None
-    reasons = [memory_reason(ceiling, largest_run)]
-    choice, deciding = ceiling, 0  # the reason that set the choice is said first
-    fast = speed_size(points)
-    if fast is not None and fast < choice:
-        choice, deciding = fast, len(reasons)
-        shared = " (measured beside the job, on its CPU cores)" if shared_cores else ""
-        reasons.append(f"speed: throughput stops rising at about {fast}{shared}")
-    elif fast is not None:
-        reasons.append("speed: throughput still rose at the largest size measured")
-    if noise_scale is not None and noise_scale > 0:
-        if noise_scale < current:  # never a case for a smaller batch: steps cost time too
-            if current < choice:
-                choice, deciding = current, len(reasons)
-            reasons.append(
-                f"noise scale: B_simple ≈ {noise_scale:,.0f}, below the job's {current:,} "
-                "(it grows as the loss falls): no case for a larger batch yet"
-            )
-        elif choice > noise_scale:
-            choice, deciding = math.floor(noise_scale), len(reasons)
-            reasons.append(
-                f"noise scale: B_simple ≈ {noise_scale:,.0f}; a larger batch mostly wastes samples"
-            )
-        else:
-            reasons.append(f"noise scale: B_simple ≈ {noise_scale:,.0f} leaves room above")
-    reasons.insert(0, reasons.pop(deciding))
-    choice = max(1, choice)
-    # memory is a hard ceiling; the rule bounds a step toward a size, not past what fits
-    step = min(within_one_change(choice, trained_well), ceiling) if trained_well else choice
-    if step != choice:
-        reasons.insert(0, one_change_reason(step, choice, trained_well))
-        choice = step
-    return Recommendation(batch_size=choice, reasons=reasons, current=current)
-
-
-def within_one_change(size: int, trained_well: int) -> int:
-    """``size``, or the size nearest it that one change may reach from ``trained_well``
-    without asking first (at most ``RATIO``× up or down)."""
-    return min(max(size, math.ceil(trained_well / RATIO)), math.floor(trained_well * RATIO))
-
-
-def one_change_reason(step: int, target: int, trained_well: int) -> str:
-    return (
-        f"one change at a time: {step:,} is as far as one goes from {trained_well:,}, the last "
-        f"size that trained well, toward {target:,} (more than {RATIO:g}× in one go can upset "
-        "training; the next step can follow once this one trains well)"
-    )
-
-
-def memory_reason(ceiling: int, largest_run: int | None) -> str:
-    if ceiling == largest_run:
-        return f"memory: {ceiling:,} ran a full step within the budget"
-    if largest_run is not None and ceiling < largest_run:
-        return f"memory: {ceiling:,} fits ({largest_run:,} ran a full step)"
-    return f"memory: up to {ceiling:,} is predicted to fit (untested)"
 
 
 def accumulation_what_if(memory_max: int | None) -> WhatIf:

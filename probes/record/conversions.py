@@ -18,6 +18,7 @@ import msgspec
 from ..anatomy.verdict import judged
 from ..anatomy.window import anatomy_of, totals_of
 from ..wire.protocol import (
+    Advice,
     AutopilotDecision,
     AutopilotReading,
     AutopilotState,
@@ -180,3 +181,14 @@ def autopilot_after(reading: AutopilotReading | None, event: Event) -> Autopilot
     except (KeyError, TypeError, msgspec.ValidationError):
         return reading
     return reading
+
+
+def advice_after(advice: Advice | None, event: Event) -> Advice | None:
+    """The advisor's answer as its ``advice`` events rebuild it (replay); an event whose data
+    does not read as the protocol says leaves it as it was (a record may be damaged)."""
+    if event.kind != "advice":
+        return advice
+    try:
+        return msgspec.convert(event.data["advice"], Advice)
+    except (KeyError, TypeError, msgspec.ValidationError):
+        return advice

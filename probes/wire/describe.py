@@ -5,7 +5,7 @@ One wording everywhere, so ``bsmon probe`` and the probe screen never disagree.
 
 from __future__ import annotations
 
-from .protocol import ProbeResult, Recommendation, WhatIf
+from .protocol import Advice, ProbeResult, Recommendation, WhatIf
 
 FAR_EXTRAPOLATION = 3.0  # beyond this many times the largest run, a prediction is a guess
 
@@ -68,3 +68,9 @@ def describe_recommendation(recommendation: Recommendation) -> str:
     if recommendation.stay:
         return f"stay at {recommendation.batch_size:,}"
     return f"{recommendation.batch_size:,}"
+
+
+def describe_advice(advice: Advice, lead: str = "advice") -> str:
+    """The advisor's answer in one line: what, the reason that decided, how sure."""
+    reason = advice.reasons[0] if advice.reasons else advice.why
+    return f"{lead}: {advice.headline} ({reason}; confidence {advice.confidence})"

@@ -221,6 +221,37 @@ class AutopilotDecision(msgspec.Struct, omit_defaults=True):
     note: str = ""
 
 
+AdviceAction = Literal["stay", "raise", "lower", "back", "wait"]
+Confidence = Literal["low", "medium", "high"]
+
+
+class Advice(msgspec.Struct, omit_defaults=True):
+    """The one answer to "which batch size?" (probes/batch/advisor.py, docs/batch-control.md):
+    the size to run now, the reasons (the one that decided first), how sure it is, and what
+    would change it. The Batch and Noise panels, the probe's result, the autopilot, the
+    confirmation of a key press and the summary all show this one decision.
+
+    ``action``: ``raise`` / ``lower`` to ``batch_size`` (one change: within 2× of the last size
+    that trained well, measured or predicted to fit), ``stay``, ``back`` (the loss diverged
+    after the latest change) or ``wait`` (not enough measured yet: stay meanwhile). ``target``
+    is where it heads over several changes; ``gain`` the progress per second predicted at
+    ``batch_size`` over ``current``; ``headline`` and ``why`` are the short forms a narrow panel
+    shows."""
+
+    batch_size: int
+    current: int
+    action: AdviceAction
+    rule: str = ""  # what decided: "goodput", "threshold", "estimate", "diverged", ...
+    reasons: list[str] = msgspec.field(default_factory=list)
+    confidence: Confidence = "low"
+    would_change: str = ""
+    target: int | None = None
+    gain: float | None = None
+    headline: str = ""  # "raise → 128", "stay at 64"
+    why: str = ""  # the first reason, short: "1.21× progress/s predicted"
+    step: int = 0
+
+
 AutopilotState = Literal["off", "on", "paused", "refused"]
 
 
@@ -279,6 +310,9 @@ class Recommendation(msgspec.Struct):
     batch_size: int
     reasons: list[str]
     current: int | None = None  # the job's batch size then: equal means "stay"
+    # the advisor's (``Advice``) when it made this: how sure, and what would change it
+    confidence: str | None = None
+    would_change: str | None = None
 
     @property
     def stay(self) -> bool:
@@ -375,6 +409,7 @@ class Hello(Message, tag="hello"):
     devices: list[DeviceReading] = msgspec.field(default_factory=list)
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
     autopilot: AutopilotReading | None = None
+    advice: Advice | None = None
 
 
 class MetricsPoint(msgspec.Struct, omit_defaults=True):
@@ -424,6 +459,7 @@ class Metrics(Message, tag="metrics"):
     probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
     ranks: RanksReading | None = None
     autopilot: AutopilotReading | None = None
+    advice: Advice | None = None
     errors: int = 0
     dropped: int = 0
 

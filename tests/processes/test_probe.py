@@ -17,7 +17,7 @@ from torch import nn
 from bsmon.probes import attach
 from bsmon.probes.maxbatch import plan, recipe
 from bsmon.probes.maxbatch.job import default_cpu_budget
-from bsmon.probes.wire import describe_prediction, describe_recommendation, protocol
+from bsmon.probes.wire import describe_prediction, protocol
 from bsmon.probes.wire.client import JobConnection
 from bsmon.probes.wire.protocol import ProbePoint
 
@@ -149,43 +149,6 @@ def test_the_prediction_is_confirmed_by_a_step_or_the_largest_size_that_ran_is_u
     assert plan.confirmed_max(1200, [*ran, point(1200, 1, fits=False)]) == 900  # it failed
     assert plan.confirmed_max(850, ran) == 850
     assert plan.confirmed_max(None, ran) == 900
-
-
-def test_the_recommendation_joins_memory_speed_and_noise():
-    points = [point(64, 1, speed=1000), point(512, 1, speed=3900), point(2048, 1, speed=4000)]
-    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=64)
-    assert rec.batch_size == 512 and any("stops rising" in r for r in rec.reasons)
-    rec = plan.recommend(points, memory_max=4000, noise_scale=300.0, current=64)
-    assert rec.batch_size == 300 and "B_simple ≈ 300" in rec.reasons[0]
-    rec = plan.recommend(points, memory_max=4000, noise_scale=1.2, current=64)  # early on
-    assert rec.batch_size == 64 and rec.stay  # never smaller for the noise scale: "stay"
-    assert "B_simple ≈ 1, below the job's 64" in rec.reasons[0]
-    rec = plan.recommend(points[:1], memory_max=None, noise_scale=None, current=64)
-    assert rec.batch_size == 64 and rec.stay  # the job's own size: "stay at 64"
-    assert describe_recommendation(rec) == "stay at 64"
-    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=64, shared_cores=True)
-    # the reason that decided comes first (issue 41: the probe screen shows the first one)
-    assert "stops rising at about 512 (measured beside the job, on its CPU cores)" in rec.reasons[0]
-    assert not rec.stay and describe_recommendation(rec) == "512"
-
-
-def test_the_recommendation_goes_no_further_than_one_change_may():
-    """The demo's finding (issue 41): from 128, the probe recommended B_simple's 262, 2.05×
-    the last size that trained well, where `+` would have asked first; applied, the loss
-    rose. One change goes at most 2× (batch.safety's rule), and says where it heads."""
-    points = [point(64, 1, speed=1000), point(512, 1, speed=3900), point(2048, 1, speed=4000)]
-    rec = plan.recommend(points, memory_max=4000, noise_scale=262.0, current=128, trained_well=128)
-    assert rec.batch_size == 256 and not rec.stay
-    assert rec.reasons[0].startswith("one change at a time: 256 is as far as one goes from 128")
-    assert "toward 262" in rec.reasons[0] and any("B_simple ≈ 262" in r for r in rec.reasons)
-    rec = plan.recommend(points, memory_max=4000, noise_scale=262.0, current=128, trained_well=64)
-    assert rec.batch_size == 128 and rec.stay  # 128 has not trained well yet: stay there
-    rec = plan.recommend(points, memory_max=4000, noise_scale=None, current=512, trained_well=2048)
-    assert rec.batch_size == 1024 and "toward 512" in rec.reasons[0]  # down too, at most 2×
-    rec = plan.recommend(points, memory_max=40, noise_scale=None, current=128, trained_well=128)
-    assert rec.batch_size == 40  # but never past what fits: memory is not a step to take
-    rec = plan.recommend(points, memory_max=4000, noise_scale=200.0, current=128, trained_well=128)
-    assert rec.batch_size == 200 and not rec.reasons[0].startswith("one change")  # within 2×
 
 
 def test_the_default_cpu_budget_says_why_it_is_what_it_is():
@@ -343,6 +306,11 @@ def test_a_cpu_probe_under_a_budget_end_to_end(bsmon_dir):
         assert result.extrapolation is not None and result.budget_bytes == budget
         assert result.recommendation is not None
         assert result.recommendation.batch_size <= result.predicted_max
+        # the probe's recommendation is the advisor's answer, the one every surface shows
+        advice = mon.stats()["advice"]
+        assert advice["batch_size"] == result.recommendation.batch_size
+        assert result.recommendation.reasons[: len(advice["reasons"])] == advice["reasons"]
+        assert result.recommendation.confidence == advice["confidence"]
         assert result.what_ifs[0].technique == "as is"
         assert result.budget_note == "as asked"
         (note,) = result.notes  # on the CPU the sidecar and the job share the cores
@@ -444,8 +412,11 @@ def test_a_recommendation_that_runs_out_of_memory_in_the_job_steps_back_and_says
     data = torch.utils.data.TensorDataset(torch.randn(4096, 64), torch.randint(0, 8, (4096,)))
     with mon:
         result = mon.probe(memory_budget=700 * MiB, timeout=180)
-        recommended = result.recommendation.batch_size
-        assert result.status == "ok" and recommended > 32, result
+        # after five steps the advice is to wait at 32 (B_simple unresolved): the user takes
+        # the next size the probe found to fit instead, as `+` would
+        recommended = 64
+        assert result.status == "ok" and result.max_batch_size >= recommended, result
+        assert result.recommendation.batch_size == 32, result.recommendation
         with JobConnection(mon.socket_path) as conn:  # `a` on the probe screen, confirmed
             reply = conn.request(
                 protocol.SetBatchSize(

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
-from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
-from bsmon.probes.batch.autopilot import SETTLE_STEPS, THRESHOLD, WARMUP_STEPS, Autopilot
-from bsmon.probes.batch.control import BatchController
-from bsmon.probes.batch.extension import AutopilotExtension
+from bsmon.probes.batch.autopilot import SETTLE_STEPS, WARMUP_STEPS
+from bsmon.probes.batch.autopilot_holds import THRESHOLD
 from bsmon.probes.batch.gain_claim import GainLedger
 from bsmon.probes.batch.goodput import (
     fit_step_time,
@@ -23,149 +20,16 @@ from bsmon.probes.batch.goodput import (
     optimum,
     throughput_ratio,
 )
-from bsmon.probes.batch.policy import BatchPolicy
 from bsmon.probes.batch.verdict import SizeThroughput
-from bsmon.probes.runtime.devices import DeviceSample
-from bsmon.probes.runtime.fault_guard import FaultGuard
 from bsmon.probes.runtime.inbox import TICK_S
 from bsmon.probes.wire.protocol import (
-    BatchChange,
-    Capability,
     Event,
-    HostReading,
     Metrics,
     NoiseScaleReading,
 )
 from bsmon.probes.wire.routing import CommandRefused
 
-Noise = Callable[[int], NoiseScaleReading]
-
-
-def tight(phi: float, spread: float = 0.1) -> Noise:
-    """A resolved estimate: φ with a 95% interval of ±``spread``."""
-    reading = NoiseScaleReading(b_simple=phi, ci_low=phi * (1 - spread), ci_high=phi * (1 + spread))
-    return lambda _step: reading
-
-
-class Job:
-    """A training job as the agent sees it: steps in windows, a batch size that changes at
-    step boundaries, the extensions' order (the batch watch first, then the autopilot's
-    extension, which asks for device samples into ``samples_asked``)."""
-
-    def __init__(
-        self,
-        *,
-        size: int = 16,
-        half: float = 64.0,
-        c: float = 1e-5,
-        noise: Noise | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        lr_scaling: str | None = "auto",
-        scheduler: object = None,
-        max_size: int | None = None,
-        declared_half: float | None = None,
-        on: bool = True,
-        epoch_steps: int = 100,
-        scheduler_every: int | None = None,
-        plain_step_s: float | None = None,
-    ) -> None:
-        """``scheduler_every``: ``scheduler.step()`` every that many steps (an epoch is
-        ``epoch_steps`` steps of its DataLoader)."""
-        self.step, self.t = 0, 1000.0
-        self.scheduler, self.scheduler_every = scheduler, scheduler_every
-        self.half, self.c, self.noise = half, c, noise or tight(1000.0)
-        self.events: list[Event] = []
-        self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-        self.control = BatchController(
-            initial=size,
-            policy=BatchPolicy(max_size=max_size),
-            micro_batch_size=None,
-            optimizer=self.optimizer,
-            lr_scaling=lr_scaling,
-            scheduler=scheduler,
-            emit=self.events.append,
-            record=self._applied,
-            guard=FaultGuard(lambda _event: None, lambda: 0),
-            step=lambda: self.step,
-            noise_scale=lambda: self.noise(self.step).b_simple,
-        )
-        self.switched_at = time.time()  # the controller's start counts as a switch
-        self.stale_sample = DeviceSample(
-            devices=[], gpu=Capability(False, "no GPU"), host=HostReading(), t=0.0
-        )
-        self.autopilot = Autopilot(
-            self.control,
-            noise_refusal=lambda: None,
-            emit=self.events.append,
-            step=lambda: self.step,
-            declared_half=declared_half,
-            epochs=lambda: self.step // epoch_steps + 1,
-            plain_step_s=lambda: plain_step_s,
-        )
-        self.samples_asked: list[int] = []
-        self.extension = AutopilotExtension(
-            self.autopilot, self.control, lambda: self.samples_asked.append(self.step)
-        )
-        self.sizes: list[int] = []
-        if on:
-            self.autopilot.switch(True)
-
-    def _applied(self, change: BatchChange) -> None:
-        self.switched_at = change.t
-        self.control.add_change(change)
-        self.autopilot.on_change(change)
-
-    def step_time(self, size: int) -> float:
-        return self.c * (self.half + size)
-
-    def run(
-        self,
-        windows: int,
-        steps: int = 10,
-        loss: Callable[[int], float] = lambda _s: 1.0,
-        sampled: bool = True,
-    ):
-        """``windows`` metrics windows of ``steps`` steps; ``sampled``: the device sampler's
-        reading of each window arrives with it (False: the sampler has not come round)."""
-        for _ in range(windows):
-            self.control.at_step_boundary()
-            size = self.control.size
-            step_time = self.step_time(size)
-            for _ in range(steps):
-                self.step += 1
-                if self.scheduler_every and self.step % self.scheduler_every == 0:
-                    self.optimizer.step()  # no gradients: a no-op the scheduler expects first
-                    self.scheduler.step()
-            sample = self.sample(size) if sampled else self.stale_sample
-            self.control.observe_sample(sample, self.step)
-            self.extension.on_tick(sample)
-            self.t += step_time * steps
-            metrics = Metrics(
-                t=self.t,
-                step=self.step,
-                batch_size=size,
-                step_time_s=step_time,
-                samples_per_s=size / step_time,
-                b_simple=None,
-                steps_in_window=steps,
-                scalars={"loss": loss(self.step)},
-                noise=self.noise(self.step),
-            )
-            self.events.extend(self.control.observe_metrics(metrics))
-            self.extension.metrics_part(metrics)
-            self.sizes.append(size)
-        return self
-
-    def sample(self, size: int) -> DeviceSample:
-        """The sampler's reading of the process after steps at ``size``: taken after the
-        switch (a microsecond after it at least, as a real sampler's comes well after)."""
-        host = HostReading(rss_bytes=(100 << 20) + size * 1024)
-        t = max(time.time(), self.switched_at) + 1e-6
-        return DeviceSample(devices=[], gpu=Capability(False, "no GPU"), host=host, t=t)
-
-    def decisions(self, kind: str | None = None) -> list:
-        return [d for d in self.autopilot.decisions if kind is None or d.kind == kind]
-
+from ..simulated_job import Job, Noise, tight
 
 # -- the model ------------------------------------------------------------------------------
 
@@ -331,13 +195,14 @@ def falling(after: int, phi: float, spread: float) -> Noise:
 
 
 def test_it_shrinks_only_when_even_the_high_end_of_the_interval_says_so_and_never_below_the_start():
-    job = Job(size=16, half=64, noise=falling(600, 20.0, 0.1)).run(150)
+    # each doubling waits for the size before to train well (the 2× rule: 200 steps)
+    job = Job(size=16, half=64, noise=falling(1200, 20.0, 0.1)).run(250)
     shrinks = job.decisions("shrink")
     assert job.decisions("grow") and shrinks, job.sizes
     assert all(d.b_simple_high == pytest.approx(22.0) for d in shrinks)
     assert job.control.size == 32  # √(64·22) ≈ 38, and never below the start's 16
     assert min(job.sizes[60:]) >= 16
-    wide = Job(size=16, half=64, noise=falling(600, 20.0, 50.0)).run(150)
+    wide = Job(size=16, half=64, noise=falling(1200, 20.0, 50.0)).run(250)
     assert not wide.decisions("shrink") and wide.control.size == 256
     start = Job(size=1024, half=16, noise=tight(5.0)).run(40)  # B* ≈ 9 but 1024 was chosen
     assert start.decisions() == [] and start.control.size == 1024
@@ -688,8 +553,8 @@ def capped(job: Job) -> Job:
             "holds: not below 1024",
             "autopilot holding at 1024: never below the size the run started at, 1024",
         ),
-        (
-            lambda: capped(Job(size=16, half=64, noise=tight(1000.0))),
+        (  # from 32 one change reaches 64 without waiting for 32 to train well
+            lambda: capped(Job(size=32, half=64, noise=tight(1000.0))),
             "holds: 128 may not fit",
             "autopilot holding at 64: 128 may not fit (",
         ),
@@ -714,14 +579,18 @@ def test_a_look_that_holds_says_which_rule_held_it_once(make, short, said):
 
 
 def test_a_new_rule_or_a_decision_makes_a_hold_news_again_and_paused_it_holds_nothing():
-    job = Job(size=16, half=64, noise=tight(1000.0, spread=0.05))
+    job = Job(size=32, half=64, noise=tight(1000.0, spread=0.05))
     job.control.probe_max = 64
     job.run(120)
     assert [e.data["held"] for e in holds(job)] == ["holds: 128 may not fit"]
     job.control.probe_max = None  # the ceiling lifts: it grows, then the threshold holds it
     job.run(120)
     assert job.control.size == 256
-    assert [e.data["held"] for e in holds(job)][1:] == [job.autopilot.reading().held]
+    # at 128, 256 waits for 128 to train well (4× the 64 that last did); then the threshold
+    assert [e.data["held"] for e in holds(job)][1:] == [
+        "holds: 2× from 64",
+        job.autopilot.reading().held,
+    ]
     assert job.autopilot.reading().held.startswith("holds: 0.")
     job.control.request(128, confirm=True, reason="the user's key", source="monitor")
     assert job.autopilot.reading().held is None

@@ -656,7 +656,7 @@ def test_the_noise_panel_and_the_summary_say_one_verdict(summary, batch):
     )
     kinds = {n.kind for n in recommend.recommendations(ended)}
     (panel,) = meaning(batch, b_simple, compact=True)
-    said = panel.text.rsplit(": ", 1)[1]
+    said = panel.text.rsplit(" · ", 1)[1]
     expected = {"raise B": "batch_below_noise_scale", "B too big": "batch_above_noise_scale"}
     assert said == ("raise B" if batch < 25 else "B too big" if batch > 100 else "balanced")
     assert kinds & set(expected.values()) == ({expected[said]} if said in expected else set())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from bsmon.probes.wire.protocol import (
+    Advice,
     AutopilotReading,
     BatchChange,
     BatchReading,
@@ -116,6 +117,18 @@ def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
     return lines
 
 
+ADVICE_COLOURS = {"raise": "$success", "lower": "$success", "back": "$error", "wait": "$text-muted"}
+
+
+def advice_line(advice: Advice | None) -> str | None:
+    """The advisor's answer and the short form of the reason that decided it (the agent's
+    words: the panel decides nothing). None: a job or record from before the advisor."""
+    if advice is None:
+        return None
+    colour = ADVICE_COLOURS.get(advice.action, "$text")
+    return f"advice  [{colour}][b]{advice.headline}[/b][/] [$text-muted]· {advice.why}[/]"
+
+
 def off_line(snap: Snapshot) -> str | None:
     """One line for the greyed keys; their reasons are in the help (``?``)."""
     off = keys_off(snap)
@@ -136,7 +149,10 @@ class BatchPanel(Static):
         step = f"step    {fmt.duration(m.step_time_s)}"
         if (why := headline(m.anatomy)) is not None:
             step += f" · {why}"
-        lines = [f"batch   {size_line(m)}", step, speed, f"seen    {fmt.count(m.samples)} samples"]
+        lines = [f"batch   {size_line(m)}"]
+        if (advice := advice_line(m.advice)) is not None:
+            lines.append(advice)  # second: in view at 80×24 (issue 41)
+        lines += [step, speed, f"seen    {fmt.count(m.samples)} samples"]
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:

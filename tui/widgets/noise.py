@@ -21,7 +21,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from bsmon.probes.wire import BALANCED, RAISE, TOO_BIG, TOO_EARLY, noise_verdict
-from bsmon.probes.wire.protocol import Capability, MetricsPoint, NoiseScaleReading
+from bsmon.probes.wire.protocol import Advice, Capability, MetricsPoint, NoiseScaleReading
 
 from .. import format as fmt
 from ..session import Snapshot
@@ -84,26 +84,37 @@ def estimator_text(reading: NoiseScaleReading) -> str:
     return " · ".join(parts)
 
 
-def meaning(batch: int | None, b: float, bound: bool = False, compact: bool = False) -> list[Line]:
+def meaning(
+    batch: int | None,
+    b: float,
+    bound: bool = False,
+    compact: bool = False,
+    advice: Advice | None = None,
+) -> list[Line]:
     """What B_simple = b says about a batch of ``batch`` (the paper's eqs. 2.7 and 2.11);
     ``bound``: b is only a lower bound, which says to raise a batch below it and nothing yet
-    about one above it."""
+    about one above it. With the advisor's answer (``advice``), the verdict on steps alone
+    stands beside it, and the answer is the advisor's: it weighs the step time too."""
     if not batch:
         return [Line("a batch near B_simple balances steps against samples", priority=2)]
     worth = batch / (batch + b)
     relation = "≤" if bound else "≈"
     verdict = noise_verdict(batch, b, bound)
-    advice = {
-        RAISE: f"raising the batch toward {value(b)} cuts steps with little loss of sample "
-        "efficiency",
-        TOO_EARLY: "too early to say whether a larger batch pays",
-        TOO_BIG: "the batch is far above B_simple: a larger one wastes compute",
-        BALANCED: "the batch is near B_simple: a balance of steps and samples",
-    }[verdict]
+    if advice is not None:
+        said = f"{verdict} counting steps alone · advice: {advice.headline} ({advice.why})"
+    else:  # a job or record from before the advisor
+        said = {
+            RAISE: f"raising the batch toward {value(b)} cuts steps with little loss of sample "
+            "efficiency",
+            TOO_EARLY: "too early to say whether a larger batch pays",
+            TOO_BIG: "the batch is far above B_simple: a larger one wastes compute",
+            BALANCED: "the batch is near B_simple: a balance of steps and samples",
+        }[verdict]
     if compact:
-        return [Line(f"B={batch:,} step worth {relation}{worth:.0%}: {verdict}")]
+        answer = f"advice: {advice.headline}" if advice is not None else verdict
+        return [Line(f"B={batch:,} step worth {relation}{worth:.0%} · {answer}")]
     lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
-    lines.append(Line(advice, priority=1))
+    lines.append(Line(said, priority=1))
     if not bound:
         steps, samples = 1 + b / batch, 1 + batch / b
         lines.append(
@@ -121,6 +132,7 @@ def describe(
     capability: Capability | None,
     batch: int | None,
     compact: bool = False,
+    advice: Advice | None = None,
 ) -> list[Line]:
     """Every line the panel could show, each with its priority; ``compact``: the meaning in
     one short line, for a panel with only a few rows."""
@@ -138,7 +150,7 @@ def describe(
         lines.append(Line(headline(reading), "b"))
         if biased:
             lines.append(Line("biased: consecutive steps, for comparison only", "$error"))
-        lines.extend(meaning(batch, reading.b_simple, compact=compact))
+        lines.extend(meaning(batch, reading.b_simple, compact=compact, advice=advice))
         lines.append(Line(CITATION, "$text-muted italic", priority=2))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
         if reading.ci_low is not None and reading.ci_high is not None:
@@ -147,7 +159,9 @@ def describe(
     elif reading.lower_bound is not None:
         lines.append(Line(f"B_simple > {value(reading.lower_bound)} (lower bound)", "b"))
         lines.append(Line("|G|² not resolved from the noise yet", "$text-muted", priority=2))
-        lines.extend(meaning(batch, reading.lower_bound, bound=True, compact=compact))
+        lines.extend(
+            meaning(batch, reading.lower_bound, bound=True, compact=compact, advice=advice)
+        )
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
         if reading.status:  # the job's words (older jobs and records send none)
@@ -308,12 +322,13 @@ class NoisePanel(Vertical):
         latest = snap.latest
         reading = latest.noise if latest is not None else None
         batch = latest.batch_size if latest is not None else None
+        advice = latest.advice if latest is not None else None
         rows = self.rows_to_spare()
         width = self.content_size.width or 32
         self._fitted_to = (rows, width)
-        lines = describe(reading, snap.noise_capability, batch)
+        lines = describe(reading, snap.noise_capability, batch, advice=advice)
         if _rows_needed(lines, width, 1) > rows:
-            lines = describe(reading, snap.noise_capability, batch, compact=True)
+            lines = describe(reading, snap.noise_capability, batch, compact=True, advice=advice)
         essential = min(rows, _rows_needed(lines, width, 2))
         chart = self.query_one(NoiseChart)
         chart_rows = min(CHART_MAX_ROWS, rows - essential - 1)  # and a row for the key
