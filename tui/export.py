@@ -91,12 +91,13 @@ def summary_from_snapshot(snap: Snapshot) -> Summary:
         session=session,
         capabilities=dict(snap.capabilities),
     )
-    items: list[object] = list(conversions.spans_from_points(snap.points, session.start_time))
+    spans = list(conversions.spans_from_points(snap.points, session.start_time))
     latest = snap.latest
     if latest is not None:
-        t = max(latest.t, items[-1].t1 if items else session.start_time)  # type: ignore[attr-defined]
-        items.append(conversions.latest_span(latest, t))
-    items.extend(snap.events)
+        t = max(latest.t, spans[-1].t1 if spans else session.start_time)
+        spans.append(conversions.latest_span(latest, t))
+    # events first, as in a record: the spans a probe ran in are known when they are read
+    items: list[object] = [*snap.events, *spans]
     if snap.state is ConnState.FINISHED:
         step = latest.step if latest else 0
         items.append(

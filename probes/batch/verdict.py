@@ -10,7 +10,8 @@ estimator's
 
 for k windows of nᵢ samples in tᵢ seconds. A change's verdict waits until the two sizes
 differ by more than ``Z`` standard errors of the difference; after ``MAX_WAIT_S`` seconds at
-the new size without that, the verdict is "no measurable difference".
+the new size without that (those a probe shared not counted: ``watch``), the verdict is "no
+measurable difference".
 """
 
 from __future__ import annotations

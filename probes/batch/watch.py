@@ -33,6 +33,7 @@ class ChangeWatch:
         # measures the job with a neighbour, not a batch size (the agent connects the probe)
         self.device_shared_since: Callable[[float], bool] = lambda _t: False
         self._last_window_end: float | None = None
+        self._shared_s = 0.0  # seconds since the latest change that a probe shared
 
     @property
     def latest(self) -> BatchChange | None:
@@ -52,6 +53,7 @@ class ChangeWatch:
             change.samples_per_s_before = before.mean
             change.samples_per_s_se_before = before.se
         self.changes.append(change)
+        self._shared_s = 0.0
         self._loss.start(change.step)
 
     def observe(self, metrics: Metrics, nonfinite_loss: bool = False) -> list[Event]:
@@ -76,19 +78,28 @@ class ChangeWatch:
         started, self._last_window_end = self._last_window_end, metrics.t
         if size is None or not rate or not step_time:
             return
-        if started is None or self.device_shared_since(started):
-            return  # the window's start is unknown, or a probe slowed the job in it
+        if started is None:
+            return  # the window's start is unknown
+        if self.device_shared_since(started):
+            self._count_shared(started, metrics.t, latest)
+            return  # a probe slowed the job in it: it measures a neighbour, not a size
         first = metrics.step - metrics.steps_in_window
         if latest is not None and first < latest.step < metrics.step:
             return  # a window with steps at both sizes belongs to neither
         seconds = step_time * metrics.steps_in_window
         self.sizes.setdefault(size, SizeThroughput()).add(rate * seconds, seconds)
 
+    def _count_shared(self, started: float, ended: float, latest: BatchChange | None) -> None:
+        """A window a probe shared is not waited for either: the verdict's wait counts the
+        seconds after the change that measured the new size."""
+        since = started if latest is None else max(started, latest.t)
+        self._shared_s += max(ended - since, 0.0)
+
     def _judge(self, change: BatchChange, now: float) -> Event | None:
         before, after = self.sizes.get(change.old), self.sizes.get(change.new)
         if before is None or after is None:
             return None
-        found = verdict.judge(before, after, now - change.t)
+        found = verdict.judge(before, after, now - change.t - self._shared_s)
         if found is None:
             return None
         change.verdict = found.outcome

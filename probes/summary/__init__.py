@@ -4,6 +4,8 @@ Modules, one job each:
 
 - ``schema``: the shape of summary.json, version 1 (docs/summary.md);
 - ``build``: the summary computed from a record in one streaming pass, and written;
+- ``probe_runs``: when a probe's sidecar ran, from the record's events: the spans the
+  per-size throughput leaves out;
 - ``recommend``: recommendations drawn from a summary, each with its basis stated;
 - ``markdown``: summary.md, for a person; ``text_charts``: its charts, drawn by plotext.
 

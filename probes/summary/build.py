@@ -48,6 +48,7 @@ from ..record.reader import RecordReader, open_record
 from ..wire.describe import batch_varies
 from ..wire.discovery import replace_atomically
 from ..wire.protocol import Event, StepAnatomy
+from .probe_runs import ProbeRuns
 from .recommend import recommendations
 from .schema import (
     SUMMARY_VERSION,
@@ -129,7 +130,11 @@ def _segment_key(seg: _Segment) -> tuple[int | None, bool]:
 
 @dataclass
 class _SizeTotals:
+    """One size's steps; its throughput figures leave out those a probe shared."""
+
     steps: int = 0
+    left_out_steps: int = 0  # in spans a probe's sidecar shared
+    left_out_s: float = 0.0  # their timed seconds
     timed_s: float = 0.0
     timed_samples: int = 0
     uncounted_s: float = 0.0
@@ -170,6 +175,7 @@ class SummaryBuilder:
         self.segments_left_out = 0
         # by batch size, and whether the size varied step to step (then None)
         self.sizes: dict[tuple[int | None, bool], _SizeTotals] = {}
+        self.probe_runs = ProbeRuns()
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
         self.autopilot: Autopilot | None = None
         self.event_notes: list[Note] = []
@@ -284,9 +290,16 @@ class SummaryBuilder:
             seg.timed_s += span.timed_s
             seg.timed_samples += span.timed_samples
             seg.uncounted_s += span.uncounted_s
+        self._size_totals(span)
+
+    def _size_totals(self, span: Span) -> None:
         totals = self.sizes.setdefault((span.batch_size, bool(span.batch_range)), _SizeTotals())
         totals.varies = merge_range(totals.varies, span.batch_range)
         totals.steps += span.steps
+        if self.probe_runs.shared(span.t0, span.t1):
+            totals.left_out_steps += span.steps
+            totals.left_out_s += span.timed_s
+            return
         totals.timed_s += span.timed_s
         totals.timed_samples += span.timed_samples
         totals.uncounted_s += span.uncounted_s
@@ -297,6 +310,7 @@ class SummaryBuilder:
 
     def _event(self, event: Event) -> None:
         self.last_t = max(self.last_t, event.t)
+        self.probe_runs.see(event)
         if event.kind == "noise_scale" and event.level == "warning":
             self.noise_reason = self.noise_reason or _noise_reason(event.message)
         elif event.kind == "noise_scale" and event.message.startswith(WARMUP_ENDED):
@@ -534,12 +548,14 @@ class SummaryBuilder:
         return BatchSize(
             batch_size=size,
             steps=t.steps,
-            duration_s=_round(t.timed_s),
+            duration_s=_round(t.timed_s + t.left_out_s),
             samples_per_s=_round(throughput(t.timed_samples, t.timed_s, t.uncounted_s)),
             best_samples_per_s=_round(t.best) if t.best is not None else None,
             step_time_p50_s=_round(p50),
             samples_per_s_se=_round(t.windows.se),
             varies=batch_varies(t.varies),
+            left_out_steps=t.left_out_steps,
+            left_out_s=_round(t.left_out_s) or 0.0,
         )
 
     def _series(self) -> dict[str, list[Point]]:

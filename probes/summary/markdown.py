@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
-from .schema import BatchSegment, Note, Run, Summary
+from .schema import BatchSegment, BatchSize, Note, Run, Summary
 from .text_charts import charts_section
 
 
@@ -223,7 +223,25 @@ def _batch_sizes(s: Summary) -> str:
     )
     return (
         f"## Batch size\n\nIn order:\n\n{history}{_first_step_note(s.batch_size_history)}"
-        f"\nWhat each size reached:\n\n{by_size}"
+        f"\nWhat each size reached:\n\n{by_size}{_left_out_note(s.batch_sizes)}"
+    )
+
+
+def _left_out_note(sizes: list[BatchSize]) -> str:
+    """The steps the per-size figures leave out, and why: a probe's sidecar shared the job's
+    device then (the live verdicts leave out the same windows)."""
+    parts = [
+        f"{b.left_out_steps:,} steps at {b.varies or _size(b.batch_size)} "
+        f"({duration(b.left_out_s)})"
+        for b in sorted(sizes, key=lambda b: b.batch_size or 0)
+        if b.left_out_steps
+    ]
+    if not parts:
+        return ""
+    return (
+        f"\nLeft out of samples/s, best and step time p50: {' and '.join(parts)}, run while a "
+        "probe's sidecar shared the job's device (they measure the job beside the sidecar, "
+        "not the batch size).\n"
     )
 
 

@@ -127,7 +127,8 @@ def _best_size(summary: Summary, notes: list[Note]) -> None:
         return
     ranked = sorted(sizes, key=lambda s: s.samples_per_s or 0.0, reverse=True)
     best, second = ranked[0], ranked[1]
-    measured = f"{best.samples_per_s:,.0f} samples/s, measured over {best.steps:,} steps"
+    steps = best.steps - best.left_out_steps  # those a probe shared say nothing of the size
+    measured = f"{best.samples_per_s:,.0f} samples/s, measured over {steps:,} steps"
     se = [s.samples_per_s_se for s in (best, second)]
     if None not in se and (best.samples_per_s - second.samples_per_s) <= verdict.Z * math.hypot(
         *se  # type: ignore[arg-type]

@@ -132,6 +132,10 @@ class BatchSize(msgspec.Struct):
     samples_per_s_se: float | None = None
     # batch_size None because the examples per step changed step to step: their range, said
     varies: str | None = None
+    # steps (in steps) and their seconds (in duration_s) run while a probe's sidecar shared
+    # the device: left out of samples_per_s, its SE, best_samples_per_s and step_time_p50_s
+    left_out_steps: int = 0
+    left_out_s: float = 0.0
 
 
 class Scalar(msgspec.Struct):

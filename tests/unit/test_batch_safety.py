@@ -278,38 +278,78 @@ def test_a_mixed_loss_is_not_judged_after_a_change_but_a_nan_still_is():
     assert [e.kind for e in events] == ["loss_diverged"]
 
 
+class BesideAProbe:
+    """A batch watch fed one-second metrics windows (``t`` their end, 10 steps each), told
+    that a probe's sidecar shared the device from ``started`` to ``ended``; ``rate(t, size)``
+    gives each window's samples/s."""
+
+    def __init__(self, started: float, ended: float, rate) -> None:
+        from bsmon.probes.batch.watch import ChangeWatch
+
+        self.now = 0
+        self.rate = rate
+        self.watch = ChangeWatch(16, lambda: 0)
+        self.watch.device_shared_since = lambda t: started <= self.now and ended > t
+
+    def observe(self, t: int, size: int) -> list:
+        from bsmon.probes.wire.protocol import Metrics
+
+        self.now = t
+        rate = self.rate(t, size)
+        metrics = Metrics(
+            t=float(t), step=10 * t, batch_size=size, step_time_s=size / rate,
+            samples_per_s=rate, b_simple=None, steps_in_window=10,
+        )  # fmt: skip
+        return self.watch.observe(metrics)
+
+    def change(self, t: int, old: int, new: int):
+        from bsmon.probes.wire.protocol import BatchChange
+
+        change = BatchChange(
+            step=10 * t, t=float(t), old=old, new=new, reason="+", source="monitor"
+        )
+        self.watch.add_change(change)
+        return change
+
+
 def test_windows_a_probe_slowed_are_not_counted_for_either_size():
     """The sidecar shares the job's device while it probes: what the job did then says nothing
     about its batch size (seen on minGPT: 'batch 16 → 32 bought -90% throughput' with a probe
     started four steps after the change)."""
-    import random
-
-    from bsmon.probes.batch.watch import ChangeWatch
-    from bsmon.probes.wire.protocol import BatchChange, Metrics
-
     rng = random.Random(0)
     probe_started, probe_ended = 21.5, 40.5
-    now = 0.0
 
-    def window(t: int, size: int) -> Metrics:
+    def rate(t: int, size: int) -> float:
         slowed = probe_started < t and t - 1 < probe_ended
-        rate = (20.0 if slowed else size * 10.0) * rng.uniform(0.98, 1.02)
-        return Metrics(
-            t=float(t), step=10 * t, batch_size=size, step_time_s=size / rate,
-            samples_per_s=rate, b_simple=None, steps_in_window=10,
-        )  # fmt: skip
+        return (20.0 if slowed else size * 10.0) * rng.uniform(0.98, 1.02)
 
-    watch = ChangeWatch(16, lambda: 0)
-    watch.device_shared_since = lambda t: probe_started <= now and probe_ended > t
+    job = BesideAProbe(probe_started, probe_ended, rate)
     for now in range(20):
-        watch.observe(window(now, 16))
-    change = BatchChange(step=200, t=20.0, old=16, new=32, reason="+", source="monitor")
-    watch.add_change(change)
+        job.observe(now, 16)
+    change = job.change(20, 16, 32)
     events = []
     for now in range(21, 80):
-        events += watch.observe(window(now, 32))
+        events += job.observe(now, 32)
     (verdict_event,) = [e for e in events if e.kind == "batch_size_result"]
     assert change.verdict == "faster"
     assert 310 < change.samples_per_s_after < 330  # the probe's 20 samples/s left out
     assert 155 < change.samples_per_s_before < 165
     assert verdict_event.data["after"] == change.samples_per_s_after
+
+
+def test_seconds_a_probe_shared_do_not_count_toward_the_wait_for_a_verdict():
+    """'No measurable difference' comes after 60 s that measured the new size: a probe that
+    ran 56 s of them (the newcomer's demo) leaves 4 s measured, too few to say it."""
+    rng = random.Random(3)
+    job = BesideAProbe(21.5, 76.5, lambda _t, _size: 160.0 * rng.uniform(0.98, 1.02))
+    for now in range(20):
+        job.observe(now, 16)
+    change = job.change(20, 16, 32)
+    judged_at = next(
+        now
+        for now in range(21, 200)
+        if any(e.kind == "batch_size_result" for e in job.observe(now, 32))
+    )
+    assert change.verdict == verdict.SAME
+    shared = 77 - 21  # the windows ending at 22..77 began before the probe's end
+    assert judged_at == 20 + shared + verdict.MAX_WAIT_S

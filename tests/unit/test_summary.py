@@ -385,6 +385,61 @@ def test_each_sizes_throughput_has_its_standard_error_and_noise_names_no_fastest
     assert "samples/s (± SE)" in markdown
 
 
+def beside_a_probe() -> list:
+    """The newcomer's demo: 64 at 5,200 samples/s, then 128 at 7,300 but for the 57 spans a
+    probe's sidecar shared (80.2 s to 136.5 s in), when the job made 3,000. Events come before
+    the span whose tick drained them, as the recorder writes them."""
+    rng = random.Random(11)
+    spans = [
+        *noisy_spans(rng, 64, 5200.0, 60, 0),
+        *noisy_spans(rng, 128, 7300.0, 20, 60),
+        *noisy_spans(rng, 128, 3000.0, 57, 80),
+        *noisy_spans(rng, 128, 7300.0, 43, 137),
+    ]
+    probe = [
+        Event(t=START + 80.2, step=800, kind="probe_started", message="probe started"),
+        Event(t=START + 136.5, step=1365, kind="probe_result", message="max batch 4,096"),
+    ]
+    return sorted([*spans, *probe], key=lambda item: getattr(item, "t1", getattr(item, "t", 0)))
+
+
+def test_the_per_size_figures_leave_out_the_spans_a_probe_shared_and_say_so(tmp_path):
+    items = beside_a_probe()
+    summary = write_record(tmp_path / "r.jsonl", [header_for(session(), 64, START), *items])
+    sizes = {b.batch_size: b for b in summary.batch_sizes}
+    assert sizes[128].samples_per_s == pytest.approx(7300, rel=0.03)  # not 4,300 with the probe
+    assert sizes[128].left_out_steps == 570 and sizes[128].steps == 1200
+    assert sizes[128].left_out_s == pytest.approx(57 * 1280 / 3000, rel=0.05)
+    assert sizes[64].left_out_steps == 0 and sizes[64].samples_per_s == pytest.approx(
+        5200, rel=0.03
+    )
+    assert sum(b.duration_s for b in summary.batch_sizes) == pytest.approx(summary.time.steps_s)
+    (fastest,) = [r for r in summary.recommendations if r.kind == "fastest_batch_size"]
+    assert "128" in fastest.message and "measured over 630 steps" in fastest.message
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "570 steps at 128" in markdown and "probe's sidecar shared" in markdown
+    # compacted, merged spans that straddle the probe's ends are left out whole
+    merged = list(compact(items, start=START, now=START + 180, bucket_s=0.5, per_level=8))
+    small = write_record(tmp_path / "c.jsonl", [header_for(session(), 64, START), *merged])
+    size = next(b for b in small.batch_sizes if b.batch_size == 128)
+    assert size.left_out_steps >= 570 and size.samples_per_s == pytest.approx(7300, rel=0.03)
+
+
+def test_a_summary_from_the_dashboards_data_leaves_out_what_a_probe_shared_too():
+    """``e`` on a job without a record: the dashboard's ~1 s points and its events."""
+    from bsmon.probes.record.conversions import point_of
+    from bsmon.tui.export import summary_from_snapshot
+    from bsmon.tui.session import ConnState, Snapshot
+
+    items = beside_a_probe()
+    points = tuple(point_of(item) for item in items if isinstance(item, Span))
+    events = tuple(item for item in items if isinstance(item, Event))
+    snap = Snapshot(ConnState.LIVE, "", "demo", session(), points=points, events=events)
+    sizes = {b.batch_size: b for b in summary_from_snapshot(snap).batch_sizes}
+    assert sizes[128].left_out_steps == 570
+    assert sizes[128].samples_per_s == pytest.approx(7300, rel=0.03)
+
+
 def test_a_loss_that_diverged_after_a_change_is_a_warning_and_a_recommendation(tmp_path):
     message = "loss rose 0.31 → 2.3, well above its level before the change after batch 64 → 1"
     event = Event(
