@@ -7,7 +7,8 @@ Modules, one job each:
 - ``probe_runs``: when a probe's sidecar ran, from the record's events: the spans the
   per-size throughput leaves out;
 - ``recommend``: recommendations drawn from a summary, each with its basis stated;
-- ``markdown``: summary.md, for a person; ``text_charts``: its charts, drawn by plotext.
+- ``markdown``: summary.md, for a person; ``text_charts``: its charts, drawn by plotext;
+  ``final_word``: its section on the advisor's answer as the job ended.
 
 This package is the dashboard's face on summaries: it imports neither torch nor textual.
 """

@@ -56,6 +56,7 @@ from .schema import (
     BatchSegment,
     BatchSize,
     Device,
+    FinalWord,
     Host,
     NoiseScale,
     Note,
@@ -178,6 +179,7 @@ class SummaryBuilder:
         self.probe_runs = ProbeRuns()
         self.events: dict[str, int] = {"total": 0, "info": 0, "warning": 0, "error": 0}
         self.autopilot: Autopilot | None = None
+        self.final_word: FinalWord | None = None
         self.event_notes: list[Note] = []
         self.divergences: dict[int, int] = {}  # a loss_diverged note's change step: its index
         self.probes: list[dict[str, Any]] = []
@@ -317,6 +319,8 @@ class SummaryBuilder:
             self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
         elif event.kind in ("autopilot", "autopilot_state"):
             self._autopilot_event(event)
+        elif event.kind == "advice" and isinstance(event.data.get("advice"), dict):
+            self._advice_event(event)
         elif event.kind == "loss_units":
             self.scalar_notes.update(event.data)
         elif event.kind == "loss_recovered":
@@ -348,6 +352,14 @@ class SummaryBuilder:
         if event.data.get("end"):
             autopilot.claimed_gain = event.data.get("claimed_gain")
             autopilot.start_size = event.data.get("start_size")
+
+    def _advice_event(self, event: Event) -> None:
+        """The advisor's answers: each said as the run went, and its final word."""
+        word = self.final_word = self.final_word or FinalWord(advice={}, said=[])
+        word.advice, word.ended_without = event.data["advice"], not event.data.get("final")
+        if not event.data.get("final") and len(word.said) < MAX_LISTED:
+            headline = event.data["advice"].get("headline") or event.message
+            word.said.append(Note("advice", headline, event.step, _round(event.t - self.start)))
 
     def _probe(self, probe: ProbeLine) -> None:
         self.last_t = max(self.last_t, probe.t)
@@ -414,6 +426,7 @@ class SummaryBuilder:
         )
         summary.anatomy = self._anatomy(summary.devices)
         summary.autopilot = self.autopilot
+        summary.final_word = self.final_word
         summary.warnings = self._warnings(summary, torn, unknown)
         if damaged is not None:
             summary.warnings.insert(0, Note("damaged_lines", damaged))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
+from .final_word import final_word_section
 from .schema import BatchSegment, BatchSize, Note, Run, Summary
 from .text_charts import charts_section
 
@@ -15,6 +16,7 @@ from .text_charts import charts_section
 def render_markdown(s: Summary) -> str:
     parts = [
         f"# bsmon summary: {s.run.name}\n\n{_story(s)}\n",
+        final_word_section(s),
         _run_table(s),
         _numbers_table(s),
         _devices(s),

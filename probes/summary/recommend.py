@@ -52,7 +52,8 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
                 f"the batch size ({batch:,}) is well below the estimated noise scale "
                 f"B_simple ≈ {b_simple:,.0f}: a larger batch, up to about {b_simple:,.0f}, would "
                 "likely need fewer steps for the same progress at little cost per sample "
-                "(an estimate; check memory with `bsmon probe` before raising it)",
+                "(an estimate, counting steps alone: the final word above weighs the step time "
+                "and the guards too)",
             )
         )
     elif said == describe.TOO_BIG:
@@ -62,7 +63,8 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
                 f"the batch size ({batch:,}) is well above the estimated noise scale "
                 f"B_simple ≈ {b_simple:,.0f}: past it, larger batches buy little per sample; a "
                 f"smaller batch near {b_simple:,.0f} may reach the same loss with less compute "
-                "(an estimate)",
+                "(an estimate, counting samples alone: the final word above weighs the step time "
+                "and the guards too)",
             )
         )
 
@@ -181,8 +183,8 @@ def _probe(summary: Summary, notes: list[Note]) -> None:
                 notes.append(
                     Note(
                         "probe_recommendation",
-                        f"the probe at step {probe.get('step', 0):,} recommended {said}"
-                        + (f": {reasons}" if reasons else ""),
+                        f"the probe at step {probe.get('step', 0):,} recommended {said} (the "
+                        "advice then)" + (f": {reasons}" if reasons else ""),
                     )
                 )
             return

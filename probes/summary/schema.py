@@ -170,6 +170,18 @@ class Autopilot(msgspec.Struct):
     start_size: int | None = None
 
 
+class FinalWord(msgspec.Struct):
+    """The advisor's answer as the job ended (docs/batch-control.md), its event's
+    ``data.advice``: ``batch_size``, ``current``, ``action``, ``reasons`` (the deciding one
+    first), ``confidence``, ``would_change``; ``ended_without``: the record has no final word
+    (the job was killed), so this is its last answer before that. ``said``: each answer it gave
+    as the run went, in order: how it got there."""
+
+    advice: dict[str, Any]
+    said: list[Note]
+    ended_without: bool = False
+
+
 class Summary(msgspec.Struct):
     summary_version: int
     generated: float
@@ -195,3 +207,4 @@ class Summary(msgspec.Struct):
     time: TimeSplit = msgspec.field(default_factory=TimeSplit)
     anatomy: StepAnatomy | None = None  # where the steps' time went, with the verdict
     autopilot: Autopilot | None = None  # None: it was never switched on
+    final_word: FinalWord | None = None  # None: no advisor (no batch size declared, old record)

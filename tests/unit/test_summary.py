@@ -23,7 +23,8 @@ from bsmon.probes.record.format import (
 )
 from bsmon.probes.summary.build import export_record, summarize_record
 from bsmon.probes.summary.schema import Summary
-from bsmon.probes.wire.protocol import Capability, Event
+from bsmon.probes.wire.describe import describe_advice
+from bsmon.probes.wire.protocol import Advice, Capability, Event
 
 from ..records import GIB, START, session, two_phase
 
@@ -236,7 +237,9 @@ def test_a_sidecar_probe_result_reads_as_a_sentence_and_its_recommendation_is_ke
         "recommended 256 (near B_simple) · 2 sizes measured on cuda:0"
     )
     (note,) = [r for r in summary.recommendations if r.kind == "probe_recommendation"]
-    assert note.message == "the probe at step 1,400 recommended batch size 256: near B_simple"
+    assert note.message == (
+        "the probe at step 1,400 recommended batch size 256 (the advice then): near B_simple"
+    )
 
 
 def write_record(path, items) -> Summary:
@@ -715,3 +718,60 @@ def test_the_noise_panel_and_the_summary_say_one_verdict(summary, batch):
     expected = {"raise B": "batch_below_noise_scale", "B too big": "batch_above_noise_scale"}
     assert said == ("raise B" if batch < 25 else "B too big" if batch > 100 else "balanced")
     assert kinds & set(expected.values()) == ({expected[said]} if said in expected else set())
+
+
+def advice_event(step: int, advice: Advice, final: bool = False) -> Event:
+    data: dict = {"advice": msgspec.to_builtins(advice)}
+    if final:
+        data["final"] = True
+    lead = "final word" if final else "advice"
+    return Event(
+        t=START + step / 10,
+        step=step,
+        kind="advice",
+        message=describe_advice(advice, lead),
+        data=data,
+    )
+
+
+def test_the_final_word_is_the_advisors_last_answer_and_how_it_got_there(tmp_path):
+    """One answer (issue 41): the summary's final word is the advice as the job ended, with
+    its reasons, confidence and what would change it, and the answers it gave on the way."""
+    wait = Advice(
+        64, 64, "wait", reasons=["waiting for B_simple to resolve"], headline="stay at 64"
+    )
+    stay = Advice(
+        64,
+        64,
+        "stay",
+        rule="threshold",
+        reasons=["holding at 64: 128 predicted 0.98× the progress per second", "memory: up to 900"],
+        confidence="medium",
+        would_change="B_simple above ≈ 310 would make 128 pay (B_simple ≈ 213 now)",
+        headline="stay at 64",
+        why="0.98× < 1.05×",
+    )
+    items = [
+        header_for(session(), 64, START),
+        timed_span(0, 10, samples=64),
+        advice_event(10, wait),
+        advice_event(40, stay),
+        advice_event(90, stay, final=True),
+    ]
+    summary = write_record(tmp_path / "r.jsonl", items)
+    word = summary.final_word
+    assert word is not None and not word.ended_without
+    assert word.advice["action"] == "stay" and word.advice["confidence"] == "medium"
+    assert [(n.step, n.message) for n in word.said] == [(10, "stay at 64"), (40, "stay at 64")]
+    markdown = (tmp_path / "summary.md").read_text()
+    assert (
+        "## Final word on the batch size\n\n**stay at 64**, confidence medium: holding at 64"
+        in (markdown)
+    )
+    assert "- what would change it: B_simple above ≈ 310 would make 128 pay" in markdown
+    assert markdown.index("## Final word") < markdown.index("## Run")  # under the story
+    killed = write_record(tmp_path / "k.jsonl", items[:-1])  # no final word: the last answer
+    assert killed.final_word.ended_without and killed.final_word.advice["rule"] == "threshold"
+    assert "(its last answer: the job ended without a final word)" in (
+        (tmp_path / "summary.md").read_text()
+    )
