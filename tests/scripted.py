@@ -86,7 +86,7 @@ def batch_reading(gpu: bool) -> BatchReading:
     return BatchReading(
         control=True,
         min_size=1,
-        next_up=256,
+        next_up=192,  # a policy of steps of 64
         next_down=64,
         memory=memory if gpu else [],
         memory_budget_bytes=int(78.4 * 2**30) if gpu else None,
@@ -103,6 +103,77 @@ def batch_reading(gpu: bool) -> BatchReading:
                 samples_per_s_after=2990.0,
             )
         ],
+    )
+
+
+HELD_BY_MEMORY = (
+    "holding at 128: 192 may not fit (192 is above every measured size (128) and the memory "
+    "model predicts at most 164)"
+)
+NOISE_FACT = (
+    "noise scale: B_simple ≈ 1.39k [1.21k, 1.6k]: a step at 128 is worth 8% of a noiseless one "
+    "(raise B, counting steps alone; the advice weighs step time too)"
+)
+STEP_TIME_FACT = (
+    "step time: throughput is half its limit at B½ ≈ 41 (fitted from 2 sizes); past it, a "
+    "larger batch buys ever less speed"
+)
+
+
+def advice(noise: bool = True, probed: bool = False) -> protocol.Advice:
+    """The advisor's answer: at 128, 192 may not fit (the memory model's 164) until the probe
+    finds 263 fits; then raise to 192. Without the noise scale, it waits."""
+    if not noise:
+        return protocol.Advice(
+            128,
+            128,
+            "wait",
+            rule="estimate",
+            reasons=["B_simple: not enabled"],
+            would_change="B_simple: not enabled",
+            headline="stay at 128",
+            why="B_simple unresolved",
+            step=3000,
+        )
+    if probed:
+        return protocol.Advice(
+            192,
+            128,
+            "raise",
+            rule="goodput",
+            reasons=[
+                "goodput: 192 predicts 1.07× the progress per second of 128 (a change needs "
+                "1.05×); heading toward 223, one change at a time",
+                NOISE_FACT,
+                STEP_TIME_FACT,
+                "memory: up to 263 (the probe)",
+            ],
+            confidence="high",
+            would_change="B_simple below ≈ 820 (B_simple ≈ 1.39k now), or 192's measured step "
+            "time",
+            target=223,
+            gain=1.07,
+            headline="raise → 192",
+            why="1.07× progress/s predicted",
+            step=3000,
+        )
+    return protocol.Advice(
+        128,
+        128,
+        "stay",
+        rule="fit",
+        reasons=[
+            HELD_BY_MEMORY,
+            NOISE_FACT,
+            STEP_TIME_FACT,
+            "memory: up to 164 (the memory model's prediction)",
+        ],
+        confidence="high",
+        would_change="a size within one change that fits and is allowed",
+        target=164,
+        headline="stay at 128",
+        why="192 may not fit",
+        step=3000,
     )
 
 
@@ -123,8 +194,8 @@ def autopilot_reading() -> protocol.AutopilotReading:
     )
     return protocol.AutopilotReading(
         state="on",
-        waiting="holding at 128: 256 would make 1.03× the progress per second (a change "
-        "needs 1.05×); next decision at step 3,025",
+        waiting=f"{HELD_BY_MEMORY}; next decision at step 3,025",
+        held="holds: 192 may not fit",
         start_size=64,
         size=128,
         b_simple=1390.0,
@@ -132,7 +203,7 @@ def autopilot_reading() -> protocol.AutopilotReading:
         b_simple_high=1600.0,
         half_batch=41.0,
         half_batch_how="fitted from 2 sizes",
-        target=223,
+        target=164,
         ceiling=164,
         ceiling_why="the memory model's prediction",
         next_decision_step=3025,
@@ -247,6 +318,7 @@ def messages(
         host=HostReading(cpu_percent=187.0, rss_bytes=int(5.4 * 2**30), threads=24),
         batch=batch_reading(gpu),
         autopilot=autopilot_reading() if autopilot else None,
+        advice=advice(noise),
     )
     if autopilot:
         events.append(
@@ -325,10 +397,10 @@ def probe_result() -> protocol.ProbeResult:
         ],
         recommendation=protocol.Recommendation(
             batch_size=192,
-            reasons=[
-                "memory: 263 ran a full step within the budget",
-                "speed: throughput stops rising at about 192",
-            ],
+            reasons=advice(probed=True).reasons,
+            current=128,
+            confidence="high",
+            would_change=advice(probed=True).would_change,
         ),
     )
 
@@ -339,6 +411,7 @@ def probed_messages() -> list[protocol.Message]:
     script[-1].probe = protocol.ProbeReading(
         status="done", message="done", started=NOW - 41, points=result.points, result=result
     )
+    script[-1].advice = advice(probed=True)
     return script
 
 

@@ -78,7 +78,7 @@ def recommendation_text(result: ProbeResult | None) -> str:
         line = f"[b]recommended: {describe_recommendation(rec)}[/b] (the job's size now{sure})"
     else:
         line = f"[b]recommended batch: {rec.batch_size:,}[/b] — press [b]a[/b] to apply"
-        line += f" [$text-muted]({rec.confidence})[/]" if rec.confidence else ""
+        line += f" [$text-muted]· confidence {rec.confidence}[/]" if rec.confidence else ""
     return "\n".join([line, *(f"  · {escape(reason)}" for reason in rec.reasons[:1])])
 
 

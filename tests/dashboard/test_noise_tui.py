@@ -16,6 +16,7 @@ from bsmon.tui.sources import ScriptedSource
 from bsmon.tui.widgets.noise import NoiseChart, describe, fit, log_ticks
 from workloads.noise_jobs import ISO, Regression
 
+from .. import scripted
 from ..helpers import wait_until
 from ..scripted import NOW, messages, scripted_app
 from ..watch import metrics_until
@@ -24,8 +25,9 @@ from .test_tui_pilot import dashboard_ready, text_of, wait_for
 ON = Capability(True, "per-example gradient norms")
 
 
-def words(reading, batch=128, capability=ON, compact=False) -> str:
-    return " | ".join(line.text for line in describe(reading, capability, batch, compact))
+def words(reading, batch=128, capability=ON, compact=False, advice=None) -> str:
+    lines = describe(reading, capability, batch, compact, advice=advice)
+    return " | ".join(line.text for line in lines)
 
 
 def test_the_meaning_follows_the_batch_against_b_simple():
@@ -41,7 +43,20 @@ def test_the_meaning_follows_the_batch_against_b_simple():
     large = words(reading, batch=8192)
     assert "worth ≈87%" in large and "far above B_simple: a larger one wastes compute" in large
     assert words(reading, batch=128, compact=True).count("|") < small.count("|")
-    assert "B=128 step worth ≈10%: raise B" in words(reading, batch=128, compact=True)
+    assert "B=128 step worth ≈10% · raise B" in words(reading, batch=128, compact=True)
+
+
+def test_with_the_advisors_answer_the_panel_says_it_beside_what_b_simple_says_of_steps():
+    """One answer (issue 41): the demo's Noise panel said "raise B" while the autopilot shrank
+    the batch. The panel now shows the advisor's answer; B_simple's verdict stays, said to
+    count steps alone, as the one surface that is deliberately about something narrower."""
+    reading = NoiseScaleReading(b_simple=1200.0, stderr=40.0, estimator="per_example")
+    stay = scripted.advice()
+    full = words(reading, batch=128, advice=stay)
+    assert "raise B counting steps alone · advice: stay at 128 (192 may not fit)" in full
+    assert "raising the batch toward" not in full  # no verdict of its own
+    compact = words(reading, batch=128, compact=True, advice=stay)
+    assert "B=128 step worth ≈10% · advice: stay at 128" in compact
 
 
 def test_no_number_before_there_is_one():
@@ -63,10 +78,10 @@ def test_a_lower_bound_under_the_batch_gives_no_advice_yet():
     text = words(bound, batch=12)
     assert "at batch 12 a step is worth ≤79% of a noiseless step" in text
     assert "too early to say whether a larger batch pays" in text and "raising" not in text
-    assert "B=12 step worth ≤79%: too early" in words(bound, batch=12, compact=True)
+    assert "B=12 step worth ≤79% · too early" in words(bound, batch=12, compact=True)
     risen = NoiseScaleReading(estimator="per_example", lower_bound=16.3, samples=200)
     assert "raising the batch toward 16.3" in words(risen, batch=12)  # 12 < B_simple for sure
-    assert "B=12 step worth ≤42%: raise B" in words(risen, batch=12, compact=True)
+    assert "B=12 step worth ≤42% · raise B" in words(risen, batch=12, compact=True)
     off = words(None, capability=Capability(False, "turned off: attach(noise_scale=None)"))
     assert off == "B_simple: n/a — turned off: attach(noise_scale=None)"
     assert words(None, capability=None) == "waiting for the job…"
@@ -141,8 +156,9 @@ async def test_the_panel_at_80x24_keeps_the_headline_and_the_events():
             assert "B_simple ≈ 1.32k ± 41" in text_of(app, "#noise-text")
             assert not app.screen.query_one(NoiseChart).display
             assert app.screen.query_one("#events").outer_size.height >= 4
-            meaning = "at batch 128 a step is worth ≈9%" if not gpu else "B=128 step worth ≈9%"
-            assert meaning in text_of(app, "#noise-text")  # the column is the panel's alone
+            text = text_of(app, "#noise-text")
+            # the meaning, short, and the advisor's answer beside it (issue 41)
+            assert "B=128 step worth ≈9% · advice:" in text and "stay at 128" in text
 
 
 async def test_a_job_without_the_noise_scale_says_why():

@@ -16,7 +16,7 @@ from bsmon.tui.sources import ScriptedSource
 from ..scripted import NOW, messages, probed_messages
 from .test_tui_pilot import dashboard_ready, wait_for
 
-FIRST_REASON = "memory: 263 ran a full step within the budget"
+FIRST_REASON = "goodput: 192 predicts 1.07× the progress per second of 128"
 
 
 def answer_all(command: protocol.Command) -> protocol.Reply:
@@ -168,9 +168,7 @@ async def test_the_recommendation_and_its_first_reason_are_in_view_without_scrol
         if rest.max_scroll_y:
             await pilot.press("end")
             await wait_for(pilot, lambda: rest.scroll_y == rest.max_scroll_y, what="scrolled")
-        assert "speed: throughput stops rising at about 192" in str(
-            screen.query_one("#findings").render()
-        )
+        assert "memory: up to 263 (the probe)" in str(screen.query_one("#findings").render())
 
 
 async def test_p_after_a_finished_probe_offers_its_last_result_without_probing():

@@ -91,9 +91,10 @@ def change_line(change: BatchChange) -> str:
     return f"{marker}s{change.step:<6} {change.old}→{change.new}  {bought}"
 
 
-def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
+def autopilot_lines(reading: AutopilotReading | None, advice: Advice | None = None) -> list[str]:
     """The autopilot at a glance (nothing while it is off): where it steers, what it claims
-    and its model, and the rule that holds it (the agent's words), or why it does not steer."""
+    and its model, and the rule that holds it (the agent's words; not again when the advice
+    above says it), or why it does not steer."""
     if reading is None or reading.state == "off":
         return []
     if reading.state != "on":
@@ -112,7 +113,8 @@ def autopilot_lines(reading: AutopilotReading | None) -> list[str]:
     lines = [f"auto    [$success]on[/] {first}"]
     if model:
         lines.append(f"        [$text-muted]{' · '.join(model)}[/]")
-    if steer and reading.held:  # without a target the waiting line says it already
+    said = advice is not None and reading.held == f"holds: {advice.why}"
+    if steer and reading.held and not said:  # without a target the waiting line says it
         lines.append(f"        [$warning]{reading.held}[/]")
     return lines
 
@@ -121,12 +123,13 @@ ADVICE_COLOURS = {"raise": "$success", "lower": "$success", "back": "$error", "w
 
 
 def advice_line(advice: Advice | None) -> str | None:
-    """The advisor's answer and the short form of the reason that decided it (the agent's
-    words: the panel decides nothing). None: a job or record from before the advisor."""
+    """The advisor's answer, and below it the short form of the reason that decided it (the
+    agent's words: the panel decides nothing). None: a job or record from before the
+    advisor."""
     if advice is None:
         return None
     colour = ADVICE_COLOURS.get(advice.action, "$text")
-    return f"advice  [{colour}][b]{advice.headline}[/b][/] [$text-muted]· {advice.why}[/]"
+    return f"advice  [{colour}][b]{advice.headline}[/b][/]\n        [$text-muted]{advice.why}[/]"
 
 
 def off_line(snap: Snapshot) -> str | None:
@@ -162,7 +165,7 @@ class BatchPanel(Static):
             lines.append(memory_line(batch, gpu=bool(m.devices)))
             if (probe := probe_line(m)) is not None:
                 lines.append(probe)
-        lines.extend(autopilot_lines(m.autopilot))  # a replay rebuilds it from the events
+        lines.extend(autopilot_lines(m.autopilot, m.advice))  # a replay rebuilds it from the events
         lines.extend(change_line(c) for c in batch.changes[-HISTORY_LINES:])
         if (line := off_line(snap)) is not None:
             lines.append(line)
