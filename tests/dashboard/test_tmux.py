@@ -1,5 +1,6 @@
 """`bsmon demo` in a real terminal: the screen updates, q and Ctrl-C quit and say where the
-record is, nothing is left running."""
+record is, nothing is left running; the advice and the probe's recommendation are in view at
+80×24 and 120×40."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
+
+from bsmon.probes.wire import protocol
+from bsmon.probes.wire.client import JobConnection
 
 from ..helpers import ROOT, wait_until
 from ..tmux import Tmux
+from ..watch import job_socket
 
 
 def step_on_screen(text: str) -> int | None:
@@ -44,7 +50,11 @@ def demo_in_tmux(bsmon_dir: Path, size: tuple[int, int], options: str = "") -> I
     finally:
         tmux.kill()
         for proc in demo_processes(bsmon_dir):
-            proc.kill()
+            with contextlib.suppress(psutil.Error):
+                left = proc.children(recursive=True)  # a probe's sidecar, in its own session
+                proc.kill()
+                for child in left:
+                    child.kill()
 
 
 def test_demo_in_tmux_updates_and_quits_cleanly(bsmon_dir):
@@ -120,3 +130,117 @@ def test_a_switches_the_autopilot_on_in_a_real_terminal(bsmon_dir):
         assert re.search(r"a\s+Auto", screen.splitlines()[-1]), screen
         tmux.send("C-c")
         tmux.wait_for(lambda s: "BSMON-EXITED-0" in s, timeout=30, what="bsmon to exit with 0")
+
+
+def panel_rows(screen: str, title: str) -> list[str] | None:
+    """The text rows inside the box titled ``title`` (None: no such box on the screen)."""
+    rows = screen.splitlines()
+    top = next((i for i, row in enumerate(rows) if f"╭─ {title} " in row), None)
+    if top is None:
+        return None
+    left = rows[top].index(f"╭─ {title} ")
+    right = rows[top].index("╮", left)
+    inside = []
+    for row in rows[top + 1 :]:
+        if row[left : left + 1] != "│":
+            break
+        inside.append(row[left + 1 : right].strip())
+    return inside
+
+
+def joined(rows: list[str]) -> str:
+    """Rows as one text, as a reader reads a wrapped line on (Textual wraps at spaces)."""
+    return " ".join(" ".join(rows).split())
+
+
+class AgentSays:
+    """What the demo job itself says, read from its socket beside the dashboard: every
+    advice its metrics carried (headline, why) and the finished probe's recommendation."""
+
+    def __init__(self, conn: JobConnection) -> None:
+        self.conn = conn
+        self.advice: set[tuple[str, str]] = set()
+        self.recommendation: protocol.Recommendation | None = None
+
+    def read(self) -> None:
+        while messages := self.conn.pump(0):
+            for message in messages:
+                if isinstance(message, protocol.Hello | protocol.Metrics) and message.advice:
+                    self.advice.add((message.advice.headline, message.advice.why))
+                if isinstance(message, protocol.Metrics) and message.probe.result is not None:
+                    self.recommendation = message.probe.result.recommendation
+
+    def advice_on(self, rows: list[str]) -> tuple[str, str] | None:
+        """The advice (one the job gave) that ``rows`` show whole, if any."""
+        self.read()
+        text = joined(rows)
+        return next(
+            ((h, why) for h, why in self.advice if f"advice {joined([h, '·', why])}" in text), None
+        )
+
+
+def batch_rows(screen: str) -> list[str]:
+    rows = panel_rows(screen, "Batch")
+    assert rows is not None, screen
+    return rows
+
+
+def advice_in_view(tmux: Tmux, agent: AgentSays) -> tuple[str, str]:
+    """The screen once its Batch panel shows an advice the job gave, and that advice's
+    headline. The advice comes with the speed, in the same message: once the panel shows a
+    speed, the wait is a redraw or two (and the job's newest advice reaching both clients)."""
+    tmux.wait_for(
+        lambda s: any(r.startswith("speed") for r in panel_rows(s, "Batch") or []),
+        what="the Batch panel with a speed",
+    )
+    shown = [""]
+
+    def advice_shown() -> tuple[str, str] | None:
+        shown[0] = tmux.screen()
+        return agent.advice_on(batch_rows(shown[0]))
+
+    advice = wait_until(
+        advice_shown,
+        timeout=60,
+        interval=0.2,
+        message=lambda: f"an advice the job gave ({agent.advice}) on:\n{shown[0]}",
+    )
+    return shown[0], advice[0]  # type: ignore[index]
+
+
+def probe_in_view(tmux: Tmux, agent: AgentSays) -> str:
+    """`p`, yes, and the probe screen once the probe has finished (or failed)."""
+    tmux.send("p")
+    tmux.wait_for(lambda s: "Probe the largest batch size?" in s, what="the probe's question")
+    tmux.send("y")
+
+    def finished(screen: str) -> bool:
+        agent.read()
+        return "✖ probe" in screen or ("✔ done" in screen and bool(agent.recommendation))
+
+    return tmux.wait_for(finished, what="the finished probe's result")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_advice_and_the_probes_recommendation_are_in_view_without_scrolling(bsmon_dir, size):
+    """The Batch panel's advice (its headline and short reason, as the job gave them), then
+    the finished probe's recommendation and its first reason: on the visible rows of a real
+    terminal of ``size`` (capture-pane has no scrollback)."""
+    with demo_in_tmux(bsmon_dir, size) as tmux:
+        tmux.wait_for(lambda s: "LIVE" in s, what="the live dashboard")
+        with JobConnection(job_socket("demo", bsmon_dir)) as conn:
+            agent = AgentSays(conn)
+            screen, headline = advice_in_view(tmux, agent)
+            # below 140 columns the panel has 32 cells for text: "advice  stay at 64 ·
+            # 0.99× < 1.05×" wraps its reason onto the next row, not its headline
+            advice_row = next(r for r in batch_rows(screen) if r.startswith("advice"))
+            assert advice_row.startswith(f"advice  {headline}"), screen
+            screen = probe_in_view(tmux, agent)
+        assert "✔ done" in screen, screen
+        rows = screen.splitlines()
+        top = rows[: next(i for i, r in enumerate(rows) if "╭─ Probe: largest batch" in r)]
+        said = agent.recommendation
+        assert said is not None and said.reasons
+        line = next((r.strip() for r in top if r.strip().startswith("recommended")), "")
+        assert f"{said.batch_size:,}" in line, screen  # "recommended batch: 128 — press a…"
+        assert f"· {joined([said.reasons[0]])}" in joined(top), screen  # wraps at 80
