@@ -154,7 +154,7 @@ def advice(noise: bool = True, probed: bool = False) -> protocol.Advice:
             target=223,
             gain=1.07,
             headline="raise → 192",
-            why="1.07× progress/s predicted",
+            why="1.07× progress/s",
             step=3000,
         )
     return protocol.Advice(

@@ -145,7 +145,7 @@ class Advisor:
                     target=target,
                     gain=gain,
                     headline=f"{action} → {size:,}",
-                    why=f"{gain:.2f}× progress/s predicted",
+                    why=f"{gain:.2f}× progress/s",
                     step=step,
                 )
         if abs(wanted - current) < 0.5:
@@ -295,9 +295,11 @@ def step_time_fact(model: StepTimeModel) -> str:
 
 
 def confidence(estimate: Estimate, model: StepTimeModel) -> Confidence:
-    """High: a narrow interval and a step-time shape measured (two sizes, the probe's) or
-    declared; low: a wide interval, or a shape assumed from one size."""
+    """High: a narrow interval and a step-time line the job measured at two sizes (or
+    declared); medium: a wider interval, or the shape from the probe's step times (measured
+    beside the job, sharing its device); low: a wide interval, or a shape assumed from one
+    size."""
     spread = estimate.high / estimate.low
     if spread > WIDE or "assumed" in model.how:
         return "low"
-    return "high" if spread <= NARROW else "medium"
+    return "high" if spread <= NARROW and "probe" not in model.how else "medium"

@@ -33,6 +33,7 @@ from .control import BatchController
 from .watch import LOSS
 
 FASTEST_TICK_S = 0.005
+SETTLED_WINDOWS = 3  # metrics windows a new advice holds before its event
 
 
 class BatchExtension(Extension):
@@ -168,24 +169,28 @@ def register_autopilot(router: CommandRouter, autopilot: Autopilot) -> None:
 
 class AdvisorExtension(Extension):
     """The advisor on the agent thread, after the autopilot (which asks it first when it is on):
-    its answer in every metrics message and hello, an ``advice`` event when the answer changes
-    (at most once per ``SETTLE_STEPS`` steps, a divergence's "back" at once), and its final
-    word at the job's end."""
+    its answer in every metrics message and hello, an ``advice`` event when a new answer has
+    held for ``SETTLED_WINDOWS`` windows (one that flips at the threshold window by window is
+    not news each time; a divergence's "back" is said at once), and its final word at the
+    job's end."""
 
     def __init__(self, advisor: Advisor, emit: Callable[[Event], None]) -> None:
         self._advisor = advisor
         self._emit = emit
         self._said: tuple[str, int] | None = None
-        self._said_step = -SETTLE_STEPS
+        self._new: tuple[str, int] | None = None  # an answer not said yet, and how long it held
+        self._held = 0
 
     def metrics_part(self, metrics: Metrics) -> MetricsPart:
         latest = self._advisor.latest
         if latest is None or latest.step != metrics.step:
             latest = self._advisor.advise(metrics.noise, metrics.step)
-        said = (latest.action, latest.batch_size)
-        quiet = metrics.step - self._said_step >= SETTLE_STEPS or latest.action == "back"
-        if said != self._said and quiet:
-            self._said, self._said_step = said, metrics.step
+        answer = (latest.action, latest.batch_size)
+        self._held = self._held + 1 if answer == self._new else 1
+        self._new = answer
+        settled = self._held >= SETTLED_WINDOWS or latest.action == "back"
+        if answer != self._said and settled:
+            self._said = answer
             self._say(latest, "advice")
         return {"advice": latest}
 

@@ -248,7 +248,7 @@ class Advice(msgspec.Struct, omit_defaults=True):
     target: int | None = None
     gain: float | None = None
     headline: str = ""  # "raise → 128", "stay at 64"
-    why: str = ""  # the first reason, short: "1.21× progress/s predicted"
+    why: str = ""  # the first reason, short: "1.21× progress/s"
     step: int = 0
 
 

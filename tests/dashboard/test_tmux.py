@@ -175,7 +175,7 @@ class AgentSays:
         self.read()
         text = joined(rows)
         return next(
-            ((h, why) for h, why in self.advice if f"advice {joined([h, '·', why])}" in text), None
+            ((h, why) for h, why in self.advice if f"advice {joined([h, why])}" in text), None
         )
 
 
@@ -231,10 +231,10 @@ def test_the_advice_and_the_probes_recommendation_are_in_view_without_scrolling(
         with JobConnection(job_socket("demo", bsmon_dir)) as conn:
             agent = AgentSays(conn)
             screen, headline = advice_in_view(tmux, agent)
-            # below 140 columns the panel has 32 cells for text: "advice  stay at 64 ·
-            # 0.99× < 1.05×" wraps its reason onto the next row, not its headline
-            advice_row = next(r for r in batch_rows(screen) if r.startswith("advice"))
-            assert advice_row.startswith(f"advice  {headline}"), screen
+            # the headline on the advice row, its short reason on the row below
+            rows = batch_rows(screen)
+            at = next(i for i, r in enumerate(rows) if r.startswith("advice"))
+            assert rows[at].rstrip() == f"advice  {headline}", screen
             screen = probe_in_view(tmux, agent)
         assert "✔ done" in screen, screen
         rows = screen.splitlines()
