@@ -69,7 +69,7 @@ def fit_step_time(
         return None
     how = f"declared B½ = {declared_half:g}" if declared_half is not None else ""
     if declared_half is None and probe_half is not None and len(points) == 1:
-        declared_half, how = probe_half, f"B½ ≈ {count(probe_half)} from the probe's step times"
+        declared_half, how = probe_half, "from the probe's step times"
     if declared_half is not None:
         # t(B) = c·(B½ + B): only c is fitted, by weighted least squares
         top = sum(w * t * (declared_half + b) for b, (t, w) in points.items())

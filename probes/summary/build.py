@@ -358,8 +358,10 @@ class SummaryBuilder:
         word = self.final_word = self.final_word or FinalWord(advice={}, said=[])
         word.advice, word.ended_without = event.data["advice"], not event.data.get("final")
         if not event.data.get("final") and len(word.said) < MAX_LISTED:
-            headline = event.data["advice"].get("headline") or event.message
-            word.said.append(Note("advice", headline, event.step, _round(event.t - self.start)))
+            advice = event.data["advice"]
+            said = advice.get("headline") or event.message
+            said += f" ({advice['why']})" if advice.get("why") else ""
+            word.said.append(Note("advice", said, event.step, _round(event.t - self.start)))
 
     def _probe(self, probe: ProbeLine) -> None:
         self.last_t = max(self.last_t, probe.t)

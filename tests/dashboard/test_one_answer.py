@@ -177,9 +177,14 @@ async def test_every_surface_speaks_for_the_one_advisor(bsmon_dir):
             job.knock_at = size * 2  # the next key, then a bad step at that size
             await pilot.press("plus")
             await wait_for(pilot, lambda: job.mon.batch_size == size * 2, what="the change")
-            await wait_for(
-                pilot, lambda: job.advice().get("action") == "back", timeout=120, what="back"
-            )
+            try:
+                await wait_for(
+                    pilot, lambda: job.advice().get("action") == "back", timeout=120, what="back"
+                )
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}: knocked at {job.knocked_at}, {control.watch.latest}, {job.advice()}"
+                ) from None
             back = await surfaces_agree(pilot, job, "after the divergence")
             assert back["action"] == "back" and back["batch_size"] == size
             assert back["reasons"][0].startswith(f"the loss diverged after batch {size} →")

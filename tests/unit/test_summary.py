@@ -762,7 +762,10 @@ def test_the_final_word_is_the_advisors_last_answer_and_how_it_got_there(tmp_pat
     word = summary.final_word
     assert word is not None and not word.ended_without
     assert word.advice["action"] == "stay" and word.advice["confidence"] == "medium"
-    assert [(n.step, n.message) for n in word.said] == [(10, "stay at 64"), (40, "stay at 64")]
+    assert [(n.step, n.message) for n in word.said] == [
+        (10, "stay at 64"),
+        (40, "stay at 64 (0.98× < 1.05×)"),
+    ]
     markdown = (tmp_path / "summary.md").read_text()
     assert (
         "## Final word on the batch size\n\n**stay at 64**, confidence medium: holding at 64"
