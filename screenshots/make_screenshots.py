@@ -18,6 +18,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
 
 HERE = Path(__file__).resolve().parent
 SHOTS = [  # (name, terminal size, keys pressed first)
@@ -79,6 +83,20 @@ def to_png(svg: Path) -> Path | None:
     return png
 
 
+async def settled(pilot: Pilot, checks: int = 4) -> None:
+    """Wait until the panels' heights have held for ``checks`` looks a quarter second apart (the
+    first frames fit the Noise panel to panels that have no data yet; on a busy machine the
+    layout takes a while to settle), at most 15 s."""
+    seen: list[tuple[int, ...]] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        await pilot.pause(0.25)
+        panels = pilot.app.screen.query(".panel")
+        seen.append(tuple(panel.region.height for panel in panels))
+        if len(seen) >= checks and len(set(seen[-checks:])) == 1:
+            return
+
+
 async def capture(socket: Path, size: tuple[int, int], name: str, keys: tuple[str, ...]) -> Path:
     from bsmon.tui.app import BsmonApp, follow_job
     from bsmon.tui.screens import DashboardScreen
@@ -95,7 +113,7 @@ async def capture(socket: Path, size: tuple[int, int], name: str, keys: tuple[st
             raise SystemExit("the dashboard got no data from the demo job within 30 s")
         for key in keys:
             await pilot.press(key)
-        await pilot.pause(1.0)
+        await settled(pilot)
         path = app.save_screenshot(filename=f"{name}.svg", path=str(HERE))
     return Path(path)
 

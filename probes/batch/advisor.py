@@ -98,10 +98,10 @@ class Advisor:
             return back
         if estimate is None:
             why = unresolved_reason(self._noise)
-            return self._waiting(current, step, why, "B_simple unresolved", memory)
+            return self._waiting(current, step, ("estimate", why, "B_simple unresolved"), memory)
         if model is None:
             why = f"measuring the step time at batch {current}"
-            return self._waiting(current, step, why, "measuring step time", memory)
+            return self._waiting(current, step, ("measuring", why, "measuring step time"), memory)
         return self._weigh(current, step, estimate, model, memory)
 
     def _weigh(
@@ -209,12 +209,16 @@ class Advisor:
             step=step,
         )
 
-    def _waiting(self, current: int, step: int, why: str, short: str, memory: str | None) -> Advice:
+    def _waiting(
+        self, current: int, step: int, waits: tuple[str, str, str], memory: str | None
+    ) -> Advice:
+        """Stay meanwhile; ``waits``: the rule, what it waits for, and that short."""
+        rule, why, short = waits
         return Advice(
             batch_size=current,
             current=current,
             action="wait",
-            rule="estimate" if short.startswith("B_simple") else "measuring",
+            rule=rule,
             reasons=[why, *filter(None, [memory])],
             confidence="low",
             would_change=why.removeprefix("waiting for "),
