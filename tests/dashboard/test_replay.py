@@ -268,3 +268,28 @@ def test_a_span_whose_size_varied_replays_with_the_agent_s_words(tmp_path):
     metrics = source._metrics(0, 1.0)
     assert metrics.batch_size is None and metrics.batch_varies == batch_varies([5, 27])
     assert "varies 5–27 per step" in size_line(metrics)
+
+
+async def test_replay_shows_the_advice_of_each_moment_from_its_events(tmp_path):
+    """One answer in replay too (issue 41): the Batch panel's advice line at each moment is the
+    last ``advice`` event's; a damaged one leaves it as it was."""
+    from bsmon.probes.wire.protocol import Advice, Event
+
+    synthetic = two_phase()
+    boundary = synthetic.spans[99].t1
+    raise_to_64 = Advice(64, 32, "raise", headline="raise → 64", why="1.21× progress/s")
+    stay = Advice(64, 64, "stay", headline="stay at 64", why="2× from 32")
+    for t, step, advice in ((START + 1, 20, raise_to_64), (boundary + 1, 1010, stay)):
+        data = {"advice": msgspec.to_builtins(advice)}
+        synthetic.events.append(Event(t=t, step=step, kind="advice", message="…", data=data))
+    synthetic.events.append(  # a damaged line's worth
+        Event(t=boundary + 2, step=1020, kind="advice", message="?", data={"advice": 3})
+    )
+    synthetic.events.sort(key=lambda e: e.t)
+    app = replay_app(synthetic.write(tmp_path / "advice.jsonl"), position=0.3, playing=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: "advice  raise → 64" in text_of(app, "#batch"), what="raise")
+        await pilot.press("end")
+        await wait_for(pilot, lambda: "advice  stay at 64" in text_of(app, "#batch"), what="stay")
+        assert "2× from 32" in text_of(app, "#batch")
