@@ -28,8 +28,10 @@ STEP_S = 0.004  # the job's own compute beside the model's: windows of tens of s
 class Job:
     """The user's loop: a small classifier on generated images, ``mon.log(loss=...)`` every
     step. After ``knock_at`` becomes the batch size, its 10th step there knocks the weights
-    (a bad step, as a too-large change can give): the loss rises, then training brings it
-    back. ``hold`` pauses it between steps (an evaluation, say)."""
+    (a bad step, as a too-large change can give) and, while ``stuck`` is set, every step after
+    lands back there (so the test reads the surfaces while the loss is up, however fast the
+    machine); then training brings the loss back. ``hold`` pauses it between steps (an
+    evaluation, say)."""
 
     def __init__(self, bsmon_dir) -> None:
         torch.manual_seed(0)
@@ -48,6 +50,8 @@ class Job:
         self.stop, self.hold = threading.Event(), threading.Event()
         self.knock_at: int | None = None
         self.knocked_at: int | None = None
+        self.stuck = threading.Event()
+        self.knocked: list[torch.Tensor] = []
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
@@ -69,6 +73,11 @@ class Job:
                     with torch.no_grad():
                         for p in self.model.parameters():
                             p.add_(torch.randn_like(p) * 0.3)
+                    self.knocked = [p.detach().clone() for p in self.model.parameters()]
+                elif self.knocked and self.stuck.is_set():
+                    with torch.no_grad():
+                        for p, knocked in zip(self.model.parameters(), self.knocked, strict=True):
+                            p.copy_(knocked)
                 time.sleep(STEP_S)
 
     def advice(self) -> dict:
@@ -175,6 +184,7 @@ async def test_every_surface_speaks_for_the_one_advisor(bsmon_dir):
                 what=f"{size} trained well",
             )
             job.knock_at = size * 2  # the next key, then a bad step at that size
+            job.stuck.set()
             await pilot.press("plus")
             await wait_for(pilot, lambda: job.mon.batch_size == size * 2, what="the change")
             try:
@@ -188,6 +198,7 @@ async def test_every_surface_speaks_for_the_one_advisor(bsmon_dir):
             back = await surfaces_agree(pilot, job, "after the divergence")
             assert back["action"] == "back" and back["batch_size"] == size
             assert back["reasons"][0].startswith(f"the loss diverged after batch {size} →")
+            job.stuck.clear()  # training brings the loss back
             await wait_for(
                 pilot,
                 lambda: job.advice().get("action") not in ("back", None),
