@@ -1,0 +1,205 @@
+"""Tokens per second and MFU (docs/throughput.md): the FLOPs counted on the meta device match
+a hand count of a GPT, the peak comes from the table by name and precision, tokens stay
+exact when the batch size changes, and a CPU job says why it has no MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bsmon.probes import attach
+from bsmon.probes.throughput.extension import NOT_TOKENS, sequence_length
+from bsmon.probes.throughput.flops import InputShapes, training_flops
+from bsmon.probes.throughput.peak import peak_flops
+from tests.helpers import wait_until
+
+VOCAB, CONTEXT, WIDTH, HEADS, LAYERS = 96, 32, 64, 4, 2
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, HEADS, c // HEADS).transpose(1, 2)
+            for z in self.qkv(self.ln1(x)).split(c, dim=2)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """nanoGPT's shape: token and position embeddings, pre-norm blocks, a tied head, and a
+    forward that returns (logits, loss) given targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.tokens.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def hand_count(model: nn.Module, examples: int, seq_len: int) -> float:
+    """6·N per token (N: the matmuls' weights, the tied head once) plus attention's two
+    batched matmuls, 2·T·d each per token and layer forward, three times for forward and
+    backward: 12·L·T·d per token."""
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    tokens = examples * seq_len
+    return 6 * weights * tokens + 12 * LAYERS * seq_len * WIDTH * tokens
+
+
+@pytest.mark.parametrize("with_targets", [True, False])
+def test_the_flops_counted_on_the_meta_device_match_a_hand_count_of_a_gpt(with_targets):
+    model = TinyGPT()
+    idx = torch.randint(VOCAB, (4, CONTEXT))
+    kwargs = {"targets": idx} if with_targets else {}
+    per_example, why = training_flops(model, InputShapes.of((idx,), kwargs, 4))
+    assert why is None
+    assert per_example == pytest.approx(hand_count(model, 1, CONTEXT), rel=0.05)
+    assert all(p.device.type == "cpu" for p in model.parameters())  # the model untouched
+    assert not model.blocks[0].qkv.weight.grad
+
+
+def test_a_model_that_reads_its_values_has_no_flops_and_says_why():
+    class Branchy(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) if x.sum().item() > 0 else x
+
+    per_example, why = training_flops(Branchy(4, 4), InputShapes.of((torch.ones(2, 4),), {}, 2))
+    assert per_example is None and "did not run on the meta device" in why
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H100 NVL", "fp16", 835.5),
+        ("NVIDIA H200", "tf32", 494.5),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("Tesla V100-SXM2-16GB", "tf32", 15.7),  # no TF32 cores: FP32's peak
+        ("Tesla T4", "fp16", 65.0),
+    ],
+)
+def test_the_peak_is_read_by_the_device_s_name_and_precision(device, dtype, tflops):
+    assert peak_flops(device, dtype) == (pytest.approx(tflops * 1e12), None)
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "said"),
+    [
+        ("Tesla V100-SXM2-16GB", "bf16", "has no bf16 peak"),
+        ("NVIDIA A10G", "bf16", "no peak FLOP/s for NVIDIA A10G"),  # not the A10's figures
+        ("NVIDIA L40", "bf16", "no peak FLOP/s for NVIDIA L40"),  # neither the L4's nor L40S's
+    ],
+)
+def test_a_device_or_precision_not_in_the_table_has_no_peak_and_says_so(device, dtype, said):
+    peak, why = peak_flops(device, dtype)
+    assert peak is None and said in why
+
+
+def test_the_sequence_is_the_dimension_beside_the_batch_of_token_ids():
+    ids = torch.zeros(8, 128, dtype=torch.long)
+    assert sequence_length(ids, 0) == 128
+    assert sequence_length(ids.T, 1) == 128  # sequence-first
+    assert sequence_length(torch.zeros(8, 128), 0) is None  # features, not tokens
+    assert sequence_length(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), 0) is None
+
+
+def train(mon, model, optimizer, steps: int) -> list[int]:
+    """``steps`` steps of ``mon.batch_size`` sequences cut by hand; their sizes."""
+    sizes = []
+    for _ in range(steps):
+        idx = torch.randint(VOCAB, (mon.batch_size, CONTEXT))
+        _, loss = model(idx, idx)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        sizes.append(idx.shape[0])
+    return sizes
+
+
+def throughput_after(mon, samples: int) -> dict:
+    def caught_up() -> dict | None:
+        mon.flush()
+        stats = mon.stats()
+        return stats["throughput"] if stats["samples"] == samples else None
+
+    return wait_until(caught_up, message=f"the agent to count {samples} samples")
+
+
+def test_tokens_stay_exact_when_the_batch_size_changes_and_a_cpu_job_has_no_mfu(bsmon_dir):
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=4, serve=False, record=False) as mon:
+        sizes = train(mon, model, optimizer, 12)
+        assert throughput_after(mon, sum(sizes))["tokens"] == sum(sizes) * CONTEXT
+        assert mon.request_batch_size(8)
+        sizes += train(mon, model, optimizer, 12)
+        samples = sum(sizes)
+        reading = throughput_after(mon, samples)
+        stats = mon.stats()
+    assert sizes[0] == 4 and sizes[-1] == 8
+    assert reading["seq_len"] == CONTEXT and reading["tokens"] == samples * CONTEXT
+    assert reading["tokens_per_s"] == pytest.approx(stats["samples_per_s"] * CONTEXT)
+    assert reading["tokens_note"] is None
+    assert reading["flops_per_sample"] == pytest.approx(hand_count(model, 1, CONTEXT), rel=0.05)
+    assert reading["flops_per_s"] == pytest.approx(
+        stats["samples_per_s"] * reading["flops_per_sample"]
+    )
+    assert reading["mfu"] is None and reading["dtype"] == "fp32"
+    assert reading["mfu_note"] == "MFU n/a: the model runs on the CPU (no peak FLOP/s)"
+
+
+def test_a_model_whose_input_is_not_token_ids_has_no_tokens_and_says_why(bsmon_dir):
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with attach(model, optimizer, batch_size=8, serve=False, record=False) as mon:
+        for _ in range(12):
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        reading = throughput_after(mon, 12 * 8)
+    assert reading["tokens"] is None and reading["tokens_per_s"] is None
+    assert reading["tokens_note"] == NOT_TOKENS
+    # forward 2, weight gradient 2, input gradient 2 per weight; the input needs none
+    assert reading["flops_per_sample"] == (2 + 2) * 16 * 32 + (2 + 2 + 2) * 32 * 1
+
+
+def test_a_sequence_length_that_varies_has_no_tokens_and_says_why(bsmon_dir):
+    model = TinyGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=4, serve=False, record=False) as mon:
+        for step in range(12):
+            idx = torch.randint(VOCAB, (4, CONTEXT - step % 3))  # padded to each batch's longest
+            model(idx, idx)[1].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        reading = throughput_after(mon, 12 * 4)
+    assert reading["tokens"] is None and reading["mfu"] is None
+    assert reading["tokens_note"].startswith("the model's input varies in shape")
+    assert reading["mfu_note"] == reading["tokens_note"]
