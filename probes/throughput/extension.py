@@ -164,11 +164,8 @@ class ThroughputExtension(Extension):
     ) -> None:
         per_example, why = self._flops_per_example(first)
         peak, no_peak, device = self._peak_of(first)
-        reading.flops_per_sample, reading.peak_flops_per_s, reading.device = (
-            per_example,
-            peak,
-            device,
-        )
+        reading.flops_per_sample = per_example
+        reading.peak_flops_per_s, reading.device = peak, device
         if per_example is not None and rate is not None:
             reading.flops_per_s = rate * per_example
         if peak is not None and reading.flops_per_s is not None:
@@ -200,7 +197,10 @@ def _device_peak(device: torch.device, dtype: str) -> tuple[float | None, str | 
     """The peak FLOP/s of the model's device for ``dtype``, or why there is none; its name."""
     if device.type != "cuda":
         return None, f"MFU n/a: the model runs on the {device.type.upper()} (no peak FLOP/s)", None
-    name = torch.cuda.get_device_name(device)
+    try:
+        name = torch.cuda.get_device_name(device)
+    except Exception as exc:  # a device gone, a driver error: a state, not a crash
+        return None, f"MFU n/a: the device's name could not be read ({exc})", None
     peak, why = peak_flops(name, dtype)
     return peak, (f"MFU n/a: {why}" if why else None), name
 

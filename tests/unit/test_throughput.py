@@ -203,3 +203,17 @@ def test_a_sequence_length_that_varies_has_no_tokens_and_says_why(bsmon_dir):
     assert reading["tokens"] is None and reading["mfu"] is None
     assert reading["tokens_note"].startswith("the model's input varies in shape")
     assert reading["mfu_note"] == reading["tokens_note"]
+
+
+def test_each_rank_s_summary_carries_its_own_device_s_tokens_and_mfu():
+    from bsmon.probes.runtime.ranks import rank_summary
+    from bsmon.probes.wire import protocol
+
+    metrics = protocol.Metrics(
+        t=0.0, step=9, batch_size=8, step_time_s=0.1, samples_per_s=80.0, b_simple=None
+    )
+    assert rank_summary(metrics)["tokens_per_s"] is None  # an agent without the reading
+    metrics.throughput = protocol.ThroughputReading(tokens_per_s=80.0 * CONTEXT, mfu=0.25)
+    summary = rank_summary(metrics)
+    assert summary["tokens_per_s"] == 80.0 * CONTEXT and summary["mfu"] == 0.25
+    assert protocol.RankReading(rank=1, **summary).tokens_per_s == 80.0 * CONTEXT
