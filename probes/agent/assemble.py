@@ -224,7 +224,7 @@ def assemble(
     job.prober = make_prober(mon, rank)
     if job.batch_control is not None:
         job.batch_control.watch.device_shared_since = job.prober.ran_since
-    mon._throughput = ThroughputExtension(mon._watch, model)
+    mon._throughput = ThroughputExtension(mon._watch, model, ctx)
     extensions: list[Extension] = [
         NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=shared),
         ProbeExtension(job.prober),

@@ -11,6 +11,7 @@ does, times the tokens (or FLOPs) per example.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..runtime.context import JobContext
 from ..runtime.forward_watch import ForwardWatch, RootPass, root_input
 from ..runtime.service import Extension, MetricsPart
 from ..wire import protocol
+from ..wire.protocol import Event
 from .flops import InputShapes, training_flops
 from .peak import peak_flops
 
@@ -101,8 +104,10 @@ class Look:
 class ThroughputExtension(Extension):
     """Agent thread: the message's ``throughput`` part from what the look saw."""
 
-    def __init__(self, watch: ForwardWatch, model: nn.Module | None) -> None:
+    def __init__(self, watch: ForwardWatch, model: nn.Module | None, ctx: JobContext) -> None:
         parameter = next(iter(model.parameters()), None) if model is not None else None
+        self._ctx = ctx
+        self._said: str | None = None  # the figures or reasons last said in an event
         self._model = model
         self._watch = watch
         self._look = Look(watch, parameter)
@@ -136,7 +141,29 @@ class ThroughputExtension(Extension):
     def metrics_part(self, metrics: protocol.Metrics) -> MetricsPart:
         reading = self._reading(metrics)
         self.latest = reading
+        if self._first is not None:
+            self._say(self._first)
         return {"throughput": reading}
+
+    def _say(self, first: Seen) -> None:
+        """An event when the per-example figures (or their reasons) are first known, and
+        again if they end: the Events panel and the record hold them, and the reasons the
+        Batch panel leaves out."""
+        flops, why_not = self._flops_per_example(first)
+        peak, no_peak, device = self._peak_of(first)
+        if self._varies is not None:
+            said = f"tokens and MFU n/a from now: {self._varies}"
+        else:
+            tokens = f"{first.seq_len:,} tokens per example" if first.seq_len else NOT_TOKENS
+            counted = f"{_si(flops)}FLOP per example (meta device)" if flops else why_not
+            mfu = f"MFU against {device} {first.dtype} ({_si(peak)}FLOP/s)"
+            said = " · ".join((tokens, counted or "", no_peak or mfu))
+        if said == self._said:
+            return
+        self._said = said
+        data = {"seq_len": first.seq_len, "flops_per_sample": flops, "peak_flops_per_s": peak}
+        data |= {"device": device, "dtype": first.dtype}
+        self._ctx.emit(Event(time.time(), self._ctx.progress.step, "throughput", said, data=data))
 
     def _reading(self, metrics: protocol.Metrics) -> protocol.ThroughputReading:
         first = self._first
@@ -203,6 +230,15 @@ def _device_peak(device: torch.device, dtype: str) -> tuple[float | None, str | 
         return None, f"MFU n/a: the device's name could not be read ({exc})", None
     peak, why = peak_flops(name, dtype)
     return peak, (f"MFU n/a: {why}" if why else None), name
+
+
+def _si(value: float | None) -> str:
+    """FLOPs with an SI prefix: 762 G, 989 T."""
+    value = value or 0.0
+    for threshold, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= threshold:
+            return f"{value / threshold:.3g} {prefix}"
+    return f"{value:.3g} "
 
 
 def _shape(per_example: tuple[int, ...]) -> str:

@@ -172,6 +172,17 @@ def test_tokens_stay_exact_when_the_batch_size_changes_and_a_cpu_job_has_no_mfu(
     )
     assert reading["mfu"] is None and reading["dtype"] == "fp32"
     assert reading["mfu_note"] == "MFU n/a: the model runs on the CPU (no peak FLOP/s)"
+    said = throughput_events(mon)
+    assert len(said) == 1, said  # said once: the batch-size change changes no figure per example
+    assert said[0].message == (
+        f"{CONTEXT} tokens per example · {reading['flops_per_sample'] / 1e6:.3g} MFLOP per "
+        "example (meta device) · MFU n/a: the model runs on the CPU (no peak FLOP/s)"
+    )
+    assert said[0].data["seq_len"] == CONTEXT
+
+
+def throughput_events(mon) -> list:
+    return [event for event in mon.job.telemetry.events if event.kind == "throughput"]
 
 
 def test_a_model_whose_input_is_not_token_ids_has_no_tokens_and_says_why(bsmon_dir):
@@ -203,6 +214,8 @@ def test_a_sequence_length_that_varies_has_no_tokens_and_says_why(bsmon_dir):
     assert reading["tokens"] is None and reading["mfu"] is None
     assert reading["tokens_note"].startswith("the model's input varies in shape")
     assert reading["mfu_note"] == reading["tokens_note"]
+    last = throughput_events(mon)[-1].message
+    assert last == f"tokens and MFU n/a from now: {reading['tokens_note']}"
 
 
 def test_each_rank_s_summary_carries_its_own_device_s_tokens_and_mfu():
