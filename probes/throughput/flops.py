@@ -112,7 +112,7 @@ def training_flops(model: nn.Module, call: InputShapes) -> tuple[float | None, s
             output = meta(*args, **kwargs)
             loss = _loss(output)
             if loss is not None and loss.requires_grad:
-                loss.backward()
+                _backward(loss, meta, (args, kwargs))
     except Exception as exc:  # a data-dependent model (.item(), a Python branch on values)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, f"FLOPs not counted: the model did not run on the meta device ({reason})"
@@ -120,6 +120,17 @@ def training_flops(model: nn.Module, call: InputShapes) -> tuple[float | None, s
     if total <= 0 or call.examples <= 0:
         return None, "FLOPs not counted: the model's step has no matmuls FlopCounterMode counts"
     return total / call.examples, None
+
+
+def _backward(loss: torch.Tensor, meta: nn.Module, inputs: Any) -> None:
+    """The backward pass through ``torch.autograd.grad``, into what ``backward()`` would fill:
+    not ``backward()``, which bsmon itself wraps in the job (the loss shown under ``bsmon
+    run``, the step anatomy's backward mark): this pass is the agent's, not the job's."""
+    wanted = [p for p in meta.parameters() if p.requires_grad]
+    wanted += [
+        t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+    torch.autograd.grad(loss, wanted, allow_unused=True)
 
 
 def _loss(output: Any) -> torch.Tensor | None:
