@@ -108,6 +108,7 @@ class ThroughputExtension(Extension):
         parameter = next(iter(model.parameters()), None) if model is not None else None
         self._ctx = ctx
         self._said: str | None = None  # the figures or reasons last said in an event
+        self._failed: str | None = None  # why a failure of this part ended its figures
         self._model = model
         self._watch = watch
         self._look = Look(watch, parameter)
@@ -139,25 +140,35 @@ class ThroughputExtension(Extension):
         )
 
     def metrics_part(self, metrics: protocol.Metrics) -> MetricsPart:
-        reading = self._reading(metrics)
-        self.latest = reading
-        if self._first is not None:
-            self._say(self._first)
-        return {"throughput": reading}
+        """The reading; a failure of its own is reported once and leaves the rest of the
+        message as it is (the reading then says why it has no figures)."""
+        if self._failed is None:
+            try:
+                self.latest = self._reading(metrics)
+                if self._first is not None:
+                    self._say(self._first)
+            except Exception as exc:
+                self._ctx.guard.report("tokens/s and MFU", exc)
+                self._failed = f"not measured: bsmon's own error ({type(exc).__name__})"
+        if self._failed is not None:
+            self.latest = protocol.ThroughputReading(
+                tokens_note=self._failed, mfu_note=self._failed
+            )
+        return {"throughput": self.latest}
 
     def _say(self, first: Seen) -> None:
         """An event when the per-example figures (or their reasons) are first known, and
         again if they end: the Events panel and the record hold them, and the reasons the
         Batch panel leaves out."""
-        flops, why_not = self._flops_per_example(first)
         peak, no_peak, device = self._peak_of(first)
+        flops, why_not = self._flops_per_example(first) if peak else (None, None)
         if self._varies is not None:
             said = f"tokens and MFU n/a from now: {self._varies}"
         else:
             tokens = f"{first.seq_len:,} tokens per example" if first.seq_len else NOT_TOKENS
             counted = f"{_si(flops)}FLOP per example (meta device)" if flops else why_not
             mfu = f"MFU against {device} {first.dtype} ({_si(peak)}FLOP/s)"
-            said = " · ".join((tokens, counted or "", no_peak or mfu))
+            said = " · ".join(part for part in (tokens, counted, no_peak or mfu) if part)
         if said == self._said:
             return
         self._said = said
@@ -189,8 +200,8 @@ class ThroughputExtension(Extension):
     def _mfu(
         self, reading: protocol.ThroughputReading, first: Seen, rate: float | None, unknown: str
     ) -> None:
-        per_example, why = self._flops_per_example(first)
         peak, no_peak, device = self._peak_of(first)
+        per_example, why = self._flops_per_example(first) if peak else (None, None)
         reading.flops_per_sample = per_example
         reading.peak_flops_per_s, reading.device = peak, device
         if per_example is not None and rate is not None:
@@ -201,6 +212,9 @@ class ThroughputExtension(Extension):
             reading.mfu_note = no_peak or why or unknown
 
     def _flops_per_example(self, first: Seen) -> tuple[float | None, str | None]:
+        """Counted once, and only where there is a peak to compare with: the count costs the
+        job's host about a second the first time (torch imports dynamo for any dispatch
+        mode), for nothing on a CPU."""
         if self._flops is None:
             if first.call is None or self._model is None:
                 return None, "FLOPs not counted: the step's examples were not counted"

@@ -5,9 +5,11 @@ The training thread only notes the shapes of one training call's arguments (``In
 the agent thread copies the model onto the meta device — its modules copied, its parameters
 and buffers replaced by meta tensors of the same shapes, its hooks left behind, so nothing of
 the user's model is touched or duplicated in memory — and runs the call on it. Meta tensors
-have shapes and no data: the count costs host time only (milliseconds for a small model) and
-no device memory. The count is the matmuls' (linear layers, convolutions, attention's batched
-matmuls): 6·N per token plus attention for a GPT, the convention MFU is quoted in.
+have shapes and no data: the count costs host time only (0.04 s for a small model, 0.5 s
+for GPT-2 small; about a second more the first time, as torch imports dynamo for a dispatch
+mode) and no device memory. The count is the matmuls' (linear layers, convolutions,
+attention's batched matmuls): 6·N per token plus attention for a GPT, the convention MFU is
+quoted in.
 """
 
 from __future__ import annotations

@@ -213,16 +213,16 @@ def test_a_gpt_script_s_tokens_per_example_and_flops_are_said_and_its_mfu_is_n_a
     mode, bsmon_dir
 ):
     """gpt.py cuts batches of 12 sequences of 16 tokens by hand (docs/throughput.md): the
-    record's one throughput event says 16 tokens per example, the FLOPs counted once, and
-    why there is no MFU on a CPU."""
+    record's one throughput event says 16 tokens per example, and why there is no MFU on a
+    CPU."""
     outcome = run("gpt.py", (), mode, bsmon_dir)
     assert outcome.code == 0, outcome.stderr[-2000:]
     lines = [msgspec.json.decode(line) for line in outcome.records[0].read_bytes().splitlines()]
     said = [x for x in lines if x.get("type") == "event" and x["kind"] == "throughput"]
     assert len(said) == 1, said
-    assert said[0]["message"].startswith("16 tokens per example · ")
-    assert said[0]["message"].endswith("MFU n/a: the model runs on the CPU (no peak FLOP/s)")
-    assert said[0]["data"]["seq_len"] == 16 and said[0]["data"]["flops_per_sample"] > 0
+    cpu = "MFU n/a: the model runs on the CPU (no peak FLOP/s)"
+    assert said[0]["message"] == f"16 tokens per example · {cpu}"
+    assert said[0]["data"]["seq_len"] == 16
 
 
 def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir, monkeypatch):
