@@ -258,3 +258,41 @@ def test_a_failure_of_the_reading_is_reported_and_the_rest_of_the_message_goes_o
         errors = wait_until(reported, message="the failure reported")
     assert reading["mfu_note"] == "not measured: bsmon's own error (RuntimeError)"
     assert len(errors) == 1 and "tokens/s and MFU" in errors[0].message
+
+
+def test_on_a_gpu_in_the_table_mfu_is_the_achieved_flops_over_its_peak(monkeypatch):
+    """The GPU path without a GPU: a look that saw a bf16 call on cuda:0, named an H200 (the
+    device's name is all the table reads); MFU = samples/s × FLOPs per example / 989.5 TFLOP/s,
+    at one batch size and at another."""
+    from bsmon.probes.runtime.context import JobContext
+    from bsmon.probes.runtime.fault_guard import FaultGuard
+    from bsmon.probes.runtime.forward_watch import ForwardWatch
+    from bsmon.probes.runtime.progress import Progress
+    from bsmon.probes.throughput.extension import Seen, ThroughputExtension
+    from bsmon.probes.wire import protocol
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _device: "NVIDIA H200")
+    model, events = TinyGPT(), []
+    progress = Progress()
+    guard = FaultGuard(events.append, progress)
+    part = ThroughputExtension(
+        ForwardWatch(model, guard), model, JobContext(progress, events.append, guard, None)
+    )
+    idx = torch.zeros(4, CONTEXT, dtype=torch.long)
+    call = InputShapes.of((idx, idx), {}, 4)
+    part._look.seen.append(Seen((CONTEXT,), CONTEXT, call, "bf16", torch.device("cuda", 0)))
+    part.on_tick(None)
+    per_example = hand_count(model, 1, CONTEXT)
+    for rate in (100.0, 400.0):  # samples/s at one batch size, then at four times it
+        metrics = protocol.Metrics(
+            t=0.0, step=9, batch_size=8, step_time_s=0.1, samples_per_s=rate, b_simple=None
+        )
+        reading = part.metrics_part(metrics)["throughput"]
+        assert reading.mfu == pytest.approx(rate * per_example / 989.5e12, rel=0.05)
+        assert reading.tokens_per_s == rate * CONTEXT
+        assert (reading.device, reading.dtype, reading.mfu_note) == ("NVIDIA H200", "bf16", None)
+    said = [event.message for event in events if event.kind == "throughput"]
+    assert said == [
+        f"{CONTEXT} tokens per example · {per_example / 1e6:.3g} MFLOP per example (meta device)"
+        " · MFU against NVIDIA H200 bf16 (990 TFLOP/s)"
+    ]
