@@ -2,7 +2,10 @@
 
 The order matters where a part takes another: the noise scale's hints read the batch control
 made after it (through the monitor), the hot path takes the batch control, and the scheduled
-boundary takes the parts it prepares once they are all made."""
+boundary takes the parts it prepares once they are all made.
+
+Why one module: it is the one place where every wing's part meets the others; split, the
+order above would be spread over files that each see only part of it."""
 
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ from ..runtime.service import AgentService, Extension, PeriodicSampler, takes_bo
 from ..runtime.session import default_name, session_info
 from ..runtime.telemetry import Telemetry
 from ..runtime.timing import StepClock
+from ..throughput.extension import ThroughputExtension
 from ..wire import protocol
 from ..wire.protocol import Capability, ProbeResult
 from ..wire.routing import CommandRouter
@@ -220,9 +224,11 @@ def assemble(
     job.prober = make_prober(mon, rank)
     if job.batch_control is not None:
         job.batch_control.watch.device_shared_since = job.prober.ran_since
+    mon._throughput = ThroughputExtension(mon._watch, model, ctx)
     extensions: list[Extension] = [
         NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=shared),
         ProbeExtension(job.prober),
+        mon._throughput,
     ]
     # reads nothing unless the job is distributed and its model DistributedDataParallel
     ddp_timing = DdpTiming(ddp)

@@ -197,6 +197,7 @@ class Monitor:
             "samples": t.samples,
             "step_time_s": t.step_time_s,
             "samples_per_s": t.samples_per_s,
+            "throughput": self._throughput.stats(),  # tokens/s, MFU, or why not
             "b_simple": noise.b_simple,
             "noise": {name: getattr(noise, name) for name in noise.__struct_fields__},
             "anatomy": self._anatomy.latest_dict() if self._anatomy is not None else None,

@@ -36,8 +36,12 @@ from .hot_path import NEVER
 from .layer_inputs import FirstLayer, first_layer, flat_input_examples
 
 RECENT_PASSES = 64  # root passes kept for the layer calls whose gradients are still to come
+LOOK = "look"  # the holder of a step whose training call the input listeners read
+LAST_LOOK = 64  # the looks: at steps 2, 4, 8, ... up to this one (a later one would be a
+# step dearer than its neighbours in a job with nothing else sampled: test_hot_path)
 LayerCall = Callable[[nn.Module, tuple, Any, int], None]  # (module, args, output, pass id)
 RootListener = Callable[["RootPass", Any], None]  # (the pass, the model's output)
+InputListener = Callable[["RootPass", tuple, dict], None]  # (the pass, its args, its kwargs)
 
 _SEQUENCE_FIRST = (
     nn.RNNBase,
@@ -103,6 +107,13 @@ def first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def root_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The model call's input whose batch dimension holds its examples: the first positional
+    tensor, else the first tensor among the arguments, else among the keyword arguments."""
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else first_tensor(args)
+    return x if x is not None else first_tensor(kwargs)
+
+
 class ForwardWatch:
     """Sees the calls of one model (its *root passes*) and of the layers registered with
     ``watch_layer``.
@@ -127,6 +138,12 @@ class ForwardWatch:
         self._holders: set[str] = set()
         self._handle: Any = None
         self._listeners: list[RootListener] = []
+        self._input_listeners: list[InputListener] = []
+        self._look_at = NEVER  # the next step whose first training call they read
+        # the latest training call's input shape, on any step the hook was held (no call)
+        self.training_input: torch.Size | None = None
+        self._looking = False  # held for this step's call
+        self._look_read = False  # this step's call was read
         self.armed = False
         self._suspended = False
         self.pass_id = 0  # counts root passes; layer calls carry the id of the pass in progress
@@ -163,11 +180,28 @@ class ForwardWatch:
             return reason
         return None
 
-    def at_boundary(self, _step: int, _now: float) -> int:
-        """The scheduled boundary: armed again if a pass left it disarmed."""
+    def at_boundary(self, step: int, _now: float) -> int:
+        """The scheduled boundary: armed again if a pass left it disarmed; a look begun or
+        ended (no call on the boundaries between)."""
         if not self.armed:
             self.arm()
-        return NEVER
+        if step + 1 < self._look_at:
+            return self._look_at - 1 if self._look_at != NEVER else NEVER
+        return self._look(step)
+
+    def _look(self, step: int) -> int:
+        """Hold for step + 1 (the input listeners read its first training call), or release
+        at its end; the next boundary a look needs."""
+        if self._looking:
+            self._looking = False
+            self.release(LOOK)
+            self._look_at = step * 2 if step * 2 <= LAST_LOOK else NEVER
+            return self._look_at - 1 if self._look_at != NEVER else NEVER
+        if not self.hold(LOOK):
+            self._look_at = NEVER  # blocked() says why
+            return NEVER
+        self._looking, self._look_read = True, False
+        return step + 1
 
     def arm(self) -> None:
         """From now on a hold registers the hook (the holds made before take effect now)."""
@@ -218,6 +252,7 @@ class ForwardWatch:
         self._remove()
         self._layers.clear()
         self._listeners.clear()
+        self._input_listeners.clear()
 
     def _register(self) -> Any:
         if self.wrapper:  # dynamo never traces a hook on the wrapper itself
@@ -249,6 +284,18 @@ class ForwardWatch:
     def off_root(self, listener: RootListener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
+
+    def on_input(self, listener: InputListener) -> None:
+        """Call ``listener(root_pass, args, kwargs)`` with the first training call (gradients
+        on, the model in ``train()``) of steps 2, 4, 8, ... ``LAST_LOOK``: the hook is held
+        for those steps alone. The arguments are to be read there, never kept; later calls
+        leave their input's shape in ``training_input`` whenever the hook is held."""
+        self._input_listeners.append(listener)
+        self._look_at = min(self._look_at, 2)
+
+    def off_input(self, listener: InputListener) -> None:
+        if listener in self._input_listeners:
+            self._input_listeners.remove(listener)
 
     def pass_of(self, pass_id: int) -> RootPass | None:
         """The root pass a layer call with ``pass_id`` belonged to (None: the model's own
@@ -284,6 +331,7 @@ class ForwardWatch:
     def _root_pass(self, args: tuple, kwargs: dict, output: Any) -> None:
         model = self.model
         assert model is not None
+        # root_input's, written out: a call less on every watched pass (test_hot_path)
         x = args[0] if args and isinstance(args[0], torch.Tensor) else first_tensor(args)
         if x is None:
             x = first_tensor(kwargs)
@@ -296,6 +344,12 @@ class ForwardWatch:
         self._pending_batch = None
         for listener in self._listeners:
             listener(root_pass, output)
+        if x is not None and root_pass.grad and root_pass.training:
+            self.training_input = x.shape
+            if self._looking and not self._look_read:
+                self._look_read = True
+                for read in self._input_listeners:
+                    read(root_pass, args, kwargs)
 
     def _examples_of(self, x: torch.Tensor | None) -> int | None:
         """The examples in the root input ``x``: along ``batch_dim`` when the user gave it;

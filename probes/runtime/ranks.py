@@ -39,6 +39,8 @@ FIELDS = (
     "step",
     "step_time_s",
     "samples_per_s",
+    "tokens_per_s",
+    "mfu",
     "batch_size",
     "util_percent",
     "memory_used_bytes",
@@ -251,13 +253,15 @@ class RanksExtension(Extension):
 def rank_summary(metrics: Metrics) -> dict[str, Any]:
     """This rank's own figures, from the metrics it is about to send to its own monitor."""
     device = max(metrics.devices, key=lambda d: d.memory_used_bytes or 0, default=None)
-    anatomy = metrics.anatomy
+    anatomy, throughput = metrics.anatomy, metrics.throughput
     return {
         "data_s": anatomy.data_s if anatomy else None,
         "verdict": anatomy.verdict if anatomy else None,
         "step": metrics.step,
         "step_time_s": metrics.step_time_s,
         "samples_per_s": metrics.samples_per_s,
+        "tokens_per_s": throughput.tokens_per_s if throughput else None,  # this device's
+        "mfu": throughput.mfu if throughput else None,
         "batch_size": metrics.batch_size,
         "util_percent": device.util_percent if device else None,
         "memory_used_bytes": device.memory_used_bytes if device else None,

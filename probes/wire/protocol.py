@@ -181,6 +181,23 @@ class MemoryPoint(msgspec.Struct):
     steps: int
 
 
+class ThroughputReading(msgspec.Struct, omit_defaults=True):
+    """Tokens per second and model FLOPs utilization of this process's device (a rank's own:
+    per device). A figure that cannot be known is None with its ``*_note`` saying why."""
+
+    tokens_per_s: float | None = None  # samples/s × the sequence length of the batch's input
+    tokens: int | None = None  # trained so far: samples × the sequence length
+    seq_len: int | None = None  # tokens per example, read from a watched training step
+    tokens_note: str | None = None
+    flops_per_sample: float | None = None  # training FLOPs (forward + backward), counted once
+    flops_per_s: float | None = None  # achieved: samples/s × flops_per_sample
+    peak_flops_per_s: float | None = None  # the device's dense peak for the dtype
+    device: str | None = None  # the device's name, as the peak table read it
+    dtype: str | None = None  # the matmuls' precision: bf16, fp16, tf32 or fp32
+    mfu: float | None = None  # flops_per_s / peak_flops_per_s (a fraction)
+    mfu_note: str | None = None
+
+
 class BatchReading(msgspec.Struct, omit_defaults=True):
     """Batch-size control state: limits, pending change, memory model, history."""
 
@@ -366,6 +383,8 @@ class RankReading(msgspec.Struct, omit_defaults=True):
     step: int | None = None
     step_time_s: float | None = None
     samples_per_s: float | None = None
+    tokens_per_s: float | None = None  # the rank's device's (its throughput reading)
+    mfu: float | None = None
     batch_size: int | None = None
     util_percent: float | None = None
     memory_used_bytes: int | None = None
@@ -456,6 +475,7 @@ class Metrics(Message, tag="metrics"):
     gpu: Capability = msgspec.field(default_factory=lambda: Capability(available=False))
     host: HostReading = msgspec.field(default_factory=HostReading)
     batch: BatchReading = msgspec.field(default_factory=BatchReading)
+    throughput: ThroughputReading | None = None  # None: an agent from before issue 45
     probe: ProbeReading = msgspec.field(default_factory=ProbeReading)
     ranks: RanksReading | None = None
     autopilot: AutopilotReading | None = None

@@ -108,15 +108,20 @@ async def test_the_panel_says_each_changes_verdict_and_a_diverged_or_recovered_l
     for message in script:
         if isinstance(message, protocol.Metrics):
             message.batch.changes = changes
-    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
-    async with app.run_test(size=(120, 40)) as pilot:
-        await dashboard_ready(pilot)
-        await wait_for(pilot, lambda: "32→1" in text_of(app, "#batch"), what="changes")
-        panel = text_of(app, "#batch")
+    panel = await batch_panel(script, (120, 40), "32→1")
     assert "64→32  left before a verdict" in panel
     assert "32→1  loss diverged · no measurable difference" in panel
     assert "128→262  recovered · left before a verdict" in panel  # no stale alarm
     assert panel.count("loss diverged") == 1
+
+
+async def batch_panel(script: list[protocol.Message], size: tuple[int, int], once: str) -> str:
+    """The Batch panel's text once ``once`` is in it, the ``script`` replayed at ``size``."""
+    app = BsmonApp(ScriptedSource("job", script, clock=lambda: NOW))
+    async with app.run_test(size=size) as pilot:
+        await dashboard_ready(pilot)
+        await wait_for(pilot, lambda: once in text_of(app, "#batch"), what=once)
+        return text_of(app, "#batch")
 
 
 def confirming_reply(command: protocol.Command) -> protocol.Reply:
@@ -257,3 +262,21 @@ def test_the_autopilot_lines_fit_the_batch_panel_at_80_columns():
     assert lines[1].strip() == "B½ ~64 · next s123,456"
     assert lines[2].strip() == "holds: 1.049× < 1.05×"
     assert all(len(line) <= 32 for line in lines), lines
+
+
+async def test_the_panel_shows_tokens_per_second_and_mfu_where_the_job_has_them():
+    script = messages()
+    reading = protocol.ThroughputReading(tokens_per_s=1_052_000.0, mfu=0.412)
+    for message in script:
+        if isinstance(message, protocol.Metrics):
+            message.throughput = reading
+    panel = await batch_panel(script, (80, 24), "tok/s")  # one line at 80 columns
+    assert "tokens  1.05M tok/s · MFU 41.2%" in panel
+
+
+def test_a_job_without_tokens_or_mfu_shows_neither_and_mfu_alone_shows_alone():
+    from bsmon.tui.widgets.batch import throughput_line
+
+    cpu = protocol.ThroughputReading(tokens_note="not token ids", mfu_note="MFU n/a: the CPU")
+    assert throughput_line(None) is None and throughput_line(cpu) is None
+    assert throughput_line(protocol.ThroughputReading(mfu=0.05)) == "MFU     5.0%"

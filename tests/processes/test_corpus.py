@@ -208,6 +208,23 @@ def test_a_loss_summed_over_the_batch_is_labelled_so(mode, bsmon_dir):
     assert loss.first > 32 * 40  # the sum of 32 examples of about 44 each, as computed
 
 
+@pytest.mark.parametrize("mode", [RUN, ATTACH])
+def test_a_gpt_script_s_tokens_per_example_and_flops_are_said_and_its_mfu_is_n_a_on_a_cpu(
+    mode, bsmon_dir
+):
+    """gpt.py cuts batches of 12 sequences of 16 tokens by hand (docs/throughput.md): the
+    record's one throughput event says 16 tokens per example, and why there is no MFU on a
+    CPU."""
+    outcome = run("gpt.py", (), mode, bsmon_dir)
+    assert outcome.code == 0, outcome.stderr[-2000:]
+    lines = [msgspec.json.decode(line) for line in outcome.records[0].read_bytes().splitlines()]
+    said = [x for x in lines if x.get("type") == "event" and x["kind"] == "throughput"]
+    assert len(said) == 1, said
+    cpu = "MFU n/a: the model runs on the CPU (no peak FLOP/s)"
+    assert said[0]["message"] == f"16 tokens per example · {cpu}"
+    assert said[0]["data"]["seq_len"] == 16
+
+
 def test_lightning_evaluation_and_short_batches_read_true(bsmon_dir, monkeypatch):
     """The validation loop's time is its own, and each epoch's short last batch (4 of 32)
     is not a change of batch size. The anatomy samples one step in 1–2 here: its means are

@@ -192,6 +192,7 @@ FLOORS = {
     "anatomy": 3,
     "batch": 3,
     "noise": 3,
+    "throughput": 3,
     "record": 4,
     "maxbatch": 4,
     "options": 4,

@@ -12,6 +12,7 @@ from bsmon.probes.wire.protocol import (
     BatchReading,
     Metrics,
     StepAnatomy,
+    ThroughputReading,
 )
 
 from .. import format as fmt
@@ -138,6 +139,18 @@ def off_line(snap: Snapshot) -> str | None:
     return f"[$text-muted]{' '.join(off)} off — ? says why[/]" if off else None
 
 
+def throughput_line(reading: ThroughputReading | None) -> str | None:
+    """Tokens/s and MFU where the job has them ("tokens  1.05M tok/s · MFU 41.2%"); None
+    where it has neither (their reasons are in the metrics and ``mon.stats()``)."""
+    if reading is None:
+        return None
+    mfu = f"{100 * reading.mfu:.1f}%" if reading.mfu is not None else None
+    if reading.tokens_per_s is None:
+        return f"MFU     {mfu}" if mfu is not None else None
+    tokens = f"tokens  {fmt.rate(reading.tokens_per_s, ' tok/s')}"
+    return f"{tokens} · MFU {mfu}" if mfu is not None else tokens
+
+
 class BatchPanel(Static):
     DEFAULT_CSS = "BatchPanel { height: auto; }"
 
@@ -155,7 +168,10 @@ class BatchPanel(Static):
         lines = [f"batch   {size_line(m)}"]
         if (advice := advice_line(m.advice)) is not None:
             lines.append(advice)  # second: in view at 80×24 (issue 41)
-        lines += [step, speed, f"seen    {fmt.count(m.samples)} samples"]
+        lines += [step, speed]
+        if (tokens := throughput_line(m.throughput)) is not None:
+            lines.append(tokens)
+        lines.append(f"seen    {fmt.count(m.samples)} samples")
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
         if m.idle_s is not None and m.idle_s >= 5 and snap.state is ConnState.LIVE:
