@@ -149,8 +149,7 @@ def advice(noise: bool = True, probed: bool = False) -> protocol.Advice:
                 "memory: up to 263 (the probe)",
             ],
             confidence="high",
-            would_change="B_simple below ≈ 820 (B_simple ≈ 1.39k now), or 192's measured step "
-            "time",
+            would_change="B_simple below ≈ 820 (B_simple ≈ 1.39k now), or 192's measured step time",
             target=223,
             gain=1.07,
             headline="raise → 192",
