@@ -77,9 +77,12 @@ MAX_SEGMENTS = 1000
 MAX_LISTED = 100  # warnings from events, probe results
 
 
+NOISE_OFF = "noise scale: off — "  # the estimator's warning when it stops for good
+
+
 def _noise_reason(message: str) -> str | None:
     """Why the estimate is missing, from one of the noise scale's warning events."""
-    for prefix in ("noise scale: off — ", "noise scale: no estimate — "):
+    for prefix in (NOISE_OFF, "noise scale: no estimate — "):
         if message.startswith(prefix):
             return message.removeprefix(prefix)
     if "skipped step" in message:
@@ -188,6 +191,7 @@ class SummaryBuilder:
         self.noise_reason: str | None = None  # the job's word on why there is no estimate
         self.noise_source: str | None = None  # the estimator the job last reported
         self.noise_warmup: str | None = None  # what the warm-up measured, when it ran out
+        self.noise_off: str | None = None  # why the estimator stopped for good, if it did
         self.scalar_notes: dict[str, str] = {}  # a loss_units event's: {"loss": "summed ..."}
         self.resolution_s = 0.0
         self.end: End | None = None
@@ -314,7 +318,10 @@ class SummaryBuilder:
         self.last_t = max(self.last_t, event.t)
         self.probe_runs.see(event)
         if event.kind == "noise_scale" and event.level == "warning":
-            self.noise_reason = self.noise_reason or _noise_reason(event.message)
+            reason = _noise_reason(event.message)
+            self.noise_reason = self.noise_reason or reason
+            if event.message.startswith(NOISE_OFF):  # turned off for good, perhaps after one
+                self.noise_off = reason
         elif event.kind == "noise_scale" and event.message.startswith(WARMUP_ENDED):
             self.noise_warmup = event.message.removeprefix(WARMUP_ENDED)
         elif event.kind in ("autopilot", "autopilot_state"):
@@ -527,7 +534,7 @@ class SummaryBuilder:
             min=_round(n.min) if n else None,
             max=_round(n.max) if n else None,
             trajectory=self.series["b_simple"].points(),
-            note=None if self.noise_first is not None else self._noise_note(),
+            note=self.noise_off if self.noise_first is not None else self._noise_note(),
         )
 
     def _noise_note(self) -> str:

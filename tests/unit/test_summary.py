@@ -26,7 +26,7 @@ from bsmon.probes.summary.schema import Summary
 from bsmon.probes.wire.describe import describe_advice
 from bsmon.probes.wire.protocol import Advice, Capability, Event
 
-from ..records import GIB, START, session, two_phase
+from ..records import GIB, START, make_span, session, two_phase
 
 
 def nearest_rank(values, q):
@@ -778,3 +778,23 @@ def test_the_final_word_is_the_advisors_last_answer_and_how_it_got_there(tmp_pat
     assert "(its last answer: the job ended without a final word)" in (
         (tmp_path / "summary.md").read_text()
     )
+
+
+def test_an_estimate_that_stopped_for_good_keeps_its_reason(tmp_path):
+    """layerwise.py under bsmon run (r16, a busy machine): the noise scale measured the first
+    optimizer's parameters, resolved 18.2 within its first 200 steps, then stopped when that
+    optimizer stopped stepping. The summary kept the estimate and lost why it ended."""
+    why = "it measured the gradients of the parameters SGD trains, and SGD stopped stepping at 200"
+    spans = [
+        make_span(START + k, START + k + 1, 1 + 10 * k, [0.01] * 10, 8, 80 * k, b_simple=18.2)
+        for k in range(3)
+    ]
+    off = Event(
+        t=START + 3,
+        step=30,
+        kind="noise_scale",
+        message=f"noise scale: off — {why}",
+        level="warning",
+    )
+    summary = write_record(tmp_path / "r.jsonl", [header_for(session(), 8, START), *spans, off])
+    assert summary.b_simple.end == pytest.approx(18.2) and summary.b_simple.note == why
