@@ -59,7 +59,6 @@ class Advisor:
         self.out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self.latest: Advice | None = None
         self.model: StepTimeModel | None = None
-        self.estimate: Estimate | None = None
         self.hold: Hold | None = None  # the rule that kept the size, when it stays
         self._noise = NoiseScaleReading()
         self._probe_half: float | None = None
@@ -88,7 +87,7 @@ class Advisor:
         control = self._control
         current = control.size
         self._note_divergence(control.watch.latest)
-        self.estimate = estimate = resolved(self._noise)
+        estimate = resolved(self._noise)
         self.model = model = fit_step_time(
             control.watch.sizes, self._declared_half, self._probe_half
         )
