@@ -5,6 +5,7 @@ Modules, one job each:
 - ``estimators``: the unbiased two-batch-size estimators (App. A.1) in one general form;
 - ``smoothing``: the ratio of two bias-corrected EMAs, its standard error and interval;
 - ``drift``: a fast pair of averages beside the slow one, to follow B_simple when it moves;
+- ``growth``: the averages' ratio read forward to the latest step while B_simple grows;
 - ``pernorms``: per-example squared gradient norms of each supported layer (pure tensors);
 - ``layers``: which layers are measured, coverage, and dispatch to ``pernorms``;
 - ``autograd``: end-of-backward callbacks, on-device squared norms, example counting;

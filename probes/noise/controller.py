@@ -48,6 +48,7 @@ from . import reasons
 from .autograd import ExampleCounter
 from .budget import Budget
 from .ddp import CommHookTaken, DDPSource
+from .growth import describe_growth
 from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
@@ -545,6 +546,8 @@ class NoiseScale:
             age = self.tracker.averages.mean_age
             if age >= 1:
                 detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
+        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
+            detail += f"; {describe_growth(growth)}"
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,

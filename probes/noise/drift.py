@@ -34,9 +34,9 @@ class DriftFollowingRatio:
         self.fast.reset()
         self.restarts = 0
 
-    def update(self, g2: float, trace: float, steps: int = 1) -> None:
-        self.slow.update(g2, trace, steps)
-        self.fast.update(g2, trace, steps)
+    def update(self, g2: float, trace: float, steps: int = 1, at: int | None = None) -> None:
+        self.slow.update(g2, trace, steps, at)
+        self.fast.update(g2, trace, steps, at)
         if self._moved():
             self.slow.forget()
             self.restarts += 1
@@ -61,3 +61,7 @@ class DriftFollowingRatio:
     @property
     def mean_age(self) -> float:
         return self._shown.mean_age
+
+    @property
+    def log_step(self) -> float | None:
+        return self._shown.log_step

@@ -3,7 +3,8 @@
 Reads each record's values once its device copy has landed (in order), divides out the loss
 scale, skips (and counts) steps that cannot be used — non-finite gradients, a problem the
 training thread flagged, a gradient that arrived without its per-example hook — forms the
-step's unbiased |G|² and tr Σ and feeds the smoother.
+step's unbiased |G|² and tr Σ and feeds the smoother; the reading carries the smoothed
+ratio forward to the latest measured step where B_simple is seen to grow (growth.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..runtime.timing import finite_or_none as _finite
 from ..wire.protocol import NoiseScaleReading
 from .drift import DriftFollowingRatio
 from .estimators import EstimateError, Units, components, finite
+from .growth import Growth, GrowthCorrection
 from .smoothing import Estimate
 from .step_record import StepRecord
 
@@ -43,12 +45,16 @@ class Outcome:
 class Tracker:
     def __init__(self, window: int) -> None:
         self.averages = DriftFollowingRatio(window)
+        self.growth = GrowthCorrection()
+        self.growth_applied: Growth | None = None  # at the latest reading
         self.skipped = 0
         self.note: str | None = None
         self.last_step = 0
+        self.last_used = 0  # the latest step the averages took in
 
     def reset(self) -> None:
         self.averages.reset()
+        self.growth.reset()
         self.note = None
 
     def add(self, record: StepRecord, values: list[float]) -> Outcome:
@@ -82,7 +88,10 @@ class Tracker:
             return Outcome(False, str(exc))
         if not (math.isfinite(step.g2) and math.isfinite(step.trace)):
             return Outcome(False, NONFINITE)
-        self.averages.update(step.g2, step.trace, record.gap)
+        averages = self.averages
+        averages.update(step.g2, step.trace, record.gap, at=record.step)
+        self.last_used = record.step
+        self.growth.observe(record.step, averages)
         return Outcome(True)
 
     def reading(
@@ -97,7 +106,7 @@ class Tracker:
     ) -> NoiseScaleReading:
         """The reading now; ``negative``: why an unbiased estimator's |G|² can read below
         zero beyond its error (the source knows: BatchNorm, for per-example norms)."""
-        est = self.averages.estimate()
+        est, self.growth_applied = self.growth.apply(self.last_used, self.averages)
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
             stderr=_finite(est.stderr),

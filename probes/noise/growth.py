@@ -1,0 +1,156 @@
+"""Reading B_simple now, not where the averages sit: a correction for its growth.
+
+The averages behind the estimate reach back hundreds of training steps when the cost budget
+measures one step in fifty, since they must hold enough measured steps to be precise. While
+training moves B_simple (it grows as the loss falls, often tenfold over the first thousands
+of steps), their ratio is B_simple as it was at an earlier step ``t_eff`` (the averages'
+``log_step``: early steps, whose |G|² is large, weigh most), not at ``t``: at bsmon's
+defaults the live value read 0.4–0.5 of the exact one on a growing run, with an interval
+that did not cover it.
+
+Training changes B_simple roughly as a power of the step count (McCandlish et al. 2018 show
+it rising smoothly with progress), so the correction works in log-log terms: the estimate's
+own history gives the exponent ``p = Δ ln B / Δ ln t_eff`` between the averages' effective
+step now and the one about a quarter as far into the run (a long lever: compared with half
+as far, a B_simple that held still was read forward by up to 24% on the closed-form
+regression measured one step in ten, and by nothing with a quarter), and
+
+    B(t) ≈ B(t_eff) · (t / t_eff)^p.
+
+The exponent is noisy (two estimates, each with its standard error), so:
+
+- the point estimate moves by ``p`` shrunk towards zero by one standard error (a stationary
+  B_simple, whose p is zero within its error, is left where it is), and never further than
+  from half the step to the step (a sparsely measured run's averages can sit further back:
+  its reading then stays partly behind, and its interval says so);
+- the interval moves by the whole range ``p ± z·se`` over the whole distance the averages
+  lag: it widens on the side the estimate may lag, so a lagging point never comes with a
+  narrow interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from .smoothing import Z95, Estimate
+
+MIN_SPAN = math.log(1.25)  # the two effective steps compared lie at least this far apart
+BASE = 0.25  # the earlier estimate is the one whose effective step is about a quarter of now's
+SPACING = 1.02  # the history keeps points this far apart in effective step (about 70 a doubling)
+EXPONENT_RANGE = (-1.0, 1.5)  # what training does to B_simple, with room to spare
+MAX_REACH = math.log(2.0)  # never read forward further than twice the effective step
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """The correction applied: ``exponent`` p (shrunk), its standard error, and the factor
+    ``(t / t_eff)^p`` the averages' ratio was multiplied by."""
+
+    exponent: float
+    stderr: float
+    factor: float
+
+
+class Averages(Protocol):
+    """What the correction reads of the averages (drift.DriftFollowingRatio)."""
+
+    @property
+    def mean_age(self) -> float: ...
+
+    @property
+    def log_step(self) -> float | None: ...
+
+    def estimate(self) -> Estimate: ...
+
+
+def effective_step(averages: Averages, step: int) -> float:
+    """The step the averages' ratio stands for (their |G|²-weighted log step; else the mean
+    age back from ``step``)."""
+    log_step = averages.log_step
+    if log_step is not None and 0.0 <= log_step <= math.log(max(step, 1)):
+        return math.exp(log_step)
+    return max(1.0, step - averages.mean_age)
+
+
+@dataclass(frozen=True, slots=True)
+class _Point:
+    effective_step: float
+    log_b: float
+    rel_var: float  # (se / B)²
+
+
+class GrowthCorrection:
+    def __init__(self) -> None:
+        self._history: deque[_Point] = deque()  # log-spaced in effective step
+        self._latest: _Point | None = None
+
+    def reset(self) -> None:
+        self._history.clear()
+        self._latest = None
+
+    def observe(self, step: int, averages: Averages) -> None:
+        """After each update of the averages (the latest at training step ``step``):
+        remember where the estimate stood."""
+        est = averages.estimate()
+        if not (est.b_simple and est.b_simple > 0 and est.stderr is not None):
+            return
+        effective = effective_step(averages, step)
+        point = _Point(effective, math.log(est.b_simple), (est.stderr / est.b_simple) ** 2)
+        self._latest = point
+        history = self._history
+        while history and history[-1].effective_step >= effective:
+            history.pop()  # the averages restarted nearer to now: keep the history ordered
+        if not history or effective >= history[-1].effective_step * SPACING:
+            history.append(point)
+        while len(history) > 1 and history[1].effective_step <= effective * BASE / 2:
+            history.popleft()
+
+    def exponent(self) -> tuple[float, float] | None:
+        """p and its standard error, from the latest estimate and the one about a quarter as
+        far into the run; None while the history spans too little."""
+        latest = self._latest
+        if latest is None or not self._history:
+            return None
+        target = latest.effective_step * BASE
+        earlier = min(self._history, key=lambda p: abs(p.effective_step - target))
+        span = math.log(latest.effective_step / earlier.effective_step)
+        if span < MIN_SPAN:
+            return None
+        low, high = EXPONENT_RANGE
+        p = min(max((latest.log_b - earlier.log_b) / span, low), high)
+        # the two estimates share some steps, so adding their variances overstates the
+        # difference's: a cautious standard error
+        return p, math.sqrt(latest.rel_var + earlier.rel_var) / span
+
+    def apply(self, step: int, averages: Averages) -> tuple[Estimate, Growth | None]:
+        """The averages' estimate carried from their effective step to ``step``."""
+        est = averages.estimate()
+        if est.b_simple is None or est.stderr is None:
+            return est, None
+        found = self.exponent()
+        behind = math.log(max(step, 1) / effective_step(averages, step))  # ln(t / t_eff)
+        if found is None or behind <= 0:
+            return est, None
+        p, se = found
+        shrunk = math.copysign(max(0.0, abs(p) - se), p)
+        x = min(behind, MAX_REACH)
+        factor = math.exp(shrunk * x)
+        b = est.b_simple * factor
+        rel = math.hypot(est.stderr / est.b_simple, se * x)
+        # the interval reaches as far as the averages lag, however far that is
+        low = est.ci_low * math.exp(min(0.0, (p - Z95 * se) * behind)) if est.ci_low else est.ci_low
+        high = est.ci_high * math.exp(max(0.0, (p + Z95 * se) * behind)) if est.ci_high else None
+        corrected = replace(est, b_simple=b, stderr=b * rel, ci_low=low, ci_high=high)
+        return corrected, Growth(shrunk, se, factor)
+
+
+def describe_growth(growth: Growth) -> str:
+    """The correction in words, for the reading's detail."""
+    trend = "growing" if growth.exponent > 0 else "falling"
+    return (
+        f"B_simple {trend} as steps^{growth.exponent:.2f} (±{growth.stderr:.2f}): the averages' "
+        f"value read forward ×{growth.factor:.2f} to the latest step"
+    )
