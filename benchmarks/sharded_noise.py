@@ -53,11 +53,11 @@ def run(wrap: str, world: int, seed: int, steps: int, budget: str) -> dict:
         env = {**os.environ, "BSMON_DIR": directory, "BSMON_NOISE_BUDGET": budget}
         if budget == "default":
             del env["BSMON_NOISE_BUDGET"]
+        command += ["--results", directory]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{wrap} x{world} seed {seed} failed:\n{done.stderr[-3000:]}")
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return min(results, key=lambda r: r["rank"])["noise"]
+        if done.returncode != 0:
+            raise RuntimeError(f"{wrap} x{world} seed {seed} failed:\n{done.stderr[-3000:]}")
+        return json.loads((Path(directory) / "rank0.json").read_text())["noise"]
 
 
 def main() -> None:

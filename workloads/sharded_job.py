@@ -9,8 +9,10 @@ compare the two.
 Every rank draws its own batches from a generator seeded with (seed, rank), so the runs of
 both wraps see the same examples in the same order and, from the same initial weights, train
 the same model up to rounding. ``--attach`` calls ``attach()`` and, at the end, prints one JSON
-line per rank: its step and sample counts and its noise-scale reading. Without it the script
-prints only its losses (what ``bsmon run`` must leave as it is).
+line per rank (or, with ``--results DIR``, writes DIR/rank<N>.json): its step and sample
+counts and its noise-scale reading. Without it the script
+prints only its losses (what ``bsmon run`` must leave as it is). ``--accumulate N``: N
+micro-batches of ``--batch`` examples per optimizer step, each reduced as it ends.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16, help="per rank")
     parser.add_argument("--block", type=int, default=16, help="tokens per example")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--attach", action="store_true")
+    parser.add_argument("--results", default=None, help="with --attach: a folder for them")
     parser.add_argument("--noise", default="auto", help="attach()'s noise_scale")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -96,15 +100,17 @@ def main() -> int:
         from bsmon.probes import attach
 
         name = f"sharded-{args.wrap}"
-        mon = attach(model, optimizer, batch_size=args.batch, name=name, noise_scale=args.noise)
+        per_step = args.batch * args.accumulate
+        mon = attach(model, optimizer, batch_size=per_step, name=name, noise_scale=args.noise)
     text = corpus()
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     for step in range(args.steps):
-        ix = torch.randint(len(text) - args.block - 1, (args.batch,), generator=gen)
-        x = torch.stack([text[i : i + args.block] for i in ix])
-        y = torch.stack([text[i + 1 : i + 1 + args.block] for i in ix])
-        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
+        for _ in range(args.accumulate):
+            ix = torch.randint(len(text) - args.block - 1, (args.batch,), generator=gen)
+            x = torch.stack([text[i : i + args.block] for i in ix])
+            y = torch.stack([text[i + 1 : i + 1 + args.block] for i in ix])
+            loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+            (loss / args.accumulate).backward()
         optimizer.step()
         optimizer.zero_grad()
         if rank == 0 and step % 50 == 0:
@@ -124,7 +130,10 @@ def main() -> int:
             "errors": stats["errors"],
             "capability": [capability.available, capability.reason],
         }
-        print(json.dumps(result), file=sys.stdout, flush=True)
+        if args.results:  # torchrun's ranks share one stdout, where long lines interleave
+            Path(args.results, f"rank{rank}.json").write_text(json.dumps(result))
+        else:
+            print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
