@@ -85,6 +85,8 @@ def main() -> None:
                 f"{gap / b_d:+7.1%}  {gap / math.hypot(s_d, s_f):+6.2f}  "
                 f"{ddp['samples']}/{fsdp['samples']}"
             )
+            if "left out" in (fsdp["detail"] or ""):  # steps not every rank measured
+                print(f"             FSDP2: {fsdp['detail']}")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,15 @@ def wrap(model: nn.Module, how: str) -> nn.Module:
         for block in model.blocks:
             fully_shard(block)
         return fully_shard(model)
+    if how == "hsdp":  # shards within pairs of ranks, replicated across the pairs
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        shape = (dist.get_world_size() // 2, 2)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
     if how == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -78,7 +87,9 @@ def wrap(model: nn.Module, how: str) -> nn.Module:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--wrap", choices=("ddp", "fsdp2", "fsdp1", "none"), default="fsdp2")
+    parser.add_argument(
+        "--wrap", choices=("ddp", "fsdp2", "hsdp", "fsdp1", "none"), default="fsdp2"
+    )
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=16, help="per rank")
     parser.add_argument("--block", type=int, default=16, help="tokens per example")

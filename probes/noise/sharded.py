@@ -6,7 +6,8 @@ puts the unsharded parameters on the modules, so the layer inputs and output gra
 hooks see are this rank's, whole. After the backward pass ``p.grad`` is a DTensor holding
 this rank's shard of the averaged gradient ``ḡ``; the squared norm of its local tensor is
 this rank's part of |ḡ|² (the shards do not overlap, FSDP2 pads none into ``p.grad``), and
-|ḡ|² is their sum over the ranks. Never a DTensor operation: one on ``p.grad`` itself would
+|ḡ|² is their sum over the ranks (under HSDP each shard is held by every replica, and each
+rank's part is divided by their number). Never a DTensor operation: one on ``p.grad`` itself would
 be a collective on the training thread.
 
 Units: FSDP2 averages the ranks' gradients — it divides their sum by ``divide`` (the data-
@@ -17,6 +18,7 @@ examples of every rank. The sums cross ranks in ``shard_totals``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -63,6 +65,20 @@ def local(t: Tensor) -> Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def replicas(trainable: list[Tensor]) -> int:
+    """How many ranks hold each shard: HSDP (``fully_shard`` on a 2-D mesh) replicates the
+    shards over the mesh's first dim, and their squared norms must be counted once."""
+    for p in trainable:
+        placements, mesh = getattr(p, "placements", None), getattr(p, "device_mesh", None)
+        if placements is not None and mesh is not None:
+            return math.prod(
+                mesh.size(dim)
+                for dim, placement in enumerate(placements)
+                if placement.is_replicate()
+            )
+    return 1
+
+
 def divide_factor(model: nn.Module, world: int) -> float:
     """What FSDP2 divides the ranks' summed gradients by: a factor set on one of the model's
     FSDP modules (``set_gradient_divide_factor``), else the ranks that average (``world``)."""
@@ -83,6 +99,7 @@ class ShardedSource(PerExampleSource):
     def __init__(self, *args: Any, divide: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.divide = divide
+        self.replicas = replicas(self.params)
         self._bound: dict[Layer, int] = {}  # layer -> id of the unsharded parameter bound
 
     def _forward(
@@ -103,7 +120,8 @@ class ShardedSource(PerExampleSource):
         if not grads:
             self._total = None
             return
-        self._total = total_squared_norm(grads)
+        total = total_squared_norm(grads)
+        self._total = total / self.replicas if self.replicas > 1 else total
         self._scale = self.loss_scale.current(self._total.device)
 
     def _record(self, step: int) -> StepRecord | None:

@@ -1,11 +1,13 @@
 """The sharded estimate's sums across ranks (probes/noise/shard_totals.py): the shared grid of
-measured steps, rank 0's bookkeeping, and two ranks' exchanges through an in-memory store."""
+measured steps, rank 0's bookkeeping, two ranks' exchanges through an in-memory store; and
+HSDP's replicated shards counted once (probes/noise/sharded.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from bsmon.probes.noise.shard_totals import MISMATCH, Combiner, ShardTotals, on_grid
+from bsmon.probes.noise.sharded import replicas
 from bsmon.probes.noise.step_record import StepRecord
 
 
@@ -91,3 +93,30 @@ def test_two_ranks_get_the_same_totals_back_as_records_the_tracker_reads():
     finally:
         for totals in ranks:
             totals.close()
+
+
+class Placement:
+    def __init__(self, replicate: bool) -> None:
+        self.replicate = replicate
+
+    def is_replicate(self) -> bool:
+        return self.replicate
+
+
+class Mesh:
+    def __init__(self, *sizes: int) -> None:
+        self.sizes = sizes
+
+    def size(self, dim: int) -> int:
+        return self.sizes[dim]
+
+
+def test_hsdp_counts_each_shard_once_however_many_replicas_hold_it():
+    """fully_shard on a (replicate 3, shard 2) mesh: every shard's squared norm is on 3 ranks."""
+    hsdp = torch.zeros(4)
+    hsdp.placements, hsdp.device_mesh = (Placement(True), Placement(False)), Mesh(3, 2)
+    assert replicas([hsdp]) == 3
+    fsdp = torch.zeros(4)
+    fsdp.placements, fsdp.device_mesh = (Placement(False),), Mesh(2)
+    assert replicas([fsdp]) == 1
+    assert replicas([torch.zeros(4)]) == 1  # not a DTensor
