@@ -13,6 +13,7 @@ says otherwise (``default``: bsmon's cost budget, each rank its own): the compar
 estimators, not of how many steps the cost budget lets each measure.
 
     python benchmarks/sharded_noise.py [--world 2 4] [--seeds 3] [--steps 400] [--budget all]
+        [--lr 0.001]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "workloads" / "sharded_job.py"
 
 
-def run(wrap: str, world: int, seed: int, steps: int, budget: str) -> dict:
+def run(wrap: str, world: int, seed: int, steps: int, budget: str, lr: float) -> dict:
     """Rank 0's result of one torchrun job."""
     command = [
         sys.executable,
@@ -47,6 +48,8 @@ def run(wrap: str, world: int, seed: int, steps: int, budget: str) -> dict:
         str(seed),
         "--steps",
         str(steps),
+        "--lr",
+        str(lr),
     ]
     with tempfile.TemporaryDirectory(prefix="bsm-", dir="/tmp") as directory:
         os.chmod(directory, 0o700)
@@ -68,13 +71,17 @@ def main() -> None:
     parser.add_argument(
         "--budget", default="all", help="BSMON_NOISE_BUDGET for both runs ('default': unset)"
     )
+    parser.add_argument("--lr", type=float, default=1e-3, help="0: B_simple stays put")
     args = parser.parse_args()
-    print(f"{args.steps} steps, 16 examples of 16 tokens per rank, budget {args.budget}")
+    print(
+        f"{args.steps} steps, 16 examples of 16 tokens per rank, budget {args.budget}, "
+        f"learning rate {args.lr:g}"
+    )
     print("ranks seed   DDP B_simple ± se     FSDP2 B_simple ± se   FSDP2-DDP   in se  measured")
     for world in args.world:
         for seed in range(args.seeds):
-            ddp = run("ddp", world, seed, args.steps, args.budget)
-            fsdp = run("fsdp2", world, seed, args.steps, args.budget)
+            ddp = run("ddp", world, seed, args.steps, args.budget, args.lr)
+            fsdp = run("fsdp2", world, seed, args.steps, args.budget, args.lr)
             b_d, s_d, b_f, s_f = ddp["b_simple"], ddp["stderr"], fsdp["b_simple"], fsdp["stderr"]
             if None in (b_d, s_d, b_f, s_f):
                 print(f"{world:5} {seed:4}   no estimate: ddp {ddp['note']} / fsdp2 {fsdp['note']}")

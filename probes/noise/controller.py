@@ -345,8 +345,10 @@ class NoiseScale:
                     self._warmup_ended()
                 else:
                     ahead = dense
-            if self._sharded:
-                ahead = on_grid(step, ahead)  # every rank measures the same steps
+            totals = self._totals
+            if totals is not None:  # every rank measures the same steps
+                totals.gap = ahead
+                ahead = on_grid(step, max(ahead, totals.agreed))
             if isinstance(source, PerExampleSource):
                 self.next_measured = step + ahead  # the steps between are not even looked at
             elif (

@@ -19,7 +19,10 @@ this module on the agent thread, and the totals come back a second or two later.
 
 The ranks must measure the same steps: the controller schedules a sharded source's steps on
 a grid of powers of two (``on_grid``), so that ranks whose budgets differ still meet on the
-coarser one's steps.
+coarser one's steps; and each rank's gap travels with its steps, rank 0 sends back the largest
+(``agreed``), and every rank measures no more often than that, so that a rank does not
+measure steps another will not (the gap is the budget's or the warm-up's, which each rank
+decides from its own timing and from when the totals reach it).
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class ShardTotals:
         self._encode = msgspec.json.encode
         self._decode = msgspec.json.Decoder()
         self.failure: str | None = None
+        self.gap = 1  # the training thread's own gap to its next measured step (budget's)
+        self.agreed = 1  # the largest gap any rank asked for lately (rank 0 says)
         self.unmatched = 0  # steps this rank measured that not every rank did
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bsmon-noise-ranks")
@@ -206,13 +211,15 @@ class ShardTotals:
         store = self._store
         with self._lock:
             outgoing = list(self._outgoing)
-        store.set(f"r{self.rank}", self._encode({"entries": outgoing, "seen": self._seen}))
+        mine = {"entries": outgoing, "seen": self._seen, "gap": self.gap}
+        store.set(f"r{self.rank}", self._encode(mine))
         if self._combiner is not None:
             self._combine()
         if not store.check(["totals"]):
             return
         message = self._decode.decode(store.get("totals"))
         taken = message["taken"][self.rank]
+        self.agreed = message["gap"]
         with self._lock:
             while self._outgoing and self._outgoing[0][0] <= taken:
                 self._outgoing.popleft()
@@ -226,7 +233,7 @@ class ShardTotals:
         rank has read back are not written again."""
         combiner, store = self._combiner, self._store
         assert combiner is not None
-        seen = []
+        seen, gaps = [], [1]
         for peer in range(self.world_size):
             key = f"r{peer}"
             if not store.check([key]):
@@ -235,8 +242,9 @@ class ShardTotals:
             message = self._decode.decode(store.get(key))
             combiner.add(peer, [tuple(e) for e in message["entries"]])  # type: ignore[misc]
             seen.append(message["seen"])
+            gaps.append(message["gap"])
         everyone = min(seen)
         while combiner.totals and combiner.totals[0][0] <= everyone:
             combiner.totals.popleft()
-        payload = {"taken": combiner.latest, "totals": list(combiner.totals)}
+        payload = {"taken": combiner.latest, "totals": list(combiner.totals), "gap": max(gaps)}
         store.set("totals", self._encode(payload))

@@ -67,7 +67,7 @@ def record(step: int) -> StepRecord:
     return StepRecord(step, "sharded", torch.zeros(3), 4, ((4, 1.0, 0.25),), gap=2)
 
 
-def test_two_ranks_get_the_same_totals_back_as_records_the_tracker_reads():
+def test_two_ranks_get_the_same_totals_back_and_agree_on_the_gap():
     store = MemoryStore()
     ranks = [ShardTotals(store, rank, 2, interval=3600) for rank in range(2)]
     try:
@@ -77,6 +77,7 @@ def test_two_ranks_get_the_same_totals_back_as_records_the_tracker_reads():
         ranks[1].offer(record(6), [1.0, 1.0, 1.0], signature=10)  # rank 0 skipped step 6
         ranks[0].offer(record(8), [1.0, 1.0, 1.0], signature=10)
         ranks[1].offer(record(8), [1.0, 1.0, 1.0], signature=10)
+        ranks[0].gap, ranks[1].gap = 2, 8  # what each one's budget asks for
         for _ in range(2):  # rank 1 writes, rank 0 combines; both read back
             ranks[1]._exchange()
             ranks[0]._exchange()
@@ -90,6 +91,7 @@ def test_two_ranks_get_the_same_totals_back_as_records_the_tracker_reads():
             assert first.examples == 8 and first.units == ((8, 1.0, 0.25),) and first.gap == 2
         assert ranks[1].unmatched == 1  # its step 6: rank 0 did not measure it
         assert not ranks[0]._outgoing  # what rank 0 took is not written again
+        assert [totals.agreed for totals in ranks] == [8, 8]  # both follow the sparser
     finally:
         for totals in ranks:
             totals.close()
