@@ -10,8 +10,10 @@ Modules, one job each:
 - ``layers``: which layers are measured, coverage, and dispatch to ``pernorms``;
 - ``autograd``: end-of-backward callbacks, on-device squared norms, example counting;
 - ``scaling``: the mixed-precision loss scale and the optional Adam preconditioner;
-- ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sequential``: the measurement
-  sources that run in the training job's hooks;
+- ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sharded``, ``sequential``: the
+  measurement sources that run in the training job's hooks;
+- ``shard_totals``: the sharded (FSDP2) estimate's step sums across ranks, through the job's
+  store;
 - ``step_record``: the step record handed to the agent thread without a device sync;
 - ``budget``: which steps are measured, at about a fixed share of the step time;
 - ``warmup``: the dense measuring at a run's start, under a cost bound;

@@ -6,7 +6,9 @@ Modes (``attach(..., noise_scale=...)``):
     one device: per-example norms; switches to ``microbatch`` while the job accumulates
     gradients (2+ backward passes per step, seen on 3 steps in a row) and back when it stops.
     DDP (the wrapped model passed to attach): the comm-hook estimator (``ddp``); if the model
-    already had a comm hook before attach, per-example norms.
+    already had a comm hook before attach, per-example norms. FSDP2 (``fully_shard``: DTensor
+    parameters): per-example norms on every rank, |ḡ|² summed over the ranks' shards
+    (``sharded``), whatever the job accumulates.
 ``"per_example"``
     per-example norms of the supported layers (coverage < 100% when others exist).
 ``"microbatch"``
@@ -53,6 +55,9 @@ from .microbatch import MicrobatchSource
 from .per_example import PerExampleSource, batch_norm_coupled
 from .scaling import AdamPreconditioner, LossScale
 from .sequential import SequentialSource
+from .shard_totals import ShardTotals, on_grid
+from .shard_totals import store_for as totals_store
+from .sharded import PRECONDITIONED, ShardedSource, divide_factor, fsdp1, sharded
 from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
@@ -73,6 +78,11 @@ _RESET = object()
 def _round_steps(steps: float) -> int:
     """Two significant figures: the horizon is a rough guide, and a steady one reads steady."""
     return int(float(f"{steps:.2g}"))
+
+
+def _rank_and_world() -> tuple[int, int]:
+    dist = torch.distributed
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _world() -> int:
@@ -140,6 +150,8 @@ class NoiseScale:
         ddp = ddp_of(model, self._trainable)  # the model, or a DDP inside a framework's wrapper
         self._ddp = ddp if self._world > 1 else None
         self._inner = ddp.module if ddp is not None else model
+        self._sharded = self._world > 1 and ddp is None and sharded(self._trainable)
+        self._totals: ShardTotals | None = None  # the sharded estimate's sums across ranks
         self._counter: ExampleCounter | None = None
         self._inbox: deque[Any] = deque(maxlen=BACKLOG)
         self._exclusions: deque[tuple[int, ...]] = deque()
@@ -210,6 +222,10 @@ class NoiseScale:
 
     def _choose(self, mode: str) -> tuple[Source | None, str]:
         world = self._world
+        if self._sharded:
+            return self._choose_sharded(mode)
+        if world > 1 and self._ddp is None and fsdp1(self._model):
+            return None, reasons.fsdp1()
         if mode == "sequential":
             source = SequentialSource(
                 self._trainable,
@@ -250,6 +266,35 @@ class NoiseScale:
             return self._fallback_microbatch(self._no_per_example())
         return self._microbatch(), "micro-batch norms across the backward passes of each step"
 
+    def _choose_sharded(self, mode: str) -> tuple[Source | None, str]:
+        """FSDP2: per-example norms and the shards' sums, or off with the reason (the other
+        sources would read DTensor gradients, each read a collective on the training thread)."""
+        world = self._world
+        if mode not in ("auto", "per_example"):
+            return None, reasons.sharded_only_per_example(mode)
+        if self.preconditioned:
+            return None, f"not supported yet: {PRECONDITIONED}"
+        if (coupled := batch_norm_coupled(self._inner)) is not None:
+            return None, coupled
+        if self._inner is None or self._watch.wrapper or self._watch.blocked() is not None:
+            return None, self._no_per_example()
+        source = ShardedSource(
+            self._inner,
+            self._trainable,
+            self._watch,
+            self._pass_hint,
+            divide=divide_factor(self._inner, world),
+            **self._kwargs(world),
+        )
+        if source.coverage == 0:
+            source.close()
+            return None, self._no_per_example()
+        self._totals = ShardTotals(totals_store(), *_rank_and_world())
+        return source, (
+            f"per-example gradient norms on every rank, |ḡ|² summed over {world} ranks' "
+            "shards (FSDP2)"
+        )
+
     def _fallback_microbatch(self, why: str) -> tuple[Source, str]:
         """auto, where per-example norms do not fit the job (``why``): micro-batches, which
         wait for the job to accumulate gradients."""
@@ -281,7 +326,7 @@ class NoiseScale:
                 self._last_measured = step
                 self._inbox.append(record)
             counts_passes = measured or isinstance(source, MicrobatchSource)
-            if self.mode == "auto" and self._ddp is None and counts_passes:
+            if self.mode == "auto" and self._ddp is None and not self._sharded and counts_passes:
                 self._maybe_switch(source.last_backwards)
             steps = step - self._last_call if self._last_call else 1
             self._last_call = step
@@ -301,6 +346,10 @@ class NoiseScale:
                     self._warmup_ended()
                 else:
                     ahead = dense
+            totals = self._totals
+            if totals is not None:  # every rank measures the same steps
+                totals.gap = ahead
+                ahead = on_grid(step, max(ahead, totals.agreed))
             if isinstance(source, PerExampleSource):
                 self.next_measured = step + ahead  # the steps between are not even looked at
             elif (
@@ -476,8 +525,15 @@ class NoiseScale:
             if values is None:
                 break  # a device copy still in flight; keep the order
             inbox.popleft()
-            self._ingest(item, values, telemetry)
-            changed = True
+            if self._totals is not None and isinstance(self.source, ShardedSource):
+                self._totals.offer(item, values, self.source.signature())
+            else:
+                self._ingest(item, values, telemetry)
+                changed = True
+        if self._totals is not None:
+            for record, values in self._totals.take():
+                self._ingest(record, values, telemetry)
+                changed = True
         if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
             self._report_below_zero(telemetry)
@@ -536,7 +592,7 @@ class NoiseScale:
         source = self.source
         if source is None:
             return NoiseScaleReading(note=self.why)
-        detail = source.detail()
+        detail = source.detail() + self._totals_detail()
         phase = None if source.always_measure or not self.budget.limited else self.phase
         waiting = self._waiting_for_accumulation()
         warmup = self.warmup.describe() if phase is not None and not waiting else ""
@@ -559,6 +615,17 @@ class NoiseScale:
         reading.phase = phase
         reading.status = self._status(reading)
         return reading
+
+    def _totals_detail(self) -> str:
+        """What the exchange of the sharded estimate's sums has to say, if anything."""
+        totals = self._totals
+        if totals is None:
+            return ""
+        if totals.failure is not None:
+            return f"; the ranks' sums stopped coming ({totals.failure})"
+        if totals.unmatched:
+            return f"; {totals.unmatched} measured steps left out: not every rank measured them"
+        return ""
 
     def _status(self, reading: NoiseScaleReading) -> str | None:
         """What the estimate is doing while it has no number, in words the panel shows."""
@@ -589,5 +656,7 @@ class NoiseScale:
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        if self._totals is not None:
+            self._totals.close()
         if self._counter is not None:
             self._counter.remove()

@@ -27,6 +27,24 @@ def not_ddp(world: int, model: nn.Module | None) -> str:
     )
 
 
+def sharded_only_per_example(mode: str) -> str:
+    """FSDP2 shards the gradients: only the per-example estimate sums them across ranks."""
+    return (
+        f"noise_scale={mode!r} is not supported under sharding (FSDP2): it would read sharded "
+        "gradients on the training thread; 'auto' or 'per_example' measure it"
+    )
+
+
+def fsdp1() -> str:
+    """FSDP1 flattens the parameters: no layer's gradient is its own."""
+    why = (
+        "FSDP1 (FullyShardedDataParallel) flattens each wrapped unit's parameters into one "
+        "sharded FlatParameter, so no gradient can be told apart by layer; the noise scale "
+        "is measured under FSDP2 (fully_shard)"
+    )
+    return say(attach=why, run=f"{why}; it is off")
+
+
 def comm_hook_taken() -> str:
     """DDP allows one communication hook, and the job registered its own first."""
     return say(

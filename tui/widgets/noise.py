@@ -31,6 +31,7 @@ ESTIMATOR_NAMES = {
     "per_example": "per example",
     "microbatch": "micro-batches",
     "ddp": "DDP ranks",
+    "sharded": "per example, FSDP2 shards",
     "sequential": "sequential",
 }
 MARKER = "braille"
