@@ -48,6 +48,11 @@ def main() -> int:
         "--micro", type=int, default=1, help="micro-batches, all but the last under no_sync"
     )
     parser.add_argument(
+        "--sync-each-micro",
+        action="store_true",
+        help="no no_sync: every micro-batch's backward pass all-reduces",
+    )
+    parser.add_argument(
         "--defaults", action="store_true", help="bsmon's default cost budget and window"
     )
     parser.add_argument(
@@ -83,6 +88,7 @@ def main() -> int:
             micro=args.micro,
             reduction=args.reduction,
             ddp=ddp,
+            no_sync=not args.sync_each_micro,
         )
         assert mon.flush()
         stats = mon.stats()

@@ -85,8 +85,10 @@ def train(
     reduction: str = "mean",
     divide_by_micro: bool = True,
     ddp: nn.Module | None = None,
+    no_sync: bool = True,
 ) -> None:
-    """``steps`` optimizer steps of ``batch`` examples in ``micro`` backward passes each."""
+    """``steps`` optimizer steps of ``batch`` examples in ``micro`` backward passes each;
+    under DDP every micro-batch but the last under ``no_sync`` (else each one all-reduces)."""
     xs, ys = job.batches(steps, batch)
     model = ddp if ddp is not None else job.model
     size = batch // micro
@@ -96,7 +98,8 @@ def train(
             y = ys[step, j * size : (j + 1) * size]
             # under DDP, every micro-batch but the last accumulates locally (no_sync)
             last = j == micro - 1
-            sync = ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext()
+            local = ddp is not None and no_sync and not last
+            sync = ddp.no_sync() if local else contextlib.nullcontext()
             with sync:
                 residual = model(x).squeeze(-1) - y
                 per_example = 0.5 * residual.square()
