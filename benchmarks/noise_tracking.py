@@ -120,6 +120,8 @@ def _point_json(p: Point) -> dict[str, Any]:
         "ci": [p.noise.get("ci_low"), p.noise.get("ci_high")],
         "covered": p.covered,
         "estimator": p.noise.get("estimator"),
+        "phase": p.noise.get("phase"),
+        "status": p.noise.get("status"),
     }
 
 

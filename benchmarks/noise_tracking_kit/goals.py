@@ -21,7 +21,8 @@ COST_GOAL = 1.02  # noise on / noise off, step time
 class Tracking:
     """The checkpoints that count (from the first the autopilot could decide at, per seed),
     and what they read. A counted checkpoint with no live value is outside [0.67, 1.5] and
-    not covered; the median is over those with one."""
+    not covered; the median is over those with one. A run with no live value from step
+    ``FIRST_DECISION`` to its end counts all those checkpoints as missing."""
 
     counted: int
     missing: int
@@ -40,9 +41,13 @@ class Tracking:
 
 
 def counted(points: Sequence[Point]) -> list[Point]:
-    """From the first checkpoint at or after step ``FIRST_DECISION`` with a live value on."""
-    start = next((p.step for p in points if p.step >= FIRST_DECISION and p.live is not None), None)
-    return [] if start is None else [p for p in points if p.step >= start]
+    """From the first checkpoint at or after step ``FIRST_DECISION`` with a live value on; a
+    run that never has one counts every checkpoint from ``FIRST_DECISION`` on (all missing)."""
+    start = next(
+        (p.step for p in points if p.step >= FIRST_DECISION and p.live is not None),
+        FIRST_DECISION,
+    )
+    return [p for p in points if p.step >= start]
 
 
 def tracking(runs: Sequence[Sequence[Point]]) -> Tracking:

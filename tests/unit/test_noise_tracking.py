@@ -1,5 +1,6 @@
 """benchmarks/noise_tracking.py's yardstick: the exact B_simple from every example's own
-gradient (``noise_tracking_kit.exact``), against the closed form and against a plain loop."""
+gradient (``noise_tracking_kit.exact``), against the closed form and against a plain loop;
+and how its goals read a run's checkpoints."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from workloads.noise_jobs import Case, Regression
 from ..gpu_check_kit import BENCHMARKS  # noqa: F401  (puts benchmarks/ on the import path)
 
 exact = importlib.import_module("noise_tracking_kit.exact")
+tracking = importlib.import_module("noise_tracking_kit.tracking")
+goals = importlib.import_module("noise_tracking_kit.goals")
 
 ISSUE_A = Case("A", c=(2, 1, 0.5, 0.5, 1, 3), delta=(0.05, -0.1, 0.2, 0, 0.1, 0.05), sigma2=0.5)
 ISSUE_B = Case("B", c=(1.0,) * 10, delta=(0.1,) * 10, sigma2=1.0, beta=0.2)
@@ -66,3 +69,27 @@ def test_it_leaves_the_model_and_the_random_stream_as_they_were() -> None:
     assert not model.training
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def point(step: int, exact_b: float, live: float | None, ci: tuple[float, float] | None) -> object:
+    low, high = ci if ci is not None else (None, None)
+    noise = {"b_simple": live, "ci_low": low, "ci_high": high}
+    return tracking.Point(0, step, exact.Exact(exact_b, 1.0, 2048, None), noise)
+
+
+def test_the_goals_count_from_the_first_decision_and_a_missing_value_as_a_miss() -> None:
+    run = [
+        point(32, 100, 100, (90, 110)),  # before the first decision: not counted
+        point(64, 100, None, None),  # no live value yet: not counted
+        point(96, 100, 90, (80, 120)),  # the first counted: within, covered
+        point(128, 100, 50, (40, 60)),  # outside [0.67, 1.5], not covered
+        point(192, 100, None, None),  # counted: a miss both ways
+        point(256, 100, 100, (60, None)),  # an interval open above covers
+    ]
+    silent = [point(32, 100, None, None), point(64, 100, None, None), point(96, 100, None, None)]
+    found = goals.tracking([run, silent])  # a run with no live value counts from step 64
+    assert (found.counted, found.missing) == (6, 3)
+    assert found.median == pytest.approx(0.9)  # of 0.9, 0.5, 1.0
+    assert found.within == pytest.approx(2 / 6)
+    assert found.coverage == pytest.approx(2 / 6)
+    assert not found.passed
