@@ -67,3 +67,19 @@ def tracking(runs: Sequence[Sequence[Point]]) -> Tracking:
 
 def verdict(passed: bool) -> str:
     return "PASS" if passed else "FAIL"
+
+
+def cost_verdict(ratios: Sequence[float]) -> str:
+    """PASS or FAIL when the median paired ratio is clear of ``COST_GOAL`` by two of its
+    standard errors (from the interquartile range: 1.2533·σ/√n, σ ≈ IQR/1.349), else
+    "NOT TOLD APART" with that error: on a shared machine the rounds can spread by far more
+    than the 2% asked."""
+    if len(ratios) < 4:
+        return "NOT TOLD APART (too few rounds)"
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    error = 1.2533 * (q3 - q1) / 1.349 / len(ratios) ** 0.5
+    if median + 2 * error <= COST_GOAL:
+        return "PASS"
+    if median - 2 * error > COST_GOAL:
+        return "FAIL"
+    return f"NOT TOLD APART (±{2 * error:.3f})"

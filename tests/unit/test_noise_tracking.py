@@ -93,3 +93,9 @@ def test_the_goals_count_from_the_first_decision_and_a_missing_value_as_a_miss()
     assert found.within == pytest.approx(2 / 6)
     assert found.coverage == pytest.approx(2 / 6)
     assert not found.passed
+
+
+def test_the_cost_verdict_says_when_the_rounds_cannot_tell() -> None:
+    assert goals.cost_verdict([1.00, 1.005, 0.995, 1.001, 1.002, 0.999, 1.0, 1.003]) == "PASS"
+    assert goals.cost_verdict([1.10, 1.105, 1.095, 1.101, 1.102, 1.099, 1.1, 1.103]) == "FAIL"
+    assert goals.cost_verdict([0.8, 1.2, 0.9, 1.1, 1.0, 0.85, 1.15, 1.02]).startswith("NOT TOLD")
