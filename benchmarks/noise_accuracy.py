@@ -30,6 +30,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -176,13 +177,14 @@ def steps_behind(step: int, estimate: float) -> int:
     return step - earlier
 
 
-def drift(budget: float | None) -> list[dict]:
-    """The estimate at each checkpoint while the truth drifts (lr 0; the offset is set)."""
+def drift(**options: Any) -> list[dict]:
+    """The estimate at each checkpoint while the truth drifts (lr 0; the offset is set);
+    ``options`` for ``attach`` (none: the defaults)."""
     torch.manual_seed(0)
     job = Regression(ISO, seed=0)
     optimizer = torch.optim.SGD(job.model.parameters(), lr=0.0)
     rows = []
-    with attach(job.model, optimizer, record=False, serve=False, noise_budget=budget) as mon:
+    with attach(job.model, optimizer, record=False, serve=False, **options) as mon:
         xs, ys = job.batches(DRIFT_STEPS, 128)
         for step in range(DRIFT_STEPS):
             with torch.no_grad():
@@ -203,12 +205,19 @@ def drift(budget: float | None) -> list[dict]:
                         "truth": truth,
                         "b_simple": b,
                         "stderr": noise["stderr"],
+                        "ci": (noise["ci_low"], noise["ci_high"]),
                         "behind": steps_behind(step, b) if b is not None else None,
-                        "share": mon._noise.budget.share,
+                        "share": measured_share(mon),
                         "detail": noise["detail"],
                     }
                 )
     return rows
+
+
+def measured_share(mon: object) -> float | None:
+    """The share of steps the estimator measures lately (None: it does not say)."""
+    budget = getattr(getattr(mon, "_noise", None), "budget", None)
+    return getattr(budget, "share", None)
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -260,8 +269,12 @@ def main() -> None:
         )
 
     if "drift" in args.part:
-        budgets = {"defaults (1%)": 0.01, "budget 5%": 0.05, "every step": None}
-        runs = {name: drift(budget) for name, budget in budgets.items()}
+        budgets = {
+            "defaults": {},
+            "budget 5%": {"noise_budget": 0.05},
+            "every step": {"noise_budget": None},
+        }
+        runs = {name: drift(**options) for name, options in budgets.items()}
         print(f"True B_simple doubling every {DRIFT_DOUBLING} steps (ISO, batch 128):\n")
         print("| step | truth | " + " | ".join(runs) + " |")
         print("|---|---|" + "---|" * len(runs))
@@ -271,7 +284,8 @@ def main() -> None:
         print()
         for name, rows in runs.items():
             last = rows[-1]
-            print(f"{name}: {last['share']:.1%} of steps measured; {last['detail']}")
+            share = "n/a" if last["share"] is None else f"{last['share']:.1%}"
+            print(f"{name}: {share} of steps measured; {last['detail']}")
 
 
 def _error(row: dict) -> str:

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 import torch
+from noise_tracking_kit.exact import exact_noise
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -17,27 +18,10 @@ from .training import train_step
 def exact_parts(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 ) -> tuple[float, float]:
-    """tr Σ and |G|² of the model as it is, from every example's own gradient
-    (``torch.func``) over ``inputs``, both unbiased, in chunks of 256 examples."""
-    from torch.func import functional_call, grad, vmap
-
-    params = {name: p.detach() for name, p in model.named_parameters()}
-
-    def loss_of(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(functional_call(model, p, (x[None],)), y[None])
-
-    per_example = vmap(grad(loss_of), in_dims=(None, 0, 0))
-    total: torch.Tensor | float = 0.0
-    squares = 0.0
-    for start in range(0, len(inputs), 256):
-        grads = per_example(params, inputs[start : start + 256], labels[start : start + 256])
-        flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], 1).double()
-        total = total + flat.sum(0)
-        squares += float(flat.pow(2).sum())
-    n = len(inputs)
-    mean_sq = float((total / n).pow(2).sum())  # type: ignore[union-attr]
-    trace = (squares - n * mean_sq) / (n - 1)
-    return trace, mean_sq - trace / n
+    """tr Σ and |G|² of the model as it is, from every example's own gradient over
+    ``inputs``, both unbiased (``noise_tracking_kit.exact``)."""
+    found = exact_noise(model, nn.functional.cross_entropy, inputs, labels)
+    return found.trace, found.g2
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,26 @@ median per step and the median of the paired per-round ratios (benchmarks/overhe
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .models import Step
 
 Sample = tuple[float, float, float]
+
+
+@contextlib.contextmanager
+def only(mon: object | None, monitors: list[object]) -> Iterator[None]:
+    """Every monitor's forward watch but ``mon``'s suspended while inside: a global forward
+    hook registered for one copy's next measured step would otherwise slow the other copies'
+    steps too."""
+    with contextlib.ExitStack() as stack:
+        for other in monitors:
+            if other is not mon:
+                stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
+        yield
 
 
 def time_block(

@@ -5,13 +5,12 @@ timed with the other copies' forward watches suspended."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from pernorm_floor import FloorHooks
 
-from .blocks import Block, Sample, Times, interleave, time_block
+from .blocks import Block, Sample, Times, interleave, only, time_block
 from .models import Step, make_step
 
 NOISE_VARIANTS = {
@@ -34,16 +33,6 @@ def warm_up(step: Step, mon: object) -> int:
         if noise.source is None or noise.phase != "warming up":
             return steps
     return WARMUP_CAP
-
-
-@contextlib.contextmanager
-def only(mon: object | None, monitors: list[object]) -> Iterator[None]:
-    """Every monitor's forward watch but ``mon``'s suspended while inside."""
-    with contextlib.ExitStack() as stack:
-        for other in monitors:
-            if other is not mon:
-                stack.enter_context(other._watch.suspended())  # type: ignore[attr-defined]
-        yield
 
 
 def warm_all(
