@@ -185,7 +185,8 @@ class DDPSource(Source):
         self._room: tuple[float, int] | None = None  # (when read, free bytes)
         self._copies: list[tuple[Tensor, list[Tensor]]] = []  # this step's local buckets
         self._local: list[Tensor] = []  # this step's |l|² per bucket, when there is no copy
-        self._deviation: Tensor | None = None  # |l − ḡ|², at the end of backward
+        self._deviations: list[Tensor] = []  # |l_k − ḡ_k|² of each all-reducing pass k
+        self._pass_examples: list[float] = []  # this rank's examples of each all-reducing pass
 
     def set_inner(self, state: object, hook: Callable, name: str) -> None:
         """The communication hook bsmon's hook calls (a registration redirected here)."""
@@ -220,6 +221,7 @@ class DDPSource(Source):
 
     def _on_backward_end(self) -> None:
         super()._on_backward_end()
+        self._pass_examples.append(self.take_examples())
         if not self._copies:
             return
         deviations = []
@@ -234,34 +236,67 @@ class DDPSource(Source):
                 torch._foreach_sub_([x for x, _ in pairs], [g for _, g in pairs])
             deviations.append(self._squared(pieces, params))
         self._copies = []
-        self._deviation = torch.stack(deviations).sum()
+        self._deviations.append(torch.stack(deviations).sum())
 
     # -- step ----------------------------------------------------------------------------------
 
     def _record(self, step: int) -> StepRecord | None:
         if self._total is None:
             return None
-        if self._deviation is not None:
-            unit = self._total + self._deviation.to(self._total.device)
+        passes = self._pass_examples
+        local = sum(passes) or self._examples_hint() or 0
+        if not local:
+            self._problem = f"unknown local batch size ({examples_unknown()})"
+        if len(passes) > 1:  # accumulation without no_sync: each pass all-reduced
+            return self._record_passes(step, passes)
+        if self._deviations:
+            unit = self._total + self._deviations[0].to(self._total.device)
         elif self._local:
             device = self._local[0].device
             unit = torch.stack([t.to(device) for t in self._local]).sum()
         else:
             return None
-        examples = self.take_examples() or self._examples_hint() or 0
-        if not examples:
-            self._problem = f"unknown local batch size ({examples_unknown()})"
         world = self.world
         return self._make(
             step,
             [unit],
-            examples=examples * world,
-            units=((1, float(examples or 1), 1.0 / (world * world)),),
+            examples=local * world,
+            units=((1, float(local or 1), 1.0 / (world * world)),),
         )
+
+    def _record_passes(self, step: int, passes: list[float]) -> StepRecord | None:
+        """A step whose k backward passes each all-reduced (accumulation without
+        ``no_sync``): pass k's deviation ``d_k = l_k − ḡ_k`` compares this rank's n_k
+        examples with all ranks' W·n_k, so tr Σ ≈ |d_k|² / (q_k²·(1/n_k − 1/(W·n_k))), with
+        q_k = W·n_k/N the pass's share of the step's N examples. Each pass is a unit of n_k
+        examples whose |m_u|² is Y + A_k·|d_k|², A_k chosen so the estimator's unit term is
+        exactly that (with one pass, A = 1: the unit above)."""
+        if len(self._deviations) != len(passes):
+            self._problem = (
+                "gradient accumulation without no_sync needs a copy of the local gradient "
+                "at every pass (no room on the device)"
+            )
+            return None
+        if not all(passes):  # the job's batches are known, not counted: equal micro-batches
+            local = self._examples_hint() or 0
+            if not local:
+                self._problem = f"unknown examples of a backward pass ({examples_unknown()})"
+                return None
+            passes = [local / len(passes)] * len(passes)
+        world = self.world
+        total_examples = world * sum(passes)
+        device = self._total.device
+        values, units = [], []
+        for n, deviation in zip(passes, self._deviations, strict=True):
+            share = world * n / total_examples
+            weight = (1 / n - 1 / total_examples) / ((1 / n - 1 / (world * n)) * share * share)
+            values.append(self._total + weight * deviation.to(device))
+            units.append((1, float(n), (n / total_examples) ** 2))
+        return self._make(step, values, examples=total_examples, units=tuple(units))
 
     def _clear(self) -> None:
         self.take_examples()
-        self._copies, self._local, self._deviation = [], [], None
+        self._copies, self._local, self._deviations, self._pass_examples = [], [], [], []
 
     def detail(self) -> str:
         return f"local vs all-reduced gradient, {self.world} ranks (around {self.inner_name})"
