@@ -90,3 +90,42 @@ def test_the_same_sample_is_judged_once_and_a_cpu_job_says_nothing():
     cpu = DeviceSample([], Capability(False, "CPU-only build"), HostReading())
     job.part.after_tick(TickDone(0.0, [], cpu, Capability(True), False))
     assert len(job.events) == 1
+
+
+def test_an_attached_job_whose_allocator_retries_gets_the_warning_once(bsmon_dir, monkeypatch):
+    """The wiring: attach() builds the part; a fake allocator that starts retrying warns once
+    on the job's events (the real sampler thread, a fake CUDA)."""
+    from bsmon.probes import attach
+    from bsmon.probes.agent import assemble
+    from bsmon.probes.runtime.devices import DeviceSampler, Nvml
+
+    from ..fakes import FakeCuda, FakeGpu, FakeNvml
+    from ..helpers import wait_until
+    from ..jobs import TinyJob
+
+    gpu = FakeGpu(reserved_peak=int(77.6 * GIB))
+    monkeypatch.setattr(
+        assemble, "DeviceSampler", lambda: DeviceSampler(Nvml(FakeNvml([gpu])), FakeCuda([gpu]))
+    )
+    job = TinyJob()
+    with attach(
+        job.model, job.optimizer, batch_size=8, record=False, sample_interval_s=0.02
+    ) as mon:
+
+        def warnings() -> list[Event]:
+            job.step(mon)
+            mon.flush()
+            return [e for e in mon.job.telemetry.events if e.kind == "alloc_retries"]
+
+        wait_until(lambda: mon._service.sampler.latest.devices, message="a device reading")
+        gpu.alloc_retries = 5
+        (warning,) = wait_until(
+            warnings, message="the alloc_retries warning", progress=lambda: mon.step
+        )
+        for _ in range(5):  # more readings at the same count: no second warning
+            job.step(mon)
+        wait_until(lambda: mon._service.sampler.latest.devices[0].alloc_retries == 5)
+        assert len(warnings()) == 1
+    assert (
+        "cudaMalloc retries on GPU 0: 5" in warning.message and "97% of 80.0 GiB" in warning.message
+    )
