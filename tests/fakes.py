@@ -19,6 +19,9 @@ class FakeGpu:
     total: int = 80 << 30
     temperature: int = 71
     power_mw: int = 312_000
+    reserved_peak: int = 38 << 30
+    alloc_retries: int = 0
+    ooms: int = 0
     failing: dict[str, str] = field(default_factory=dict)  # NVML function -> error text
 
 
@@ -73,6 +76,7 @@ class FakeCuda:
         self.gpus = gpus
         self.initialised = initialised
         self.available = available
+        self.stats_read = 0  # memory_stats calls
 
     def is_available(self) -> bool:
         return self.available
@@ -97,3 +101,12 @@ class FakeCuda:
 
     def max_memory_allocated(self, index: int) -> int:
         return 34 << 30
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        self.stats_read += 1
+        gpu = self.gpus[index]
+        return {
+            "reserved_bytes.all.peak": gpu.reserved_peak,
+            "num_alloc_retries": gpu.alloc_retries,
+            "num_ooms": gpu.ooms,
+        }

@@ -50,6 +50,9 @@ def gpu_devices() -> list[DeviceReading]:
             torch_allocated_bytes=int(48.3 * 2**30),
             torch_reserved_bytes=int(58.0 * 2**30),
             torch_peak_bytes=int(55.1 * 2**30),
+            torch_reserved_peak_bytes=int(59.0 * 2**30),
+            alloc_retries=0,
+            ooms=0,
         )
     ]
 

@@ -152,6 +152,21 @@ def allocator_criterion(moment: dict[str, Any]) -> Criterion:
     return Criterion(what, measured, goal, ordered and 0 <= context <= 2 * GIB)
 
 
+def allocator_counters_criterion(moment: dict[str, Any]) -> Criterion:
+    """The allocator's peak reserved, retries and OOMs (one ``torch.cuda.memory_stats``): read,
+    and the peak at or above the reserved bytes now. The busy job is expected to show 0
+    retries and 0 OOMs; the figures are reported, not judged."""
+    a: DeviceReading = moment["agent"]
+    what = "torch allocator: peak reserved ≥ reserved; retries and OOMs read"
+    goal = "all three read; the peak at or above the reserved bytes"
+    peak, reserved = a.torch_reserved_peak_bytes, a.torch_reserved_bytes
+    if peak is None or reserved is None or a.alloc_retries is None or a.ooms is None:
+        return Criterion(what, "the agent reported no allocator counters", goal, False)
+    share = f" ({peak / a.memory_total_bytes:.0%} of the device)" if a.memory_total_bytes else ""
+    measured = f"{_gib(peak)}{share} ≥ {_gib(reserved)}; {a.alloc_retries} retries, {a.ooms} OOMs"
+    return Criterion(what, measured, goal, peak >= reserved)
+
+
 def judge(moments: list[dict[str, Any]], reserved_mib: float | None, uuid: str) -> Finding:
     first, gpu = moments[0]["agent"], moments[-1]["gpu"]
     busy = _median([m["smi"]["utilization.gpu"] for m in moments])
@@ -192,6 +207,7 @@ def judge(moments: list[dict[str, Any]], reserved_mib: float | None, uuid: str) 
             max(25.0, 0.15 * power),
             "W",
         ),
+        allocator_counters_criterion(moments[-1]),
         allocator_criterion(moments[-1]),
     ]
     failed = [c.what for c in criteria if c.ok is False]

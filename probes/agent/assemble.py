@@ -46,6 +46,7 @@ from ..runtime.fault_guard import FaultGuard
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.hot_path import HotPath, StepWork
 from ..runtime.inbox import Inbox
+from ..runtime.memory_pressure import MemoryPressure
 from ..runtime.progress import Progress
 from ..runtime.ranks import DdpTiming, RankExchange, RanksExtension, rank_summary, store_for
 from ..runtime.samples import StepSamples
@@ -229,6 +230,7 @@ def assemble(
         NoiseExtension(mon._noise, job.telemetry, hot=mon._hot, shared=shared),
         ProbeExtension(job.prober),
         mon._throughput,
+        MemoryPressure(ctx),
     ]
     # reads nothing unless the job is distributed and its model DistributedDataParallel
     ddp_timing = DdpTiming(ddp)

@@ -46,6 +46,9 @@ def device_span(reading: DeviceReading) -> DeviceSpan:
         torch_peak=reading.torch_peak_bytes,
         torch_allocated=single(reading.torch_allocated_bytes),
         torch_reserved=reading.torch_reserved_bytes,
+        torch_reserved_peak=reading.torch_reserved_peak_bytes,
+        alloc_retries=reading.alloc_retries,
+        ooms=reading.ooms,
         temperature=single(reading.temperature_c),
         power=single(reading.power_w),
         error=reading.error,
@@ -129,6 +132,9 @@ def device_reading(d: DeviceSpan) -> DeviceReading:
         torch_peak_bytes=d.torch_peak,
         torch_allocated_bytes=int(d.torch_allocated.mean) if d.torch_allocated else None,
         torch_reserved_bytes=d.torch_reserved,
+        torch_reserved_peak_bytes=d.torch_reserved_peak,
+        alloc_retries=d.alloc_retries,
+        ooms=d.ooms,
         error=d.error,
     )
 

@@ -23,6 +23,7 @@ Modules, one job each:
 - ``window``: the sums of a window of steps (count, time, samples, scalars);
 - ``service``: the agent thread — drains the inbox, aggregates, serves the socket;
 - ``devices``: GPU and host readings (NVML, the torch allocator, psutil);
+- ``memory_pressure``: the allocator's retries and survived OOMs as warnings (agent thread);
 - ``fault_guard``: an exception in bsmon's code on the training thread stops there;
 - ``context``: what every part of the job is handed (step clock, events, warnings, fault
   guard, session);

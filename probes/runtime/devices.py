@@ -32,6 +32,7 @@ class CudaApi(Protocol):
     def memory_allocated(self, device: int) -> int: ...
     def memory_reserved(self, device: int) -> int: ...
     def max_memory_allocated(self, device: int) -> int: ...
+    def memory_stats(self, device: int) -> dict[str, Any]: ...
 
 
 def _torch_cuda() -> CudaApi:
@@ -175,6 +176,7 @@ class DeviceSampler:
             reading.torch_allocated_bytes = int(cuda.memory_allocated(index))
             reading.torch_reserved_bytes = int(cuda.memory_reserved(index))
             reading.torch_peak_bytes = int(cuda.max_memory_allocated(index))
+            _read_allocator_stats(cuda.memory_stats(index), reading)
         except Exception as exc:
             reading.error = f"torch.cuda: {exc}"
             return reading
@@ -219,6 +221,17 @@ class DeviceSampler:
         if failures:
             self._handles.pop(index, None)  # a lost GPU gets a fresh handle next time
             reading.error = "NVML: " + "; ".join(failures)
+
+
+def _read_allocator_stats(stats: dict[str, Any], reading: DeviceReading) -> None:
+    """The peak reserved bytes (what ``max_memory_reserved`` returns, from the same one
+    ``memory_stats`` call) and the allocator's retries and OOMs; absent keys stay None."""
+    peak = stats.get("reserved_bytes.all.peak")
+    retries = stats.get("num_alloc_retries")
+    ooms = stats.get("num_ooms")
+    reading.torch_reserved_peak_bytes = int(peak) if peak is not None else None
+    reading.alloc_retries = int(retries) if retries is not None else None
+    reading.ooms = int(ooms) if ooms is not None else None
 
 
 def _uuid_text(uuid: object) -> str:

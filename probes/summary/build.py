@@ -501,6 +501,8 @@ class SummaryBuilder:
     def _device(d: DeviceSpan) -> Device:
         (p95,) = quantiles(d.util_hist, (0.95,), float)
         peak = int(d.mem_used.max) if d.mem_used else None
+        # the allocator's own peak sees between samples; a record from before it has none
+        reserved = max((b for b in (d.torch_reserved, d.torch_reserved_peak) if b), default=None)
         return Device(
             index=d.index,
             name=d.name,
@@ -512,7 +514,12 @@ class SummaryBuilder:
             memory_total_bytes=d.mem_total,
             memory_peak_fraction=_round(peak / d.mem_total) if peak and d.mem_total else None,
             torch_peak_bytes=d.torch_peak,
-            torch_reserved_peak_bytes=d.torch_reserved,
+            torch_reserved_peak_bytes=reserved,
+            torch_reserved_peak_fraction=_round(reserved / d.mem_total)
+            if reserved and d.mem_total
+            else None,
+            alloc_retries=d.alloc_retries,
+            ooms=d.ooms,
             temperature_max_c=d.temperature.max if d.temperature else None,
             power_mean_w=_round(d.power.mean) if d.power else None,
         )

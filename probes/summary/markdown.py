@@ -9,7 +9,7 @@ from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
 from .final_word import final_word_section
-from .schema import BatchSegment, BatchSize, Note, Run, Summary
+from .schema import BatchSegment, BatchSize, Device, Note, Run, Summary
 from .text_charts import charts_section
 
 
@@ -138,6 +138,9 @@ def _devices(s: Summary) -> str:
             f"{gib(d.memory_peak_bytes)} of {gib(d.memory_total_bytes)} "
             f"({pct(_percent_of(d.memory_peak_fraction))})",
             gib(d.torch_peak_bytes),
+            f"{gib(d.torch_reserved_peak_bytes)} "
+            f"({pct(_percent_of(d.torch_reserved_peak_fraction))})",
+            _allocator_trouble(d),
             f"{d.temperature_max_c:.0f} °C" if d.temperature_max_c is not None else "n/a",
             f"{d.power_mean_w:.0f} W" if d.power_mean_w is not None else "n/a",
         )
@@ -150,10 +153,20 @@ def _devices(s: Summary) -> str:
         "util p95",
         "memory peak",
         "torch peak",
+        "reserved peak",
+        "retries · OOMs",
         "temp max",
         "power mean",
     )
     return "## Devices\n\n" + _table(rows, header)
+
+
+def _allocator_trouble(d: Device) -> str:
+    """The allocator's cudaMalloc retries and OOMs (n/a from a record made before they were
+    read)."""
+    if d.alloc_retries is None and d.ooms is None:
+        return "n/a"
+    return f"{d.alloc_retries or 0} · {d.ooms or 0}"
 
 
 PHASE_NAMES = {

@@ -76,6 +76,10 @@ class Device(msgspec.Struct):
     memory_peak_fraction: float | None = None
     torch_peak_bytes: int | None = None
     torch_reserved_peak_bytes: int | None = None
+    # peak reserved as a share of the device's memory (torchtitan's max_reserved %)
+    torch_reserved_peak_fraction: float | None = None
+    alloc_retries: int | None = None  # the allocator's cudaMalloc retries, by the run's end
+    ooms: int | None = None  # out-of-memory errors the job raised (and survived, if it went on)
     temperature_max_c: float | None = None
     power_mean_w: float | None = None
 

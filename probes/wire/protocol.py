@@ -77,6 +77,13 @@ class DeviceReading(msgspec.Struct, omit_defaults=True):
     torch_allocated_bytes: int | None = None
     torch_reserved_bytes: int | None = None
     torch_peak_bytes: int | None = None
+    # the allocator's peak reserved bytes (max_memory_reserved; reset with the peak at each
+    # batch change, like torch_peak_bytes)
+    torch_reserved_peak_bytes: int | None = None
+    # cudaMalloc calls that failed and succeeded after the allocator freed its cache, and
+    # out-of-memory errors raised; counted since the job started (torch.cuda.memory_stats)
+    alloc_retries: int | None = None
+    ooms: int | None = None
     error: str | None = None
 
 

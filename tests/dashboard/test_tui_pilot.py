@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 from textual.widgets import Markdown, OptionList
 
 from bsmon.probes import attach
@@ -15,7 +16,9 @@ from bsmon.tui.job_screens import NoJobsScreen, PickerScreen
 from bsmon.tui.screens import DashboardScreen
 from bsmon.tui.session import ConnState
 from bsmon.tui.widgets.banner import StateBanner
+from bsmon.tui.widgets.devices import allocator_line
 
+from .. import scripted
 from ..jobs import TinyJob
 from ..scripted import scripted_app
 
@@ -59,6 +62,32 @@ async def test_live_dashboard_shows_the_jobs_numbers():
         assert "128" in batch and "samples/s" in batch
         assert "B_simple ≈ 1.32k ± 41" in text_of(app, "#noise-text")
         assert not app.screen.query_one(StateBanner).display
+
+
+async def test_the_allocators_peak_reserved_share_and_its_retries_fit_the_devices_panel(
+    monkeypatch,
+):
+    """A healthy job's panel is as it was; one whose allocator retries and ran out of memory
+    shows the counts with the peak reserved share, in the panel's width at 80 columns."""
+    app = scripted.scripted_app(gpu=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await dashboard_ready(pilot)
+        devices = text_of(app, "#devices")
+        assert "rsvd" not in devices and "retr" not in devices
+    (healthy,) = scripted.gpu_devices()
+    near_full = msgspec.structs.replace(
+        healthy, torch_reserved_peak_bytes=int(77.6 * 2**30), alloc_retries=12, ooms=1
+    )
+    monkeypatch.setattr(scripted, "gpu_devices", lambda: [near_full])
+    app = scripted.scripted_app(gpu=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        panel = app.screen.query_one("#devices")
+        devices = text_of(app, "#devices")
+        assert "rsvd pk 97% · 12 retries · 1 OOM" in devices
+        assert max(map(len, devices.splitlines())) <= panel.content_size.width
+    wide = allocator_line(msgspec.structs.replace(near_full, ooms=0), 60)
+    assert wide == "rsvd peak 77.6 GiB ([$error]97%[/]) · [$warning]12 retries[/]"
 
 
 async def test_no_gpu_state_says_why():

@@ -177,3 +177,20 @@ def test_merge_keeps_cumulative_fields_from_the_later_span():
     assert (merged.t0, merged.t1, merged.step, merged.samples) == (a.t0, b.t1, b.step, b.samples)
     assert merged.steps == a.steps + b.steps and merged.n == 2
     assert merged.devices[0].util.n == 2
+
+
+def test_the_allocators_peak_reserved_retries_and_ooms_survive_the_record_and_its_merges():
+    from bsmon.probes.record.buckets import merge_devices
+    from bsmon.probes.record.conversions import device_reading, device_span
+    from bsmon.probes.wire.protocol import DeviceReading
+
+    def reading(peak: int, retries: int, ooms: int) -> DeviceReading:
+        return DeviceReading(
+            index=0, torch_reserved_peak_bytes=peak, alloc_retries=retries, ooms=ooms
+        )
+
+    merged = merge_devices(device_span(reading(70, 12, 1)), device_span(reading(60, 3, 0)))
+    back = device_reading(merged)
+    assert (back.torch_reserved_peak_bytes, back.alloc_retries, back.ooms) == (70, 12, 1)
+    old = device_reading(device_span(DeviceReading(index=0)))  # a reading without them
+    assert (old.torch_reserved_peak_bytes, old.alloc_retries, old.ooms) == (None, None, None)

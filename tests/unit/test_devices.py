@@ -149,3 +149,29 @@ def test_the_periodic_sampler_samples_at_once_when_asked_and_stops():
         sampler.stop()
         sampler.join(10)
     assert not sampler.is_alive()
+
+
+def test_the_allocators_peak_reserved_retries_and_ooms_are_read_from_one_stats_call():
+    gpu = FakeGpu(reserved_peak=77 << 30, alloc_retries=12, ooms=1)
+    cuda = FakeCuda([gpu])
+    (device,) = DeviceSampler(Nvml(FakeNvml([gpu])), cuda).sample().devices
+    assert device.torch_reserved_peak_bytes == 77 << 30
+    assert (device.alloc_retries, device.ooms) == (12, 1)
+    assert cuda.stats_read == 1
+
+
+def test_no_allocator_statistics_are_read_before_the_job_uses_cuda():
+    gpu = FakeGpu(alloc_retries=3)
+    cuda = FakeCuda([gpu], initialised=False)
+    sample = DeviceSampler(Nvml(FakeNvml([gpu])), cuda).sample()
+    assert sample.devices == [] and cuda.stats_read == 0
+
+
+def test_a_torch_without_the_allocator_counters_leaves_them_na():
+    class Bare(FakeCuda):
+        def memory_stats(self, index: int) -> dict[str, int]:
+            return {}
+
+    (device,) = DeviceSampler(Nvml(FakeNvml([FakeGpu()])), Bare([FakeGpu()])).sample().devices
+    assert device.torch_reserved_peak_bytes is None and device.alloc_retries is None
+    assert device.torch_reserved_bytes == 36 << 30 and device.error is None

@@ -55,6 +55,9 @@ def moment(used_smi_mib: float, power_agent: float = 450.0, process: int | None 
         torch_allocated_bytes=1 * GIB,
         torch_reserved_bytes=int(1.5 * GIB),
         torch_peak_bytes=int(1.2 * GIB),
+        torch_reserved_peak_bytes=2 * GIB,
+        alloc_retries=0,
+        ooms=0,
     )
     smi = {
         "utilization.gpu": 99.0,
@@ -70,6 +73,19 @@ def moment(used_smi_mib: float, power_agent: float = 450.0, process: int | None 
         "process_used": process,
         "lag_s": 0.05,
     }
+
+
+def test_the_allocators_counters_must_be_read_and_the_peak_reserved_cover_the_reserved():
+    import msgspec
+
+    good = nvml_check.allocator_counters_criterion(moment(10 * 1024.0))
+    assert good.ok and good.measured == "2.00 GiB (2% of the device) ≥ 1.50 GiB; 0 retries, 0 OOMs"
+    unread = moment(10 * 1024.0)
+    unread["agent"] = msgspec.structs.replace(unread["agent"], alloc_retries=None)
+    assert nvml_check.allocator_counters_criterion(unread).ok is False
+    low = moment(10 * 1024.0)
+    low["agent"] = msgspec.structs.replace(low["agent"], torch_reserved_peak_bytes=GIB)
+    assert nvml_check.allocator_counters_criterion(low).ok is False
 
 
 def test_nvml_readings_that_agree_pass_with_the_drivers_reserved_memory_counted():

@@ -798,3 +798,37 @@ def test_an_estimate_that_stopped_for_good_keeps_its_reason(tmp_path):
     )
     summary = write_record(tmp_path / "r.jsonl", [header_for(session(), 8, START), *spans, off])
     assert summary.b_simple.end == pytest.approx(18.2) and summary.b_simple.note == why
+
+
+def test_peak_reserved_share_and_the_allocators_retries_and_ooms_per_gpu(tmp_path):
+    """The allocator's own peak (it sees between samples) over the sampled reserved bytes;
+    the retries and OOMs as counted by the run's end (the spans merged: the most)."""
+    from bsmon.probes.record.format import DeviceSpan
+
+    def span(k: int, retries: int, ooms: int, peak: int) -> Span:
+        device = DeviceSpan(
+            index=0,
+            mem_total=80 * GIB,
+            torch_reserved=60 * GIB,
+            torch_reserved_peak=peak,
+            alloc_retries=retries,
+            ooms=ooms,
+        )
+        return msgspec.structs.replace(timed_span(k, 5, samples=8), devices=[device])
+
+    summary = write_record(
+        tmp_path / "r.jsonl",
+        [
+            header_for(session(), None, START),
+            span(0, 0, 0, 70 * GIB),
+            span(1, 12, 1, 78 * GIB),
+            span(2, 12, 1, 72 * GIB),
+            End(t=START + 3, reason="closed", step=15, samples=120),
+        ],
+    )
+    (gpu,) = summary.devices
+    assert gpu.torch_reserved_peak_bytes == 78 * GIB
+    assert gpu.torch_reserved_peak_fraction == pytest.approx(78 / 80)
+    assert (gpu.alloc_retries, gpu.ooms) == (12, 1)
+    md = (tmp_path / "summary.md").read_text()
+    assert "| 78.0 GiB (98%) | 12 · 1 |" in md

@@ -52,6 +52,28 @@ def torch_line(device: DeviceReading, width: int) -> str:
     return f"torch {alloc}/{rsvd} pk {peak}"
 
 
+def allocator_line(device: DeviceReading, width: int) -> str | None:
+    """The allocator's cudaMalloc retries and OOMs when there are any (the agent's warning
+    says what they mean), with its peak reserved memory as a share of the device. Without
+    them the line is left out: at 80×24 it would take the noise panel's line."""
+    counts = " · ".join(
+        f"{fmt.count(n)} {one if n == 1 else many}"
+        for n, one, many in (
+            (device.alloc_retries, "retry", "retries"),
+            (device.ooms, "OOM", "OOMs"),
+        )
+        if n
+    )
+    if not counts:
+        return None
+    share = _ratio(device.torch_reserved_peak_bytes, device.memory_total_bytes)
+    percent = fmt.percent(100 * share if share is not None else None)
+    label, end = f"rsvd peak {fmt.bytes_(device.torch_reserved_peak_bytes)} (", ")"
+    if len(label) + len(percent) + len(end) + len(" · ") + len(counts) > width:
+        label, end = "rsvd pk ", ""
+    return f"{label}[{level_style(share)}]{percent}[/]{end} · [$warning]{counts}[/]"
+
+
 def truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"
 
@@ -81,6 +103,8 @@ def device_lines(device: DeviceReading, width: int) -> list[str]:
         f"mem  {meter(memory, bar_width)} {used}/{fmt.bytes_(device.memory_total_bytes)}",
         torch_line(device, width),
     ]
+    if (allocator := allocator_line(device, width)) is not None:
+        lines.append(allocator)
     if device.error:
         lines.append(f"[$text-muted]n/a — {escape(device.error)}[/]")
     return lines
