@@ -42,6 +42,7 @@ BASE = 0.25  # the earlier estimate is the one whose effective step is about a q
 SPACING = 1.02  # the history keeps points this far apart in effective step (about 70 a doubling)
 EXPONENT_RANGE = (-1.0, 1.5)  # what training does to B_simple, with room to spare
 MAX_REACH = math.log(2.0)  # never read forward further than twice the effective step
+MAX_LAG = math.log(16.0)  # the interval's reach (an effective step 1/16 of now: far behind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +141,13 @@ class GrowthCorrection:
         factor = math.exp(shrunk * x)
         b = est.b_simple * factor
         rel = math.hypot(est.stderr / est.b_simple, se * x)
-        # the interval reaches as far as the averages lag, however far that is
-        low = est.ci_low * math.exp(min(0.0, (p - Z95 * se) * behind)) if est.ci_low else est.ci_low
-        high = est.ci_high * math.exp(max(0.0, (p + Z95 * se) * behind)) if est.ci_high else None
+        # the interval reaches as far as the averages lag (up to 16×), with any exponent
+        # training could plausibly give within the range of p's error
+        lag = min(behind, MAX_LAG)
+        bottom, top = EXPONENT_RANGE
+        slowest, fastest = max(p - Z95 * se, bottom), min(p + Z95 * se, top)
+        low = est.ci_low * math.exp(min(0.0, slowest * lag)) if est.ci_low else est.ci_low
+        high = est.ci_high * math.exp(max(0.0, fastest * lag)) if est.ci_high else None
         corrected = replace(est, b_simple=b, stderr=b * rel, ci_low=low, ci_high=high)
         return corrected, Growth(shrunk, se, factor)
 
