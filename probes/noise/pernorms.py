@@ -230,18 +230,36 @@ def _grouped_weight_grads(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor) -
     return grads.reshape(b, weight.shape[0], weight.shape[1], -1)
 
 
-def embedding(module: nn.Embedding, idx: Tensor, g: Tensor, w2: Weights = (None, None)) -> Tensor:
-    """nn.Embedding: idx (B, *) integer, g (B, *, dim). Sorted segment sums per example:
-    O(B·T·dim), no data-dependent shapes (so no device sync)."""
+EMBEDDING_METHODS = ("ghost", "sorted")
+GHOST_TOKENS = 64  # the ghost form up to this many indices per example: (B, T, T) Grams
+
+
+def embedding(
+    module: nn.Embedding,
+    idx: Tensor,
+    g: Tensor,
+    w2: Weights = (None, None),
+    method: str | None = None,
+) -> Tensor:
+    """nn.Embedding: idx (B, *) integer, g (B, *, dim). Two exact methods, neither with
+    data-dependent shapes (so no device sync): the ghost form, Σ_{t,s} [i_t = i_s] g_t·g_s
+    (a handful of ops, O(B·T²·dim)), for short sequences without a preconditioner; else
+    sorted segment sums per example, O(B·T·dim) in some twenty ops. ``method`` forces one."""
     g = _as_work(g)
     b = g.shape[0]
     idx = idx.reshape(b, -1)
-    g = g.reshape(b, idx.shape[1], -1)
+    t = idx.shape[1]
+    g = g.reshape(b, t, -1)
     if module.padding_idx is not None:
         g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
-    if idx.shape[1] == 1:
+    if t == 1:
         rows = idx[:, 0]
         return _sq(g[:, 0], (1,), None if w2[0] is None else w2[0][rows])
+    if method is None:
+        method = "ghost" if w2[0] is None and t <= GHOST_TOKENS else "sorted"
+    if method == "ghost" and w2[0] is None:
+        same = idx.unsqueeze(2) == idx.unsqueeze(1)  # (B, T, T): the same row
+        return (torch.bmm(g, g.transpose(1, 2)) * same).sum((1, 2))
     sorted_idx, order = idx.sort(dim=1)
     gs = g.gather(1, order.unsqueeze(-1).expand_as(g))
     csum = gs.cumsum(1)
