@@ -176,34 +176,54 @@ class PerExampleSource(Source):
             x = args[0] if args else None
             if not output.requires_grad or not isinstance(x, Tensor):
                 return  # the parameters' gradient, if any, is caught as unaccounted
-            term = None
-            if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-                weight = layer.weight
-                if x.dtype in LEAN_DTYPES and weight is not None and weight.requires_grad:
-                    a_norm = vector_norm(x.detach(), dim=1, dtype=torch.float32)
-                    call = LinearCall(layer, a_norm, layer.bias_measured, x.shape[0], pass_id)
-                    output.register_hook(functools.partial(self._linear_gradient, call))
-                    return
-                term = pernorms.linear_input_term(x, layer.bias_measured)  # (B,), not x
-            batch_stats = layer.kind == "batch_norm" and (
-                module.training or getattr(module, "running_mean", None) is None
-            )
-            stats = pernorms.batch_norm_stats(output) if batch_stats else None
-            if layer.kind == "layer_norm":
-                stats = pernorms.layer_norm_stats(output)
-            call = LayerCall(
-                layer, None if term is not None else x, term, x.shape, batch_stats, stats, pass_id
-            )
-            output.register_hook(functools.partial(self._gradient, call))
+            weight = layer.weight
+            if (
+                layer.kind == "linear"
+                and x.dim() == 2
+                and self.precond is None
+                and x.dtype in LEAN_DTYPES
+                and weight is not None
+                and weight.requires_grad
+            ):
+                a_norm = vector_norm(x.detach(), dim=1, dtype=torch.float32)
+                call: Any = LinearCall(layer, a_norm, layer.bias_measured, x.shape[0], pass_id)
+                hook: Callable[..., None] = self._linear_gradient
+            else:
+                call, hook = self._layer_call(layer, module, x, output, pass_id), self._gradient
+            # a pre-hook on the node that made the output, registered in C (a tensor hook's
+            # handle and dict cost ~16 µs a call on the CPU); grads[output_nr] is the output's
+            node = output.grad_fn
+            if node is not None:
+                node.register_prehook(functools.partial(hook, call, output.output_nr))
+            else:  # the output is a leaf
+                output.register_hook(lambda g: hook(call, 0, (g,)))
         except Exception as exc:
             self.report("per-example forward hook", exc)
         finally:
             self.cost += time.perf_counter() - started
 
-    def _linear_gradient(self, call: LinearCall, g: Tensor) -> None:
-        """The output gradient of a ``LinearCall``: |g_i|, kept for the end of the pass (the
-        examples of its pass are checked there, once the pass is known)."""
-        if not self.active:
+    def _layer_call(
+        self, layer: Layer, module: nn.Module, x: Tensor, output: Tensor, pass_id: int
+    ) -> LayerCall:
+        """What any other measured layer call's gradient will need."""
+        term = None
+        if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
+            term = pernorms.linear_input_term(x, layer.bias_measured)  # (B,), not x
+        batch_stats = layer.kind == "batch_norm" and (
+            module.training or getattr(module, "running_mean", None) is None
+        )
+        stats = pernorms.batch_norm_stats(output) if batch_stats else None
+        if layer.kind == "layer_norm":
+            stats = pernorms.layer_norm_stats(output)
+        x_kept = None if term is not None else x
+        return LayerCall(layer, x_kept, term, x.shape, batch_stats, stats, pass_id)
+
+    def _linear_gradient(self, call: LinearCall, index: int, grads: tuple) -> None:
+        """The output gradient of a ``LinearCall`` (``grads[index]``, see ``_forward``):
+        |g_i|, kept for the end of the pass (the examples of its pass are checked there, once
+        the pass is known)."""
+        g = grads[index]
+        if not self.active or g is None:
             return
         started = time.perf_counter()
         try:
@@ -215,9 +235,11 @@ class PerExampleSource(Source):
         finally:
             self.cost += time.perf_counter() - started
 
-    def _gradient(self, call: LayerCall, g: Tensor) -> None:
-        """The output gradient of one measured layer call: its per-example squared norms."""
-        if not self.active:
+    def _gradient(self, call: LayerCall, index: int, grads: tuple) -> None:
+        """The output gradient of one measured layer call (``grads[index]``, see
+        ``_forward``): its per-example squared norms."""
+        g = grads[index]
+        if not self.active or g is None:
             return
         started = time.perf_counter()
         try:
