@@ -64,7 +64,7 @@ class ProbeSource:
         """After a training pass of the model (the autocast state wraps the whole call)."""
         if not root_pass.grad:
             return
-        device_type = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        device_type = "cuda" if torch.cuda.is_initialized() else "cpu"  # initialised: available
         if torch.is_autocast_enabled(device_type):
             self.autocast_dtype = str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
         else:

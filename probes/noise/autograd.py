@@ -72,13 +72,17 @@ def squared_norm(t: Tensor, w2: Tensor | None = None) -> Tensor:
 
 def total_squared_norm(grads: list[Tensor], w2: list[Tensor | None] | None = None) -> Tensor:
     """Σ over tensors of their squared norms, without leaving the device."""
-    if w2 is None and all(not g.is_sparse for g in grads):
+    if w2 is None and not any(g.is_sparse for g in grads):
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
     else:
         weights = w2 if w2 is not None else [None] * len(grads)
         norms = [squared_norm(g, w).sqrt() for g, w in zip(grads, weights, strict=True)]
     device = norms[0].device
-    return torch.stack([n.to(device) for n in norms]).square().sum()
+    try:
+        stacked = torch.stack(norms)  # one device, as a rule: no copy per parameter
+    except RuntimeError:  # parameters on several devices
+        stacked = torch.stack([n.to(device) for n in norms])
+    return torch.dot(stacked, stacked)
 
 
 def grad_accumulator(param: Tensor) -> Any:

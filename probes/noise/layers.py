@@ -23,6 +23,7 @@ backward pass (weight sharing), or if its parameters receive gradient without it
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -115,7 +116,7 @@ class Layer:
         if self.kind == "conv":
             self.methods = FastestMethod(pernorms.CONV_METHODS)
 
-    @property
+    @functools.cached_property
     def params(self) -> tuple[nn.Parameter, ...]:
         return tuple(p for p in (self.weight, self.bias) if p is not None)
 
@@ -196,7 +197,7 @@ class Layer:
                 return g.new_zeros(g.shape[0], dtype=torch.float32)
             return pernorms.embedding(m, x, g, w2)  # type: ignore[arg-type]
         if kind == "layer_norm":
-            return pernorms.layer_norm(m, x, g, **flags)  # type: ignore[arg-type]
+            return pernorms.layer_norm(m, x, g, stats=stats, **flags)  # type: ignore[arg-type]
         if kind == "rms_norm":
             return pernorms.rms_norm(m, x, g, weight=weight, w2=w2)
         if kind == "group_norm":

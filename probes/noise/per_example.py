@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.linalg import vector_norm
 
 from ..runtime.audience import examples_unknown
 from ..runtime.forward_watch import ForwardWatch
@@ -78,8 +79,40 @@ class LayerCall(NamedTuple):
     term: Tensor | None  # pernorms.linear_input_term of a 2-D input
     shape: torch.Size
     batch_stats: bool
-    stats: tuple[Tensor, Tensor] | None  # a BatchNorm's (mean, invstd), as its forward saved
+    stats: tuple[Tensor, Tensor] | None  # a BatchNorm's or LayerNorm's (mean, 1/std), as saved
     pass_id: int
+
+
+class LinearCall(NamedTuple):
+    """A call of an nn.Linear whose weight is measured, with a 2-D input and no
+    preconditioner: bsmon's commonest layer call, kept lean. Its input's row norms |a_i| are
+    taken in the forward (so the input can be freed), its output gradient's |g_i| in the
+    backward, and the layers' Goodfellow products at the end of the pass, all at once."""
+
+    layer: Layer
+    a_norm: Tensor  # (rows,) float32
+    bias: bool
+    rows: int
+    pass_id: int
+
+
+LEAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # norms taken in float32
+
+
+def _goodfellow_sum(lean: list[tuple[LinearCall, Tensor]]) -> Tensor:
+    """Σ over the calls and their examples of |g_i|²(|a_i|² + 1 with a bias): each call's
+    per-example norms (``pernorms.linear``), summed in a handful of ops for all of them."""
+    g = torch.cat([g_norm for _, g_norm in lean]) if len(lean) > 1 else lean[0][1]
+    a = torch.cat([c.a_norm for c, _ in lean]) if len(lean) > 1 else lean[0][0].a_norm
+    ga = g * a
+    total = torch.dot(ga, ga)
+    if all(c.bias for c, _ in lean):
+        return total + torch.dot(g, g)
+    biased = [g_norm for c, g_norm in lean if c.bias]
+    if biased:
+        gb = torch.cat(biased)
+        total = total + torch.dot(gb, gb)
+    return total
 
 
 class PerExampleSource(Source):
@@ -107,6 +140,7 @@ class PerExampleSource(Source):
         self._refresh()
         # this backward pass: (layer, per-example squared norms (B,), examples, pass id)
         self._entries: list[tuple[Layer, Tensor, int, int]] = []
+        self._lean: list[tuple[LinearCall, Tensor]] = []  # this pass's LinearCalls and |g_i|
         self._sums: list[Tensor] = []  # this step
         self._examples = 0
         self._fired: set[Layer] = set()
@@ -142,25 +176,70 @@ class PerExampleSource(Source):
             x = args[0] if args else None
             if not output.requires_grad or not isinstance(x, Tensor):
                 return  # the parameters' gradient, if any, is caught as unaccounted
-            term = None
-            if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
-                term = pernorms.linear_input_term(x, layer.bias_measured)  # (B,), not x
-            batch_stats = layer.kind == "batch_norm" and (
-                module.training or getattr(module, "running_mean", None) is None
-            )
-            stats = pernorms.batch_norm_stats(output) if batch_stats else None
-            call = LayerCall(
-                layer, None if term is not None else x, term, x.shape, batch_stats, stats, pass_id
-            )
-            output.register_hook(functools.partial(self._gradient, call))
+            weight = layer.weight
+            if (
+                layer.kind == "linear"
+                and x.dim() == 2
+                and self.precond is None
+                and x.dtype in LEAN_DTYPES
+                and weight is not None
+                and weight.requires_grad
+            ):
+                a_norm = vector_norm(x.detach(), dim=1, dtype=torch.float32)
+                call: Any = LinearCall(layer, a_norm, layer.bias_measured, x.shape[0], pass_id)
+                hook: Callable[..., None] = self._linear_gradient
+            else:
+                call, hook = self._layer_call(layer, module, x, output, pass_id), self._gradient
+            # a pre-hook on the node that made the output, registered in C (a tensor hook's
+            # handle and dict cost ~16 µs a call on the CPU); grads[output_nr] is the output's
+            node = output.grad_fn
+            if node is not None:
+                node.register_prehook(functools.partial(hook, call, output.output_nr))
+            else:  # the output is a leaf
+                output.register_hook(lambda g: hook(call, 0, (g,)))
         except Exception as exc:
             self.report("per-example forward hook", exc)
         finally:
             self.cost += time.perf_counter() - started
 
-    def _gradient(self, call: LayerCall, g: Tensor) -> None:
-        """The output gradient of one measured layer call: its per-example squared norms."""
-        if not self.active:
+    def _layer_call(
+        self, layer: Layer, module: nn.Module, x: Tensor, output: Tensor, pass_id: int
+    ) -> LayerCall:
+        """What any other measured layer call's gradient will need."""
+        term = None
+        if layer.kind == "linear" and x.dim() == 2 and self.precond is None:
+            term = pernorms.linear_input_term(x, layer.bias_measured)  # (B,), not x
+        batch_stats = layer.kind == "batch_norm" and (
+            module.training or getattr(module, "running_mean", None) is None
+        )
+        stats = pernorms.batch_norm_stats(output) if batch_stats else None
+        if layer.kind == "layer_norm":
+            stats = pernorms.layer_norm_stats(output)
+        x_kept = None if term is not None else x
+        return LayerCall(layer, x_kept, term, x.shape, batch_stats, stats, pass_id)
+
+    def _linear_gradient(self, call: LinearCall, index: int, grads: tuple) -> None:
+        """The output gradient of a ``LinearCall`` (``grads[index]``, see ``_forward``):
+        |g_i|, kept for the end of the pass (the examples of its pass are checked there, once
+        the pass is known)."""
+        g = grads[index]
+        if not self.active or g is None:
+            return
+        started = time.perf_counter()
+        try:
+            if accumulates(call.layer.accumulator) and call.layer in self._live:
+                self._lean.append((call, vector_norm(g.detach(), dim=1, dtype=torch.float32)))
+                self._end.touch()
+        except Exception as exc:
+            self.report("per-example norms", exc)
+        finally:
+            self.cost += time.perf_counter() - started
+
+    def _gradient(self, call: LayerCall, index: int, grads: tuple) -> None:
+        """The output gradient of one measured layer call (``grads[index]``, see
+        ``_forward``): its per-example squared norms."""
+        g = grads[index]
+        if not self.active or g is None:
             return
         started = time.perf_counter()
         try:
@@ -193,6 +272,8 @@ class PerExampleSource(Source):
         if axis:
             g = g.movedim(axis, 0)
             x = x.movedim(axis, 0) if x is not None else None
+            if stats is not None and layer.kind == "layer_norm":  # shaped as the input
+                stats = (stats[0].movedim(axis, 0), stats[1].movedim(axis, 0))
         sq = layer.norms(x, term, g, self.precond, batch_stats, stats=stats)
         self._entries.append((layer, sq, examples, pass_id))
         self._end.touch()
@@ -209,18 +290,41 @@ class PerExampleSource(Source):
     def _on_backward_end(self) -> None:
         live = self._live
         entries = [entry for entry in self._entries if entry[0] in live]
-        self._entries = []
-        if not entries:
+        lean = [e for e in self._lean if e[0].layer in live and self._batched(e[0])]
+        self._entries, self._lean = [], []
+        if not entries and not lean:
             return
-        for (layer, _), count in Counter((e[0], e[3]) for e in entries).items():
-            if count > 1 and layer in live:  # twice in one forward pass
-                self._problem = "a layer ran twice in one forward pass"
-                self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
+        calls = [(e[0], e[3]) for e in entries] + [(c.layer, c.pass_id) for c, _ in lean]
+        if len(set(calls)) < len(calls):
+            for (layer, _), count in Counter(calls).items():
+                if count > 1 and layer in live:  # twice in one forward pass
+                    self._problem = "a layer ran twice in one forward pass"
+                    self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
         # one reduction for the whole pass (not one per layer)
-        self._sums.append(torch.cat([sq for _, sq, _, _ in entries]).sum())
-        self._examples += sum({pass_id: n for _, _, n, pass_id in entries}.values())
-        self._fired.update(layer for layer, _, _, _ in entries)
+        sums = [torch.cat([sq for _, sq, _, _ in entries]).sum()] if entries else []
+        if lean:
+            sums.append(_goodfellow_sum(lean))
+        self._sums.append(sums[0] if len(sums) == 1 else sums[0] + sums[1])
+        passes = {pass_id: n for _, _, n, pass_id in entries}
+        passes.update((c.pass_id, c.rows) for c, _ in lean)
+        self._examples += sum(passes.values())
+        self._fired.update(layer for layer, _ in calls)
         super()._on_backward_end()
+
+    def _batched(self, call: LinearCall) -> bool:
+        """Whether a ``LinearCall``'s rows are the examples of its pass (``_norms``' test, for
+        a 2-D input whose only batch dim is 0); the layer is left out when they are not."""
+        examples, _ = self._pass_examples(call.pass_id)
+        if not examples:
+            self._problem = (
+                "bsmon cannot tell how many examples the model's forward pass carried "
+                f"({examples_unknown()})"
+            )
+            return False
+        if call.rows != examples:
+            self.exclude(call.layer, UNBATCHED, f"input [{call.rows}, …], {examples} examples")
+            return False
+        return True
 
     # -- step ----------------------------------------------------------------------------------
 
@@ -231,8 +335,9 @@ class PerExampleSource(Source):
         values = [sums[0] if len(sums) == 1 else torch.stack(sums).sum()]
         unaccounted: tuple[int, ...] = ()
         fired_params = sum(len(layer.params) for layer in self._fired if layer in self._live)
-        with_grad = sum(1 for p in self.params if p.grad is not None)
-        if with_grad > fired_params:  # some measured gradient came without its hook
+        if fired_params < len(self.params) and fired_params < sum(
+            1 for p in self.params if p.grad is not None
+        ):  # some measured gradient came without its hook
             missing = [
                 p
                 for p in self.params
@@ -252,6 +357,7 @@ class PerExampleSource(Source):
 
     def _clear(self) -> None:
         self._entries = []
+        self._lean = []
         self._sums = []
         self._examples = 0
         self._fired = set()

@@ -52,12 +52,15 @@ def _flat_batch(x: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     return x.reshape(b, -1, x.shape[-1]), g.reshape(b, -1, g.shape[-1])
 
 
-def matmul_grad_sq(a: Tensor, g: Tensor, w2: Tensor | None = None, groups: int = 1) -> Tensor:
+def matmul_grad_sq(
+    a: Tensor, g: Tensor, w2: Tensor | None = None, groups: int = 1, bias: bool = False
+) -> Tensor:
     """Per-example ``|Σ_t g_t a_tᵀ|²`` for a: (B, T, din), g: (B, T, dout).
 
     With ``groups > 1`` the feature dims are split into that many independent blocks (grouped
-    convolutions): ``din = groups·din_g``, ``dout = groups·dout_g``.
-    """
+    convolutions): ``din = groups·din_g``, ``dout = groups·dout_g``. With ``bias`` the
+    unweighted ``|Σ_t g_t|²`` of a bias is added: in the ghost form one op, for a bias is a
+    weight whose input is 1 at every position (``a_t·a_s + 1``)."""
     b, t, din = a.shape
     dout = g.shape[2]
     din_g, dout_g = din // groups, dout // groups
@@ -66,13 +69,16 @@ def matmul_grad_sq(a: Tensor, g: Tensor, w2: Tensor | None = None, groups: int =
     if w2 is None and ghost_cost <= materialise_cost:
         if groups == 1:
             gram_a = torch.bmm(a, a.transpose(1, 2))
+            if bias:
+                gram_a.add_(1)
             gram_g = torch.bmm(g, g.transpose(1, 2))
             return (gram_a * gram_g).sum((1, 2))
         ag = a.reshape(b, t, groups, din_g).permute(0, 2, 1, 3)  # (B, G, T, din_g)
         gg = g.reshape(b, t, groups, dout_g).permute(0, 2, 1, 3)
         gram_a = torch.matmul(ag, ag.transpose(2, 3))
         gram_g = torch.matmul(gg, gg.transpose(2, 3))
-        return (gram_a * gram_g).sum((1, 2, 3))
+        total = (gram_a * gram_g).sum((1, 2, 3))
+        return total + _sq(g.sum(1), (1,)) if bias else total
     # materialise per-example gradients (B, G, dout_g, din_g), a chunk of examples at a time
     per_example = groups * dout_g * din_g
     step = max(1, CHUNK_ELEMENTS // max(per_example, 1))
@@ -84,7 +90,8 @@ def matmul_grad_sq(a: Tensor, g: Tensor, w2: Tensor | None = None, groups: int =
         gc = g[start : start + step].reshape(-1, t, groups, dout_g).permute(0, 2, 1, 3)
         grads = torch.matmul(ac, gc)  # (b', G, din_g, dout_g)
         out.append(_sq(grads.transpose(2, 3), (1, 2, 3), w2))
-    return torch.cat(out) if len(out) > 1 else out[0]
+    total = torch.cat(out) if len(out) > 1 else out[0]
+    return total + _sq(g.sum(1), (1,)) if bias else total
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +142,8 @@ def linear(
         return g_sq * (a_sq + 1) if bias else g_sq * a_sq
     assert x is not None
     a3, g3 = _flat_batch(_as_work(x), _as_work(g))
+    if weight and w2b is None:
+        return matmul_grad_sq(a3, g3, w2w, bias=bias)
     total = matmul_grad_sq(a3, g3, w2w) if weight else g3.new_zeros(g3.shape[0])
     if bias:
         total = total + _sq(g3.sum(1), (1,), w2b)
@@ -221,18 +230,36 @@ def _grouped_weight_grads(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor) -
     return grads.reshape(b, weight.shape[0], weight.shape[1], -1)
 
 
-def embedding(module: nn.Embedding, idx: Tensor, g: Tensor, w2: Weights = (None, None)) -> Tensor:
-    """nn.Embedding: idx (B, *) integer, g (B, *, dim). Sorted segment sums per example:
-    O(B·T·dim), no data-dependent shapes (so no device sync)."""
+EMBEDDING_METHODS = ("ghost", "sorted")
+GHOST_TOKENS = 64  # the ghost form up to this many indices per example: (B, T, T) Grams
+
+
+def embedding(
+    module: nn.Embedding,
+    idx: Tensor,
+    g: Tensor,
+    w2: Weights = (None, None),
+    method: str | None = None,
+) -> Tensor:
+    """nn.Embedding: idx (B, *) integer, g (B, *, dim). Two exact methods, neither with
+    data-dependent shapes (so no device sync): the ghost form, Σ_{t,s} [i_t = i_s] g_t·g_s
+    (a handful of ops, O(B·T²·dim)), for short sequences without a preconditioner; else
+    sorted segment sums per example, O(B·T·dim) in some twenty ops. ``method`` forces one."""
     g = _as_work(g)
     b = g.shape[0]
     idx = idx.reshape(b, -1)
-    g = g.reshape(b, idx.shape[1], -1)
+    t = idx.shape[1]
+    g = g.reshape(b, t, -1)
     if module.padding_idx is not None:
         g = g * (idx != module.padding_idx).unsqueeze(-1).to(g.dtype)
-    if idx.shape[1] == 1:
+    if t == 1:
         rows = idx[:, 0]
         return _sq(g[:, 0], (1,), None if w2[0] is None else w2[0][rows])
+    if method is None:
+        method = "ghost" if w2[0] is None and t <= GHOST_TOKENS else "sorted"
+    if method == "ghost" and w2[0] is None:
+        same = idx.unsqueeze(2) == idx.unsqueeze(1)  # (B, T, T): the same row
+        return (torch.bmm(g, g.transpose(1, 2)) * same).sum((1, 2))
     sorted_idx, order = idx.sort(dim=1)
     gs = g.gather(1, order.unsqueeze(-1).expand_as(g))
     csum = gs.cumsum(1)
@@ -250,6 +277,21 @@ def embedding(module: nn.Embedding, idx: Tensor, g: Tensor, w2: Weights = (None,
     return (per_row * is_end.to(per_row.dtype)).sum(1)
 
 
+def layer_norm_stats(output: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The mean and 1/√(var + eps) a LayerNorm call normalised with, as its autograd node
+    saved them (no computation; taken in the forward hook; ``batch_norm_stats``' twin). None
+    where the node is not the native kernel's: they are then computed again from the input."""
+    node = output.grad_fn
+    if node is None or type(node).__name__ != "NativeLayerNormBackward0":
+        return None
+    mean, rstd = node._saved_result1, node._saved_result2  # type: ignore[attr-defined]
+    nd = len(node._saved_normalized_shape)  # type: ignore[attr-defined]
+    shape = (*output.shape[: output.dim() - nd], *(1,) * nd)
+    if mean.shape != shape or rstd.shape != shape:
+        return None
+    return mean, rstd
+
+
 def layer_norm(
     module: nn.LayerNorm,
     x: Tensor,
@@ -258,14 +300,20 @@ def layer_norm(
     weight: bool,
     bias: bool,
     w2: Weights = (None, None),
+    stats: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """nn.LayerNorm: x (B, *, *normalized_shape)."""
+    """nn.LayerNorm: x (B, *, *normalized_shape); ``stats``: the forward's (mean,
+    1/√(var + eps)) when known (``layer_norm_stats``), else computed again."""
     x, g = _as_work(x), _as_work(g)
     nd = len(module.normalized_shape)
-    dims = tuple(range(x.dim() - nd, x.dim()))
-    mean = x.mean(dims, keepdim=True)
-    var = x.var(dims, unbiased=False, keepdim=True)
-    x_hat = (x - mean) * torch.rsqrt(var + module.eps)
+    if stats is not None:
+        mean, rstd = (s.to(x.dtype) for s in stats)
+        x_hat = (x - mean).mul_(rstd)
+    else:
+        dims = tuple(range(x.dim() - nd, x.dim()))
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, unbiased=False, keepdim=True)
+        x_hat = (x - mean) * torch.rsqrt(var + module.eps)
     return _norm_affine(x_hat, g, nd, weight=weight, bias=bias, w2=w2)
 
 
@@ -288,25 +336,26 @@ def _norm_affine(
     b = g.shape[0]
     shape = (b, -1, *g.shape[g.dim() - nd :])
     g3 = g.reshape(shape)
-    total = g3.new_zeros(b)
     param_dims = tuple(range(1, 1 + nd))
-    if weight:
-        total = total + _sq((g3 * x_hat.reshape(shape)).sum(1), param_dims, w2[0])
-    if bias:
-        total = total + _sq(g3.sum(1), param_dims, w2[1])
-    return total
+    weight_sq = _sq((g3 * x_hat.reshape(shape)).sum(1), param_dims, w2[0]) if weight else None
+    bias_sq = _sq(g3.sum(1), param_dims, w2[1]) if bias else None
+    return _add(weight_sq, bias_sq, g3)
+
+
+def _add(weight_sq: Tensor | None, bias_sq: Tensor | None, like: Tensor) -> Tensor:
+    """The weight's and the bias's per-example squared norms together (no op for zeros)."""
+    if weight_sq is None:
+        return bias_sq if bias_sq is not None else like.new_zeros(like.shape[0])
+    return weight_sq if bias_sq is None else weight_sq.add_(bias_sq)
 
 
 def _channel_affine(x_hat: Tensor, g: Tensor, *, weight: bool, bias: bool, w2: Weights) -> Tensor:
     """Per-channel parameters (C,) of an input (B, C, *): sum over the spatial dims."""
     b, c = g.shape[0], g.shape[1]
     g3 = g.reshape(b, c, -1)
-    total = g3.new_zeros(b)
-    if weight:
-        total = total + _sq((g3 * x_hat.reshape(b, c, -1)).sum(2), (1,), w2[0])
-    if bias:
-        total = total + _sq(g3.sum(2), (1,), w2[1])
-    return total
+    weight_sq = _sq((g3 * x_hat.reshape(b, c, -1)).sum(2), (1,), w2[0]) if weight else None
+    bias_sq = _sq(g3.sum(2), (1,), w2[1]) if bias else None
+    return _add(weight_sq, bias_sq, g3)
 
 
 def group_norm(

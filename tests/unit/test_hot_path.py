@@ -59,10 +59,12 @@ def test_a_measured_step_costs_its_hooks_and_one_pass_of_the_slow_path(counting,
     (agent/boundary.py), which asks only the parts that still have work there. The per-example
     norms' own calls (bsmon +108, of which the hooks' C and torch calls follow) were 223 in
     all before the slow path was split into parts, 231 after, and 223 again once a part done
-    for good stopped being asked (issue 44)."""
+    for good stopped being asked (issue 44); 203 (bsmon 97) once a 2-D linear layer's norms
+    took one op in each hook, the layers' products one sum at the end of the pass, and the
+    hooks were pre-hooks of the outputs' nodes (issue 40)."""
     count = counting.count_calls(setups.CONFIGS["noise scale every step"], "tiny", steps=200)
-    assert count.ordinary <= 223, count
-    assert count.bsmon <= 108, count
+    assert count.ordinary <= 203, count
+    assert count.bsmon <= 97, count
 
 
 def test_resizable_costs_what_bsmon_run_costs_until_a_key_is_pressed(counting, setups):

@@ -330,6 +330,38 @@ def test_sequence_first_inputs_are_measured_over_the_batch_dim():
     assert total == pytest.approx(expected_q, rel=1e-4)
 
 
+class SequenceFirstNormedLM(SequenceFirstLM):
+    """The LSTM language model with a LayerNorm on its (T, B, C) embeddings: the statistics
+    its forward saved are shaped as that input, with the examples along dim 1."""
+
+    def __init__(self, vocab: int = 11, width: int = 6) -> None:
+        super().__init__(vocab, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.norm(self.encoder(idx)))
+        return self.decoder(out)
+
+
+def test_a_sequence_first_layer_norm_is_measured_with_its_forwards_statistics():
+    torch.manual_seed(0)
+    model = SequenceFirstNormedLM()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+    source = per_example_source(model)
+    steps, batch = 7, 3
+    idx = torch.randint(0, 11, (steps, batch))
+    targets = torch.randint(0, 11, (steps, batch))
+    record = measured_step(model, source, idx, targets)
+    assert record.problem is None and record.examples == batch
+    assert {layer.name for layer in source.layers} == {"encoder", "norm", "decoder"}
+    total, _scale, sq_sum = read(record.values)
+    names = [n for n, _ in model.named_parameters() if not n.startswith("rnn")]
+    expected_a, expected_q = per_sample_terms(model, names, idx, targets, batch_dim=1)
+    assert sq_sum == pytest.approx(expected_a, rel=1e-4)
+    assert total == pytest.approx(expected_q, rel=1e-4)
+
+
 class Conv1D(nn.Module):
     """Hugging Face's GPT-2 projection: a linear layer with its weight stored (in, out)."""
 
