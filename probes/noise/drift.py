@@ -78,8 +78,8 @@ class DriftFollowingRatio:
     def update(self, g2: float, trace: float, steps: int = 1, at: int | None = None) -> None:
         scale = self.level.take(g2)
         g2, trace = g2 / scale, trace / scale
-        self.slow.update(g2, trace, steps, at)
-        self.fast.update(g2, trace, steps, at)
+        self.slow.update(g2, trace, steps, at, scale)
+        self.fast.update(g2, trace, steps, at, scale)
         if self._moved():
             self.slow.forget()
             self.restarts += 1

@@ -12,6 +12,11 @@ Methods (research note §5): the Goodfellow trick for 2-D linear inputs; for seq
 convolutions either the "ghost" Gram form (no per-example gradient is formed) or per-example
 gradients materialised in chunks, whichever needs fewer FLOPs; sorted segment sums for
 embeddings; closed forms for the affine parameters of normalisation layers.
+
+Why one module: every function here is the same kind of thing — a layer type's closed form,
+checked against brute force in one test file — and they share the chunking, the working
+dtype and the preconditioner's weights; split by layer type, each piece would import the
+others' helpers.
 """
 
 from __future__ import annotations

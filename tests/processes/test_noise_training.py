@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bsmon.probes import attach
-from bsmon.probes.noise import pernorms
+from bsmon.probes.noise import per_example
 from bsmon.probes.noise.budget import BUDGET_VARIABLE
 from bsmon.probes.noise.controller import TRACKING
 from bsmon.probes.noise.warmup import LIMIT
@@ -333,7 +333,7 @@ def test_a_fault_in_the_hooks_never_reaches_the_job(monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("bsmon bug")
 
-    monkeypatch.setattr(pernorms, "linear", broken)
+    monkeypatch.setattr(per_example, "accumulates", broken)  # every measured layer's hook
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with measuring(model, optimizer, 8) as mon:
