@@ -165,6 +165,7 @@ class NoiseScale:
         self._per_example_unfit: str | None = None  # why auto never uses per-example norms
         self._reported: set[str] = set()
         self.reading = NoiseScaleReading()
+        self._read_at = 0  # the training step the reading was made at
         if mode is not None:
             try:
                 self.source, self.why = self._choose(mode)
@@ -534,7 +535,8 @@ class NoiseScale:
             for record, values in self._totals.take():
                 self._ingest(record, values, telemetry)
                 changed = True
-        if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
+        moved_on = self._step() != self._read_at and self.reading.b_simple is not None
+        if changed or moved_on or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
             self._report_below_zero(telemetry)
             self._report_unmeasurable(telemetry)
@@ -602,8 +604,7 @@ class NoiseScale:
             age = self.tracker.averages.mean_age
             if age >= 1:
                 detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
-        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
-            detail += f"; {describe_growth(growth)}"
+        self._read_at = self._step()
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,
@@ -611,7 +612,10 @@ class NoiseScale:
             preconditioned=self.preconditioned,
             detail=detail,
             negative=source.below_zero(),
+            step=self._read_at,
         )
+        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
+            reading.detail = f"{reading.detail}; {describe_growth(growth)}"
         reading.phase = phase
         reading.status = self._status(reading)
         return reading
