@@ -165,7 +165,6 @@ class NoiseScale:
         self._per_example_unfit: str | None = None  # why auto never uses per-example norms
         self._reported: set[str] = set()
         self.reading = NoiseScaleReading()
-        self._read_at = 0  # the training step the reading was made at
         if mode is not None:
             try:
                 self.source, self.why = self._choose(mode)
@@ -535,8 +534,7 @@ class NoiseScale:
             for record, values in self._totals.take():
                 self._ingest(record, values, telemetry)
                 changed = True
-        moved_on = self._step() != self._read_at and self.reading.b_simple is not None
-        if changed or moved_on or (self._unmeasurable() and UNMEASURABLE not in self._reported):
+        if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
             self._report_below_zero(telemetry)
             self._report_unmeasurable(telemetry)
@@ -604,7 +602,8 @@ class NoiseScale:
             age = self.tracker.averages.mean_age
             if age >= 1:
                 detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
-        self._read_at = self._step()
+        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
+            detail += f"; {describe_growth(growth)}"
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,
@@ -612,10 +611,7 @@ class NoiseScale:
             preconditioned=self.preconditioned,
             detail=detail,
             negative=source.below_zero(),
-            step=self._read_at,
         )
-        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
-            reading.detail = f"{reading.detail}; {describe_growth(growth)}"
         reading.phase = phase
         reading.status = self._status(reading)
         return reading

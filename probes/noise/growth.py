@@ -157,5 +157,5 @@ def describe_growth(growth: Growth) -> str:
     trend = "growing" if growth.exponent > 0 else "falling"
     return (
         f"B_simple {trend} as steps^{growth.exponent:.2f} (±{growth.stderr:.2f}): the averages' "
-        f"value read forward ×{growth.factor:.2f} to this step"
+        f"value read forward ×{growth.factor:.2f} to the latest step"
     )

@@ -103,13 +103,10 @@ class Tracker:
         detail: str | None,
         *,
         negative: str = BELOW_ZERO,
-        step: int | None = None,
     ) -> NoiseScaleReading:
-        """The reading at training step ``step`` (the latest measured one by default);
-        ``negative``: why an unbiased estimator's |G|² can read below zero beyond its error
-        (the source knows: BatchNorm, for per-example norms)."""
-        at = max(step or 0, self.last_used)
-        est, self.growth_applied = self.growth.apply(at, self.averages)
+        """The reading now; ``negative``: why an unbiased estimator's |G|² can read below
+        zero beyond its error (the source knows: BatchNorm, for per-example norms)."""
+        est, self.growth_applied = self.growth.apply(self.last_used, self.averages)
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
             stderr=_finite(est.stderr),
