@@ -91,20 +91,14 @@ class RatioEMA:
         self.relative: float | None = None  # (se / B_simple)² at the latest update
         self.mean_g = 0.0
         self.mean_s = 0.0
-        self.raw_g = 0.0  # the same averages in the gradient's own units (see update's unit)
-        self.raw_s = 0.0
         self.m2_g = 0.0  # Σ w (g − ḡ)²  (decayed Welford co-moments)
         self.m2_s = 0.0
         self.c_gs = 0.0
 
-    def update(
-        self, g2: float, trace: float, steps: int = 1, at: int | None = None, unit: float = 1.0
-    ) -> None:
+    def update(self, g2: float, trace: float, steps: int = 1, at: int | None = None) -> None:
         """Fold in one measured step; ``steps`` training steps passed since the last one, so
         the horizon stays ``window`` training steps when not every step is measured (and at
-        least ``memory`` measured steps); ``at``: its training step, if known; ``unit``: what
-        the values were divided by (drift.GradientLevel), for ``g2`` and ``trace`` in the
-        estimate."""
+        least ``memory`` measured steps); ``at``: its training step, if known."""
         steps = max(1, steps)
         self.elapsed += steps
         slowest = 1.0 - 1.0 / self.memory  # the least decay per measured step
@@ -120,8 +114,6 @@ class RatioEMA:
         ds = trace - self.mean_s
         self.mean_g += dg / self.w
         self.mean_s += ds / self.w
-        self.raw_g += (g2 * unit - self.raw_g) / self.w
-        self.raw_s += (trace * unit - self.raw_s) / self.w
         self.m2_g = beta * self.m2_g + dg * (g2 - self.mean_g)
         self.m2_s = beta * self.m2_s + ds * (trace - self.mean_s)
         self.c_gs = beta * self.c_gs + ds * (g2 - self.mean_g)
@@ -218,8 +210,8 @@ class RatioEMA:
     def estimate(self, z: float = Z95) -> Estimate:
         n_eff = self.effective_steps
         base = Estimate(
-            g2=self.raw_g if self.steps else None,
-            trace=self.raw_s if self.steps else None,
+            g2=self.mean_g if self.steps else None,
+            trace=self.mean_s if self.steps else None,
             steps=self.steps,
             effective_steps=n_eff,
             needed=self.needed,

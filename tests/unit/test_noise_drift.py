@@ -79,26 +79,3 @@ def test_a_young_runs_falling_gradient_is_followed(gap):
             last = step
         if step in (100, 400, 1000, 3000):
             assert 0.5 <= follower.estimate().b_simple / (50.0 * step) <= 1.3, step
-
-
-def test_the_first_steps_large_gradient_does_not_dominate_the_averages():
-    """|G|² falls as t^-1.1 over 64 densely measured steps (B_simple rising 100×), then
-    holds, measured one step in 25: averages of the raw values are ruled by the first steps'
-    large |G|² and read a third to a half of B_simple at steps 300–600 (or nothing: its
-    variance swamps |G|²); each step scaled by the level of |G|² before it, they read at
-    least 0.6 of it at 300, 0.75 at 600 and within 10% at 1,200, in every seed."""
-    truth = 5000.0 / (100.0 * 64**-1.1)
-    for seed in range(4):
-        rng = np.random.default_rng(seed)
-        follower, last = DriftFollowingRatio(window=1000), 0
-        for step in range(1, 1201):
-            g2 = 100.0 * min(step, 64) ** -1.1
-            if step <= 64 or step % 25 == 0:
-                a, b = rng.standard_t(3, size=2) / np.sqrt(3)
-                follower.update(g2 * (1 + 0.5 * a), 5000.0 * (1 + 0.3 * b), step - last, step)
-                last = step
-            if step in (300, 600, 1200):
-                read = follower.estimate().b_simple
-                assert read is not None, (seed, step)
-                low = {300: 0.6, 600: 0.75, 1200: 0.9}[step]
-                assert low <= read / truth <= 1.1, (seed, step, read / truth)
