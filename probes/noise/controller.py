@@ -602,8 +602,6 @@ class NoiseScale:
             age = self.tracker.averages.mean_age
             if age >= 1:
                 detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
-        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
-            detail += f"; {describe_growth(growth)}"
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,
@@ -612,6 +610,8 @@ class NoiseScale:
             detail=detail,
             negative=source.below_zero(),
         )
+        if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
+            reading.detail = f"{reading.detail}; {describe_growth(growth)}"
         reading.phase = phase
         reading.status = self._status(reading)
         return reading
