@@ -128,9 +128,9 @@ def main() -> int:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
     if mon is not None:
         mon.flush()
-        stats = mon.stats()
         capability = mon._noise.capability
-        mon.close()
+        mon.close()  # the ranks' last measured steps come back as it closes
+        stats = mon.stats()
         result = {
             "rank": rank,
             "wrap": args.wrap,

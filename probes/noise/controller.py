@@ -152,6 +152,7 @@ class NoiseScale:
         self._inner = ddp.module if ddp is not None else model
         self._sharded = self._world > 1 and ddp is None and sharded(self._trainable)
         self._totals: ShardTotals | None = None  # the sharded estimate's sums across ranks
+        self._closing = False
         self._counter: ExampleCounter | None = None
         self._inbox: deque[Any] = deque(maxlen=BACKLOG)
         self._exclusions: deque[tuple[int, ...]] = deque()
@@ -531,6 +532,8 @@ class NoiseScale:
                 self._ingest(item, values, telemetry)
                 changed = True
         if self._totals is not None:
+            if self._closing:  # the last tick: the last steps' totals, not lost at exit
+                self._totals.finish()
             for record, values in self._totals.take():
                 self._ingest(record, values, telemetry)
                 changed = True
@@ -654,9 +657,10 @@ class NoiseScale:
         return Capability(True, self.why + extra)
 
     def close(self) -> None:
+        """The hooks out (closing thread); the ranks' exchange goes on until the agent's last
+        tick ``finish``es it (its thread is a daemon: nothing waits on it if none comes)."""
         if self.source is not None:
             self.source.close()
-        if self._totals is not None:
-            self._totals.close()
+        self._closing = True
         if self._counter is not None:
             self._counter.remove()

@@ -17,6 +17,12 @@ one request to the store's server; a rank that stops writing is simply not heard
 the steps it did not report are dropped. The training thread never takes part: records reach
 this module on the agent thread, and the totals come back a second or two later.
 
+At close the last second or two of steps would be lost that way (the whole of a short job: a
+120-step Lightning job measured every step and got 14 back), so each rank's last tick
+``finish``es: it says it is done, rank 0 combines until every rank it heard from is done, and
+each rank reads back what concerns it, for at most ``FINAL_WAIT_S`` (a rank that never closes
+costs the others that much at exit, once).
+
 The ranks must measure the same steps: the controller schedules a sharded source's steps on
 a grid of powers of two (``on_grid``), so that ranks whose budgets differ still meet on the
 coarser one's steps; and each rank's gap travels with its steps, rank 0 sends back the largest
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -37,6 +44,8 @@ import msgspec
 from .step_record import StepRecord
 
 INTERVAL_S = 0.5  # how often each rank's thread writes and reads
+FINAL_WAIT_S = 2.0  # at close: the longest a rank waits for the others' last steps
+FINAL_INTERVAL_S = 0.05  # at close: how often it writes and reads meanwhile
 KEEP = 2048  # steps kept waiting on either side (a rank long silent loses its oldest)
 MISMATCH = "the ranks measured different layers at this step"
 
@@ -114,6 +123,11 @@ class Combiner:
             del self.pending[min(self.pending)]
             self.dropped += 1
 
+    def finish(self) -> None:
+        """Every rank is done: a step some rank never reported will not be completed."""
+        self.dropped += len(self.pending)
+        self.pending.clear()
+
 
 class ShardTotals:
     """Every rank's side: its records out, the ranks' totals back as records the tracker
@@ -136,6 +150,8 @@ class ShardTotals:
         self.gap = 1  # the training thread's own gap to its next measured step (budget's)
         self.agreed = 1  # the largest gap any rank asked for lately (rank 0 says)
         self.unmatched = 0  # steps this rank measured that not every rank did
+        self._last_offered = -1
+        self._done = False  # closing: nothing more will be offered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bsmon-noise-ranks")
         self._thread.start()
@@ -163,6 +179,7 @@ class ShardTotals:
         if len(self._waiting) >= KEEP:
             del self._waiting[min(self._waiting)]
         self._waiting[record.step] = record
+        self._last_offered = record.step
         with self._lock:
             self._outgoing.append(entry)
 
@@ -194,6 +211,23 @@ class ShardTotals:
             ready.append((combined, values))
         return ready
 
+    def finish(self, wait: float = FINAL_WAIT_S) -> None:
+        """At close, after this rank's last ``offer``: exchange at once, not every half
+        second, until this rank has its steps' totals back (rank 0: until every rank it heard
+        from said it is done) or ``wait`` seconds passed. ``take`` then has the last steps."""
+        if self._done:
+            return
+        self._done = True
+        self.close()
+        self._thread.join(self._interval + 1.0)
+        if self._thread.is_alive() or self.failure is not None:
+            return  # stuck in the store, or it failed: what came back is all there is
+        deadline = time.monotonic() + wait
+        while True:
+            if self._step() or time.monotonic() >= deadline:
+                return
+            time.sleep(FINAL_INTERVAL_S)
+
     def close(self) -> None:
         self._stop.set()
 
@@ -201,22 +235,28 @@ class ShardTotals:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            try:
-                self._exchange()
-            except Exception as exc:  # the store went away (the job is ending)
-                self.failure = f"{type(exc).__name__}: {exc}"
+            if self._step():
                 return
 
-    def _exchange(self) -> None:
+    def _step(self) -> bool:
+        """One exchange; whether it was the last (finished, or the store failed)."""
+        try:
+            return self._exchange()
+        except Exception as exc:  # the store went away (the job is ending)
+            self.failure = f"{type(exc).__name__}: {exc}"
+            return True
+
+    def _exchange(self) -> bool:
+        """Write this rank's entries, combine (rank 0), read the totals back; whether this
+        rank, done, has nothing more to wait for."""
         store = self._store
         with self._lock:
             outgoing = list(self._outgoing)
-        mine = {"entries": outgoing, "seen": self._seen, "gap": self.gap}
+        mine = {"entries": outgoing, "seen": self._seen, "gap": self.gap, "done": self._done}
         store.set(f"r{self.rank}", self._encode(mine))
-        if self._combiner is not None:
-            self._combine()
+        everyone_done = self._combine() if self._combiner is not None else False
         if not store.check(["totals"]):
-            return
+            return everyone_done
         message = self._decode.decode(store.get("totals"))
         taken = message["taken"][self.rank]
         self.agreed = message["gap"]
@@ -227,24 +267,37 @@ class ShardTotals:
         if fresh:
             self._seen = fresh[-1][0]
             self._arrived.extend(fresh)  # type: ignore[arg-type]
+        if self._combiner is not None:
+            return everyone_done
+        return self._done and (message.get("final", False) or self._seen >= self._last_offered)
 
-    def _combine(self) -> None:
+    def _combine(self) -> bool:
         """Rank 0: every rank's entries in, the complete steps' totals out; totals every
-        rank has read back are not written again."""
+        rank has read back are not written again. Whether every rank heard from is done (the
+        totals then are final: what is pending stays incomplete)."""
         combiner, store = self._combiner, self._store
         assert combiner is not None
-        seen, gaps = [], [1]
+        seen, gaps, done = [], [1], self._done
         for peer in range(self.world_size):
             key = f"r{peer}"
             if not store.check([key]):
                 seen.append(-1)
-                continue
+                continue  # never heard from: not waited for at close
             message = self._decode.decode(store.get(key))
             combiner.add(peer, [tuple(e) for e in message["entries"]])  # type: ignore[misc]
             seen.append(message["seen"])
             gaps.append(message["gap"])
+            done = done and message.get("done", False)
+        if done:
+            combiner.finish()
         everyone = min(seen)
         while combiner.totals and combiner.totals[0][0] <= everyone:
             combiner.totals.popleft()
-        payload = {"taken": combiner.latest, "totals": list(combiner.totals), "gap": max(gaps)}
+        payload = {
+            "taken": combiner.latest,
+            "totals": list(combiner.totals),
+            "gap": max(gaps),
+            "final": done,
+        }
         store.set("totals", self._encode(payload))
+        return done

@@ -27,6 +27,10 @@ SCRIPT = str(ROOT / "workloads" / "sharded_job.py")
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 STEPS, BATCH, BLOCK = 150, 16, 16
 DEADLINE_S = 420  # a safety net: two ranks of 150 steps take 30-90 s on a busy machine
+# the issue's goal: B_simple within 10% of the DDP run of the same model and data (the
+# reported standard errors are no bound on their difference: where tr Σ and |G|² move
+# together the delta method gave 0.3% on each side, and the two read 3.6% apart)
+AGREEMENT = 0.10
 MARK = "BSMON_SHARDED_TEST"  # in the environment of this test's processes and their workers
 
 
@@ -62,9 +66,7 @@ def test_fsdp2_counts_exactly_and_its_estimate_agrees_with_ddp(processes, marked
     """Noise measured on every step (BSMON_NOISE_BUDGET=all) in both runs, which train the
     same model on the same examples. The estimators differ (DDP: each rank's gradient
     against the average; FSDP2: single examples against the average), so their estimates
-    differ by their errors: the bound is 4 of the reported standard errors of the
-    difference, sqrt(se_ddp² + se_fsdp²) — an overestimate of its spread, as both read the
-    same gradients. At 150 steps each standard error is 2-4% of B_simple."""
+    differ by their errors: within the issue's 10%."""
     args = ("--steps", str(STEPS), "--batch", str(BATCH), "--block", str(BLOCK))
     ddp = attached_run(processes, marked, "ddp", *args)
     fsdp = attached_run(processes, marked, "fsdp2", *args)
@@ -76,29 +78,29 @@ def test_fsdp2_counts_exactly_and_its_estimate_agrees_with_ddp(processes, marked
         assert result["capability"][0] and "FSDP2" in result["capability"][1]
     noise = [r["noise"] for r in fsdp]
     assert noise[0]["estimator"] == "sharded" and noise[0]["coverage"] == 1.0
-    # every rank forms its estimate from the same totals, as they come back (a second or
-    # two after the step): the ranks read the same once they have taken the same steps
+    # every rank forms its estimate from the same totals, and at close each waits (for up to
+    # two seconds) for the last ones: the ranks read the same once they have taken the same
+    # steps; a rank that closed late may have missed the last few
     if noise[0]["samples"] == noise[1]["samples"]:
         assert noise[0]["b_simple"] == noise[1]["b_simple"]
     else:
-        assert abs(noise[0]["b_simple"] - noise[1]["b_simple"]) <= noise[0]["stderr"]
+        assert abs(noise[0]["b_simple"] - noise[1]["b_simple"]) <= 2 * noise[0]["stderr"]
     b, se = noise[0]["b_simple"], noise[0]["stderr"]
     assert b is not None and math.isfinite(b) and se is not None and 0 < se < 0.1 * b, noise[0]
     assert noise[0]["samples"] >= STEPS // 2, noise[0]  # the ranks measured the same steps
     for reference in ddp:
         d = reference["noise"]
         assert d["estimator"] == "ddp"
-        bound = 4 * math.hypot(se, d["stderr"])
-        assert abs(b - d["b_simple"]) <= bound, (b, se, d["b_simple"], d["stderr"])
+        assert abs(b / d["b_simple"] - 1) <= AGREEMENT, (b, se, d["b_simple"], d["stderr"])
 
 
 @pytest.mark.slow
 def test_fsdp2_with_gradient_accumulation_agrees_with_ddps_per_example_norms(processes, marked):
     """Two micro-batches per step, each reduced as it ends: every example of both is a unit
     and |ḡ|² is taken after the last. The reference is DDP with per-example norms (each rank
-    its own examples) on the same data: within 4 standard errors of the difference, as
-    above. (DDP's comm-hook estimator read 4.8 against 10.2 for both per-example runs on this
-    job: without no_sync each micro-batch is all-reduced apart, which it does not expect.)"""
+    its own examples) on the same data: within 10%, as above. (DDP's comm-hook estimator,
+    before it learnt accumulation without no_sync, read 4.8 against 10.2 for both per-example
+    runs on this job: each micro-batch was all-reduced apart, which it did not expect.)"""
     args = ("--steps", "100", "--accumulate", "2")
     fsdp = attached_run(processes, marked, "fsdp2", *args)
     ddp = attached_run(processes, marked, "ddp", *args, "--noise", "per_example")
@@ -108,8 +110,7 @@ def test_fsdp2_with_gradient_accumulation_agrees_with_ddps_per_example_norms(pro
     for reference in ddp:
         d = reference["noise"]
         assert d["estimator"] == "per_example"
-        bound = 4 * math.hypot(noise["stderr"], d["stderr"])
-        assert abs(noise["b_simple"] - d["b_simple"]) <= bound, (noise, d)
+        assert abs(noise["b_simple"] / d["b_simple"] - 1) <= AGREEMENT, (noise, d)
 
 
 @pytest.mark.slow

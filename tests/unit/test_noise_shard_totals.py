@@ -4,6 +4,8 @@ HSDP's replicated shards counted once (probes/noise/sharded.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from bsmon.probes.noise.shard_totals import MISMATCH, Combiner, ShardTotals, on_grid
@@ -122,3 +124,45 @@ def test_hsdp_counts_each_shard_once_however_many_replicas_hold_it():
     fsdp.placements, fsdp.device_mesh = (Placement(False),), Mesh(2)
     assert replicas([fsdp]) == 1
     assert replicas([torch.zeros(4)]) == 1  # not a DTensor
+
+
+def test_at_close_the_last_steps_totals_come_back_to_every_rank():
+    """The exchange threads run an hour apart: after one exchange each (both ranks heard
+    from), everything the ranks measured since comes back in ``finish``, run by both ranks at
+    once as they close."""
+    store = MemoryStore()
+    ranks = [ShardTotals(store, rank, 2, interval=3600) for rank in range(2)]
+    for totals in ranks:
+        totals._exchange()
+    for totals in ranks:
+        for step in (2, 4, 6):
+            totals.offer(record(step), [1.0, 1.0, 1.0], signature=10)
+    ranks[1].offer(record(8), [1.0, 1.0, 1.0], signature=10)  # rank 0 never measured it
+    closing = [threading.Thread(target=totals.finish, args=(600,)) for totals in ranks]
+    for thread in closing:
+        thread.start()
+    for thread in closing:
+        thread.join(600)
+    assert not any(thread.is_alive() for thread in closing)
+    for totals in ranks:
+        assert [r.step for r, _ in totals.take()] == [2, 4, 6]
+    assert ranks[0]._combiner.dropped == 1  # step 8: incomplete, and it never will be
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def set(self, key: str, value: bytes) -> None:
+        self.writes += 1
+        super().set(key, value)
+
+
+def test_at_close_rank_0_waits_for_no_rank_it_never_heard_from():
+    store = CountingStore()
+    alone = ShardTotals(store, 0, 2, interval=3600)
+    alone.offer(record(2), [1.0, 1.0, 1.0], signature=10)
+    alone.finish(wait=600)
+    assert store.writes == 2  # one exchange: its entries and the (final) totals
+    assert alone.take() == []  # rank 1 never spoke: no step is complete
