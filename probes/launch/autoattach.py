@@ -60,6 +60,7 @@ from ..batch.script_loader import (
     why_not_resizable,
 )
 from ..integrations.common import disable_batch_control, note, rank_name
+from ..integrations.deepspeed import find_engine
 from ..maxbatch.seen_step import WAITING, StepWatch
 from ..record.writer import write_unattached
 from ..runtime import audience, distributed, loader_watch
@@ -286,7 +287,8 @@ class AutoAttach:
         accelerator = None
         try:
             objects = gc.get_objects()  # one scan of the heap for all four
-            model, scaler = find_model(optimizer, objects), find_grad_scaler(objects)
+            model = find_model(optimizer, objects) or find_engine(optimizer, objects)
+            scaler = find_grad_scaler(objects)
             accelerator = accelerate_loss.find_accelerator(objects)
             if self.resizable:
                 scheduler = find_scheduler(optimizer, objects)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..integrations.deepspeed import is_engine
 from ..runtime.context import JobContext
 from ..runtime.distributed import ddp_of
 from ..runtime.forward_watch import ForwardWatch
@@ -62,6 +63,7 @@ from .source import Source
 from .step_record import StepRecord, read
 from .tracker import UNACCOUNTED, Tracker
 from .warmup import LIMIT, WARMUP_RSE, WARMUP_SHARE, WarmUp
+from .zero import ZeroLayout, zero_layout
 
 MODES = ("auto", "per_example", "microbatch", "sequential")
 SWITCH_AFTER = 3  # steps in a row that show (or stop showing) gradient accumulation
@@ -150,7 +152,12 @@ class NoiseScale:
         ddp = ddp_of(model, self._trainable)  # the model, or a DDP inside a framework's wrapper
         self._ddp = ddp if self._world > 1 else None
         self._inner = ddp.module if ddp is not None else model
+        self._zero: ZeroLayout | None = None  # a DeepSpeed engine's (more than one rank)
+        if self._world > 1 and is_engine(model):
+            self._zero = zero_layout(model, optimizer, self._world)
+            self._trainable = self._zero.params  # the torch optimizer holds flat partitions
         self._sharded = self._world > 1 and ddp is None and sharded(self._trainable)
+        self._sharded = self._sharded or self._zero is not None
         self._totals: ShardTotals | None = None  # the sharded estimate's sums across ranks
         self._closing = False
         self._counter: ExampleCounter | None = None
@@ -275,25 +282,35 @@ class NoiseScale:
             return None, reasons.sharded_only_per_example(mode)
         if self.preconditioned:
             return None, f"not supported yet: {PRECONDITIONED}"
+        zero = self._zero
+        if zero is not None and zero.unsupported is not None:
+            return None, zero.unsupported
         if (coupled := batch_norm_coupled(self._inner)) is not None:
             return None, coupled
         if self._inner is None or self._watch.wrapper or self._watch.blocked() is not None:
             return None, self._no_per_example()
+        if zero is None:
+            layout, where = {"divide": divide_factor(self._inner, world)}, "FSDP2"
+        else:
+            layout = {"divide": zero.world, "step_part": zero.part}
+            where = f"DeepSpeed ZeRO-{zero.stage}"
         source = ShardedSource(
             self._inner,
             self._trainable,
             self._watch,
             self._pass_hint,
-            divide=divide_factor(self._inner, world),
+            **layout,
             **self._kwargs(world),
         )
-        if source.coverage == 0:
+        if source.coverage == 0 or (zero is not None and source.coverage < 1):
             source.close()
+            if source.coverage > 0:
+                return None, reasons.partitions_hold_all(source.coverage)
             return None, self._no_per_example()
         self._totals = ShardTotals(totals_store(), *_rank_and_world())
         return source, (
             f"per-example gradient norms on every rank, |ḡ|² summed over {world} ranks' "
-            "shards (FSDP2)"
+            f"shards ({where})"
         )
 
     def _fallback_microbatch(self, why: str) -> tuple[Source, str]:

@@ -45,6 +45,15 @@ def fsdp1() -> str:
     return say(attach=why, run=f"{why}; it is off")
 
 
+def partitions_hold_all(coverage: float) -> str:
+    """DeepSpeed's flat partitions hold every parameter's gradient, the layers bsmon
+    measures per example only some."""
+    return (
+        f"per-example norms cover {coverage:.0%} of the trainable parameters, and DeepSpeed's "
+        "flat gradient partitions hold all of them: their |ḡ|² would not match"
+    )
+
+
 def comm_hook_taken() -> str:
     """DDP allows one communication hook, and the job registered its own first."""
     return say(

@@ -19,6 +19,7 @@ examples of every rank. The sums cross ranks in ``shard_totals``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ def local(t: Tensor) -> Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def replicas(trainable: list[Tensor]) -> int:
+def replicas_of(trainable: list[Tensor]) -> int:
     """How many ranks hold each shard: HSDP (``fully_shard`` on a 2-D mesh) replicates the
     shards over the mesh's first dim, and their squared norms must be counted once."""
     for p in trainable:
@@ -96,10 +97,20 @@ def divide_factor(model: nn.Module, world: int) -> float:
 class ShardedSource(PerExampleSource):
     estimator = "sharded"
 
-    def __init__(self, *args: Any, divide: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        divide: float,
+        step_part: Callable[[], Tensor | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``step_part``: this rank's part of |ḡ|², read at the optimizer step (DeepSpeed's:
+        ``integrations/deepspeed``); None: the measured parameters' gradient shards, read
+        after the backward pass (FSDP2's DTensor gradients)."""
         super().__init__(*args, **kwargs)
         self.divide = divide
-        self.replicas = replicas(self.params)
+        self._step_part = step_part
+        self.replicas = replicas_of(self.params)
         self._bound: dict[Layer, int] = {}  # layer -> id of the unsharded parameter bound
 
     def _forward(
@@ -115,20 +126,29 @@ class ShardedSource(PerExampleSource):
         super()._forward(layer, module, args, output, pass_id)
 
     def _measure_total(self) -> None:
-        """This rank's shard of |ḡ|² over the measured parameters."""
+        """After each backward pass: this rank's shard of |ḡ|² over the measured parameters
+        (where the shards are the parameters' own gradients)."""
+        if self._step_part is not None:
+            return
         grads = [local(p.grad) for p in self.params if p.grad is not None]
         if not grads:
             self._total = None
             return
         total = total_squared_norm(grads)
-        self._total = total / self.replicas if self.replicas > 1 else total
-        self._scale = self.loss_scale.current(self._total.device)
+        self._set_total(total / self.replicas if self.replicas > 1 else total)
+
+    def _set_total(self, total: Tensor | None) -> None:
+        self._total = total
+        if total is not None:
+            self._scale = self.loss_scale.current(total.device)
 
     def _record(self, step: int) -> StepRecord | None:
         """This rank's part: its shard's |ḡ|², its examples' squared norms (in its own
         gradient's units) and their count. ``shard_totals`` sums them over the ranks."""
         if not self._sums:
             return None
+        if self._step_part is not None:
+            self._set_total(self._step_part())
         sums = self._sums
         values = [sums[0] if len(sums) == 1 else torch.stack(sums).sum()]
         fired = self._fired

@@ -9,7 +9,7 @@ import threading
 import torch
 
 from bsmon.probes.noise.shard_totals import MISMATCH, Combiner, ShardTotals, on_grid
-from bsmon.probes.noise.sharded import replicas
+from bsmon.probes.noise.sharded import replicas_of
 from bsmon.probes.noise.step_record import StepRecord
 
 
@@ -119,11 +119,11 @@ def test_hsdp_counts_each_shard_once_however_many_replicas_hold_it():
     """fully_shard on a (replicate 3, shard 2) mesh: every shard's squared norm is on 3 ranks."""
     hsdp = torch.zeros(4)
     hsdp.placements, hsdp.device_mesh = (Placement(True), Placement(False)), Mesh(3, 2)
-    assert replicas([hsdp]) == 3
+    assert replicas_of([hsdp]) == 3
     fsdp = torch.zeros(4)
     fsdp.placements, fsdp.device_mesh = (Placement(False),), Mesh(2)
-    assert replicas([fsdp]) == 1
-    assert replicas([torch.zeros(4)]) == 1  # not a DTensor
+    assert replicas_of([fsdp]) == 1
+    assert replicas_of([torch.zeros(4)]) == 1  # not a DTensor
 
 
 def test_at_close_the_last_steps_totals_come_back_to_every_rank():
