@@ -26,7 +26,7 @@ import math
 import threading
 
 from ..units import count
-from ..wire.describe import noise_verdict
+from ..wire.describe import noise_verdict, step_batch
 from ..wire.protocol import Advice, BatchChange, Confidence, NoiseScaleReading
 from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for
 from .control import BatchController
@@ -274,10 +274,12 @@ class Advisor:
     def _noise_fact(self, current: int, estimate: Estimate) -> str:
         verdict = noise_verdict(current, estimate.point)
         worth = current / (current + estimate.point)
+        ranks = estimate.ranks
+        point, low, high = (count(x * ranks) for x in (estimate.point, estimate.low, estimate.high))
         return (
-            f"noise scale: B_simple ≈ {count(estimate.point)} [{count(estimate.low)}, "
-            f"{count(estimate.high)}]: a step at {current:,} is worth {worth:.0%} of a noiseless "
-            f"one ({verdict}, counting steps alone; the advice weighs step time too)"
+            f"noise scale: B_simple ≈ {point} [{low}, {high}]: a step at "
+            f"{step_batch(current, ranks)} is worth {worth:.0%} of a noiseless one ({verdict}, "
+            "counting steps alone; the advice weighs step time too)"
         )
 
     def _memory_reason(self) -> str | None:

@@ -145,11 +145,14 @@ def optimum(phi: float, half: float) -> float:
 
 @dataclass(frozen=True)
 class Estimate:
-    """The noise scale as the autopilot reads it: the point and its 95% interval."""
+    """The noise scale as the autopilot reads it: the point and its 95% interval, in one
+    rank's examples (the batch it steers is a rank's: each of ``ranks`` ranks takes as many,
+    and B_simple counts the whole step's), so that size / (size + point) is a step's worth."""
 
     point: float
     low: float
     high: float
+    ranks: int = 1
 
     @property
     def for_growth(self) -> float:
@@ -166,7 +169,8 @@ def resolved(noise: NoiseScaleReading) -> Estimate | None:
         return None
     if not (noise.ci_low > 0 and math.isfinite(noise.ci_high)):
         return None
-    return Estimate(noise.b_simple, noise.ci_low, noise.ci_high)
+    ranks = max(noise.ranks, 1)
+    return Estimate(noise.b_simple / ranks, noise.ci_low / ranks, noise.ci_high / ranks, ranks)
 
 
 def unresolved_reason(noise: NoiseScaleReading | None) -> str:

@@ -634,6 +634,7 @@ class NoiseScale:
             reading.detail = f"{reading.detail}; {describe_growth(growth)}"
         reading.phase = phase
         reading.status = self._status(reading)
+        reading.ranks = self._world
         return reading
 
     def _totals_detail(self) -> str:

@@ -44,12 +44,14 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
     b_simple = summary.b_simple.end
     if b_simple is None or batch is None or b_simple <= 0:
         return
-    said = describe.noise_verdict(batch, b_simple)
+    ranks = summary.run.world_size  # B_simple counts a step's examples, on every rank
+    said = describe.noise_verdict(batch * ranks, b_simple)
+    step = describe.step_batch(batch, ranks)
     if said == describe.RAISE:
         notes.append(
             Note(
                 "batch_below_noise_scale",
-                f"the batch size ({batch:,}) is well below the estimated noise scale "
+                f"the batch size ({step}) is well below the estimated noise scale "
                 f"B_simple ≈ {b_simple:,.0f}: a larger batch, up to about {b_simple:,.0f}, would "
                 "likely need fewer steps for the same progress at little cost per sample "
                 "(an estimate, counting steps alone: the final word above weighs the step time "
@@ -60,7 +62,7 @@ def _noise_scale(summary: Summary, batch: int | None, notes: list[Note]) -> None
         notes.append(
             Note(
                 "batch_above_noise_scale",
-                f"the batch size ({batch:,}) is well above the estimated noise scale "
+                f"the batch size ({step}) is well above the estimated noise scale "
                 f"B_simple ≈ {b_simple:,.0f}: past it, larger batches buy little per sample; a "
                 f"smaller batch near {b_simple:,.0f} may reach the same loss with less compute "
                 "(an estimate, counting samples alone: the final word above weighs the step time "

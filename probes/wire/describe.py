@@ -24,6 +24,14 @@ def noise_verdict(batch: int, b_simple: float, bound: bool = False) -> str:
     return TOO_BIG if batch > 2 * b_simple else BALANCED
 
 
+def step_batch(batch: int, ranks: int) -> str:
+    """A step's examples in words, from one rank's batch: B_simple counts the whole step's
+    (``NoiseScaleReading.ranks``)."""
+    if ranks <= 1:
+        return f"{batch:,}"
+    return f"{batch * ranks:,} ({batch:,} on each of {ranks} ranks)"
+
+
 def extrapolation_note(extrapolation: float | None) -> str:
     if extrapolation is None:
         return ""

@@ -140,6 +140,9 @@ class NoiseScaleReading(msgspec.Struct, omit_defaults=True):
     # while there is no number: what the estimate is doing, in the agent's words ("collecting
     # 25/30 measured steps; ...", or NONE_WILL_COME and why); the Noise panel shows it as it is
     status: str | None = None
+    # the data-parallel ranks whose examples make one step: b_simple counts examples of the
+    # whole step, so a rank's batch is compared with it times this (describe.step_batch)
+    ranks: int = 1
 
 
 NONE_WILL_COME = "none — "  # a NoiseScaleReading.status that starts so: no estimate as it runs

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from bsmon.probes.batch.autopilot_holds import THRESHOLD
@@ -136,3 +137,23 @@ def test_an_answer_that_flips_at_the_threshold_window_by_window_is_not_said_each
         answers.add(job.advice.action)
     assert {"raise", "stay"} <= answers  # it flipped every window ...
     assert advice_events(job) == []  # ... and none was news
+
+
+def test_on_several_ranks_it_weighs_each_ranks_batch_against_its_share_of_b_simple():
+    """B_simple counts the examples of a whole step, every rank's: at 128 on each of 2 ranks
+    and B_simple 262, a step of 256 examples is already near it. Read against one rank's 128
+    it said "raise → 256" (the case above), twice too far."""
+    noise = tight(262.0, spread=0.05)
+
+    def two_ranks(step: int) -> NoiseScaleReading:
+        return msgspec.structs.replace(noise(step), ranks=2)
+
+    alone = Job(size=128, half=10_000, noise=noise, on=False)
+    ranked = Job(size=128, half=10_000, noise=two_ranks, on=False)
+    for job in (alone, ranked):
+        job.autopilot.advisor.learn_probe([(b, job.step_time(b)) for b in (128, 1024, 4096)])
+        job.run(60)
+    assert alone.advice.action == "raise" and alone.advice.target > 256
+    assert ranked.advice.target < alone.advice.target
+    fact = next(r for r in ranked.advice.reasons if r.startswith("noise scale"))
+    assert "B_simple ≈ 262" in fact and "a step at 256 (128 on each of 2 ranks)" in fact

@@ -832,3 +832,27 @@ def test_peak_reserved_share_and_the_allocators_retries_and_ooms_per_gpu(tmp_pat
     assert (gpu.alloc_retries, gpu.ooms) == (12, 1)
     md = (tmp_path / "summary.md").read_text()
     assert "| 78.0 GiB (98%) | 12 · 1 |" in md
+
+
+def test_on_several_ranks_the_panel_and_the_summary_weigh_the_whole_steps_batch(summary):
+    """B_simple counts a step's examples over every rank: 20 on each of 2 ranks is a step of
+    40 against B_simple 50 (balanced); read as 20 alone it was "raise B"."""
+    from bsmon.probes.summary import recommend
+    from bsmon.tui.widgets.noise import meaning
+
+    ended = msgspec.structs.replace(
+        summary,
+        run=msgspec.structs.replace(summary.run, world_size=2),
+        b_simple=msgspec.structs.replace(summary.b_simple, end=50.0),
+        batch_size_history=[
+            msgspec.structs.replace(summary.batch_size_history[-1], batch_size=20)
+        ],
+    )
+    kinds = {n.kind for n in recommend.recommendations(ended)}
+    assert not kinds & {"batch_below_noise_scale", "batch_above_noise_scale"}
+    (compact,) = meaning(20, 50.0, compact=True, ranks=2)
+    assert compact.text.endswith(" · balanced") and compact.text.startswith("B=40 ")
+    first = meaning(20, 50.0, ranks=2)[0].text
+    assert first.startswith("at batch 40 (20 on each of 2 ranks) a step is worth ≈44%")
+    (alone,) = meaning(20, 50.0, compact=True)
+    assert alone.text.endswith(" · raise B")

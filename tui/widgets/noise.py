@@ -21,6 +21,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from bsmon.probes.wire import BALANCED, RAISE, TOO_BIG, TOO_EARLY, noise_verdict
+from bsmon.probes.wire.describe import step_batch
 from bsmon.probes.wire.protocol import Advice, Capability, MetricsPoint, NoiseScaleReading
 
 from .. import format as fmt
@@ -88,16 +89,21 @@ def estimator_text(reading: NoiseScaleReading) -> str:
 def meaning(
     batch: int | None,
     b: float,
+    *,
     bound: bool = False,
     compact: bool = False,
     advice: Advice | None = None,
+    ranks: int = 1,
 ) -> list[Line]:
-    """What B_simple = b says about a batch of ``batch`` (the paper's eqs. 2.7 and 2.11);
+    """What B_simple = b says about a batch of ``batch`` on each of ``ranks`` ranks (the
+    paper's eqs. 2.7 and 2.11: B_simple counts a step's examples, every rank's);
     ``bound``: b is only a lower bound, which says to raise a batch below it and nothing yet
     about one above it. With the advisor's answer (``advice``), the verdict on steps alone
     stands beside it, and the answer is the advisor's: it weighs the step time too."""
     if not batch:
         return [Line("a batch near B_simple balances steps against samples", priority=2)]
+    stated = step_batch(batch, ranks)
+    batch *= ranks
     worth = batch / (batch + b)
     relation = "≤" if bound else "≈"
     verdict = noise_verdict(batch, b, bound)
@@ -114,7 +120,7 @@ def meaning(
     if compact:
         answer = f"advice: {advice.headline}" if advice is not None else verdict
         return [Line(f"B={batch:,} step worth {relation}{worth:.0%} · {answer}")]
-    lines = [Line(f"at batch {batch:,} a step is worth {relation}{worth:.0%} of a noiseless step")]
+    lines = [Line(f"at batch {stated} a step is worth {relation}{worth:.0%} of a noiseless step")]
     lines.append(Line(said, priority=1))
     if not bound:
         steps, samples = 1 + b / batch, 1 + batch / b
@@ -151,7 +157,9 @@ def describe(
         lines.append(Line(headline(reading), "b"))
         if biased:
             lines.append(Line("biased: consecutive steps, for comparison only", "$error"))
-        lines.extend(meaning(batch, reading.b_simple, compact=compact, advice=advice))
+        lines.extend(
+            meaning(batch, reading.b_simple, compact=compact, advice=advice, ranks=reading.ranks)
+        )
         lines.append(Line(CITATION, "$text-muted italic", priority=2))
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
         if reading.ci_low is not None and reading.ci_high is not None:
@@ -161,7 +169,14 @@ def describe(
         lines.append(Line(f"B_simple > {value(reading.lower_bound)} (lower bound)", "b"))
         lines.append(Line("|G|² not resolved from the noise yet", "$text-muted", priority=2))
         lines.extend(
-            meaning(batch, reading.lower_bound, bound=True, compact=compact, advice=advice)
+            meaning(
+                batch,
+                reading.lower_bound,
+                bound=True,
+                compact=compact,
+                advice=advice,
+                ranks=reading.ranks,
+            )
         )
         lines.append(Line(estimator_text(reading) + tag, "$text-muted", priority=2))
     else:
@@ -238,13 +253,21 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return ticks
 
 
+def step_examples(snap: Snapshot) -> int | None:
+    """The latest step's examples over every rank: what B_simple is drawn against."""
+    latest = snap.latest
+    if latest is None or latest.batch_size is None:
+        return None
+    return latest.batch_size * (latest.noise.ranks if latest.noise is not None else 1)
+
+
 class NoiseChart(RunChart):
     """B_simple over the run on a log scale, its 95% band, and the batch size as a line."""
 
     empty_hint = "no estimate yet"
 
     def _extra_key(self, snap: Snapshot) -> object:
-        return snap.latest.batch_size if snap.latest is not None else None
+        return step_examples(snap)
 
     def series_for(self, snap: Snapshot) -> list[Series]:
         pts = noise_points(snap.points)
@@ -255,7 +278,7 @@ class NoiseChart(RunChart):
         ]
 
     def show(self, snap: Snapshot) -> None:
-        self._batch = snap.latest.batch_size if snap.latest is not None else None
+        self._batch = step_examples(snap)
         super().show(snap)
 
     def draw(self, all_series: list[Series]) -> None:
