@@ -24,7 +24,7 @@ PHASES = (
     ("data", "waiting for data", (255, 135, 0)),
     ("forward", "forward + loss", (95, 135, 255)),
     ("backward", "backward", (0, 175, 175)),
-    ("comm", "all-reduce wait", (215, 95, 215)),
+    ("comm", "collective wait", (215, 95, 215)),
     ("optimizer", "optimizer step", (95, 175, 95)),
     ("other", "other", (128, 128, 128)),
 )
@@ -54,7 +54,7 @@ def bar_lines(anatomy: StepAnatomy, width: int) -> list[str]:
         seconds = getattr(anatomy, f"{phase}_s")
         if share is None:
             if phase == "comm" and not any("communication" in n for n in anatomy.notes):
-                continue  # one device: there is no all-reduce to wait for
+                continue  # one device: there is no collective to wait for
             lines.append(f"{label:<17} [$text-muted]not measured[/]")
             continue
         bar = "█" * round(share * bar_width)

@@ -1,5 +1,6 @@
 """Every rank of a distributed job on one screen, grouped by node: compute per step, time
-waiting in the all-reduce, GPU utilization and memory; the straggler and late ranks stand out.
+waiting in the collectives, GPU utilization and memory; the straggler (with what makes it
+slow, in the agent's words) and late ranks stand out.
 
 Each rank is one cell of CELL_WIDTH columns, so 64 ranks on 8 nodes fit 120×40."""
 
@@ -64,7 +65,8 @@ def cell(
 
 def summary_line(reading: RanksReading, finished: bool = False) -> str:
     """The count of ranks and nodes (a rank never heard from has no host to count), the
-    straggler, late ranks (none once the job has finished: they ended), the global batch."""
+    straggler and what makes it slow, late ranks (none once the job has finished: they ended),
+    the global batch."""
     nodes = len({r.host for r in reading.ranks if heard(r)})
     parts = [f"[b]{reading.world_size} ranks[/b] on {nodes} node{'s' * (nodes != 1)}"]
     unheard = [f"r{r.rank}" for r in reading.ranks if not heard(r)]
@@ -76,14 +78,15 @@ def summary_line(reading: RanksReading, finished: bool = False) -> str:
         mark = "[$error]" if reading.straggler_ratio >= STRAGGLER_FLAG else ""
         parts.append(
             f"{mark}straggler r{reading.straggler} ({escape(host)}): "
-            f"{reading.straggler_ratio:.2f}× the median compute{'[/]' if mark else ''}"
+            f"{reading.straggler_ratio:.2f}× the median rank{'[/]' if mark else ''}"
         )
     late = [f"r{r.rank}" for r in reading.ranks if r.late and heard(r)]
     if late and not finished:
         parts.append(f"[$error]late: {', '.join(late)}[/]")
     if reading.global_batch_size is not None:
         parts.append(f"global batch {reading.global_batch_size:,}")
-    return " · ".join(parts) + verdicts_line(reading)
+    cause = f"\n{escape(reading.straggler_cause)}" if reading.straggler_cause else ""
+    return " · ".join(parts) + cause + verdicts_line(reading)
 
 
 def verdicts_line(reading: RanksReading) -> str:
@@ -146,6 +149,6 @@ class RanksScreen(ViewScreen):
         summary.update(summary_line(reading, finished))
         grid.update("\n".join(grid_lines(reading, self.size.width - 2, finished)))
         timing.update(
-            f"compute and wait in ms per step; wait = all-reduce time not hidden behind "
-            f"backward; {escape(reading.timing)}"
+            f"compute and wait in ms per step; wait = collective time not hidden behind "
+            f"compute; {escape(reading.timing)}"
         )

@@ -10,7 +10,7 @@ Every rank draws its own batches from a generator seeded with (seed, rank), so t
 both wraps see the same examples in the same order and, from the same initial weights, train
 the same model up to rounding. ``--attach`` calls ``attach()`` and, at the end, prints one JSON
 line per rank (or, with ``--results DIR``, writes DIR/rank<N>.json): its step and sample
-counts and its noise-scale reading. Without it the script
+counts, its noise-scale reading, its step anatomy and (rank 0) its ranks view. Without it the script
 prints only its losses (what ``bsmon run`` must leave as it is). ``--accumulate N``: N
 micro-batches of ``--batch`` examples per optimizer step, each reduced as it ends.
 """
@@ -138,6 +138,8 @@ def main() -> int:
             "samples": stats.get("samples"),
             "throughput": stats["throughput"],
             "noise": stats["noise"],
+            "anatomy": stats["anatomy"],
+            "ranks": stats["ranks"],
             "errors": stats["errors"],
             "capability": [capability.available, capability.reason],
         }

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..anatomy.collectives import CollectiveMarks
 from ..anatomy.extension import AnatomyExtension
 from ..anatomy.marks import PhaseMarks
 from ..anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
@@ -100,7 +101,9 @@ def assemble(
     ctx = mon._ctx = JobContext(mon._progress, mon._inbox.append, mon._guard, mon.session)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     mon._clock = StepClock.for_parameters(params)
-    mon._phases = PhaseMarks(mon._clock) if o.step_anatomy else None
+    fsdp2 = mon.session.world_size > 1 and distributed.fsdp2_of(model)
+    collectives = CollectiveMarks(mon._clock) if fsdp2 else None
+    mon._phases = PhaseMarks(mon._clock, collectives) if o.step_anatomy else None
     stride, stride_error = stride_from_environment()
     anatomy_sampler = AnatomySampler(
         stride, follows_rate=not os.environ.get(STRIDE_VARIABLE) or stride_error is not None
@@ -136,6 +139,7 @@ def assemble(
     ddp = distributed.ddp_of(model, params) if world_size > 1 else None
     if world_size > 1:  # in the record's header too: the step anatomy's note reads it
         mon.session.ddp = ddp is not None
+        mon.session.fsdp2 = fsdp2
     job.telemetry = Telemetry()
     job.telemetry.batch_size = o.batch_size
     job.telemetry.report = mon._guard.report
@@ -242,7 +246,9 @@ def assemble(
             mon._ctx.warn_once("anatomy_stride", stride_error)
         mon._anatomy = anatomy_extension(mon, world_size, anatomy_sampler)
         extensions.append(mon._anatomy)
+    mon._ranks = None
     if world_size > 1 and o.ranks_view and (ranks := make_ranks(mon, rank, world_size, ddp_timing)):
+        mon._ranks = ranks
         extensions.append(ranks)
     if job.batch_control is not None:
         extensions.append(BatchExtension(job.batch_control, job.telemetry, warn=ctx.warn))
@@ -378,7 +384,8 @@ def make_ranks(
             "accumulation (micro_batch_size) or fewer ranks",
         )
     placement = (socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
-    return RanksExtension(exchange, placement, rank_summary, ddp_timing)
+    fsdp2 = bool(mon.session.fsdp2)
+    return RanksExtension(exchange, placement, rank_summary, ddp_timing, fsdp2=fsdp2)
 
 
 def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) -> AnatomyExtension:
@@ -387,6 +394,7 @@ def anatomy_extension(mon: Monitor, world_size: int, sampler: AnatomySampler) ->
         mon.job.telemetry,
         world_size=world_size,
         ddp=mon.session.ddp,
+        fsdp2=mon.session.fsdp2,
         loader=mon._accounting.loader,
         device_index=device.index if device is not None else None,
         ctx=mon._ctx,

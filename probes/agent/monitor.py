@@ -201,6 +201,7 @@ class Monitor:
             "b_simple": noise.b_simple,
             "noise": {name: getattr(noise, name) for name in noise.__struct_fields__},
             "anatomy": self._anatomy.latest_dict() if self._anatomy is not None else None,
+            "ranks": self._ranks.latest_dict() if self._ranks is not None else None,  # rank 0's
             "scalars": dict(t.scalars),
             "errors": self._guard.count,
             "socket": str(self.socket_path) if self.socket_path else None,

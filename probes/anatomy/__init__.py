@@ -1,11 +1,13 @@
 """Step anatomy: where each training step's time goes — waiting for data, forward, backward,
-the optimizer, the all-reduce wait and the rest — live, on a random sample of steps, and a
+the optimizer, the collectives' wait and the rest — live, on a random sample of steps, and a
 verdict in words.
 
 Modules, one job each:
 
 - ``marks``: the training thread's O(1) signals (DataLoader batches, backward passes, the
   optimizer step) as timing marks: wall clock on a CPU, CUDA events on a GPU;
+- ``collectives``: FSDP2's calls that wait for its all-gathers and reduce-scatters, timed
+  on the sampled steps only;
 - ``sampling``: which steps are timed (one in every 4 to 12, drawn at random, fewer on
   very fast steps);
 - ``phases``: one step's marks turned into seconds per phase (agent thread);

@@ -26,6 +26,7 @@ class AnatomyExtension(Extension):
         *,
         world_size: int,
         ddp: bool | None = None,
+        fsdp2: bool | None = None,
         loader: Callable[[], LoaderFacts | None],
         device_index: int | None,
         ctx: JobContext,
@@ -37,6 +38,7 @@ class AnatomyExtension(Extension):
         self._sampler = sampler
         self._world_size = world_size
         self._ddp = ddp  # the job trains a DistributedDataParallel (distributed.ddp_of)
+        self._fsdp2 = fsdp2  # the job is sharded by FSDP2 (distributed.fsdp2_of)
         self._loader = loader
         self._device_index = device_index
         self._step = ctx.progress
@@ -71,8 +73,10 @@ class AnatomyExtension(Extension):
         reading = self._telemetry.anatomy.recent()
         if reading is None:
             return {}
-        reading.notes = anatomy_notes(reading, self._world_size, self._ddp)
-        judgement = judge(reading, self._gpu_util(metrics), self._loader())
+        reading.notes = anatomy_notes(
+            reading, self._world_size, self._ddp, self._fsdp2, self._collectives_why_not()
+        )
+        judgement = judge(reading, self._gpu_util(metrics), self._loader(), self._fsdp2)
         if self.keeper.update(judgement) and judgement is not None:
             self._announce(judgement)
         if (current := self.keeper.current) is not None:
@@ -87,6 +91,10 @@ class AnatomyExtension(Extension):
 
     def latest_dict(self) -> dict[str, Any] | None:
         return msgspec.to_builtins(self.latest) if self.latest is not None else None
+
+    def _collectives_why_not(self) -> str | None:
+        collectives = self._phases.collectives if self._phases is not None else None
+        return collectives.why_not if collectives is not None else None
 
     def _gpu_util(self, metrics: Metrics) -> float | None:
         if self._device_index is None:

@@ -15,7 +15,8 @@ on a CPU, a CUDA event recorded on the current stream on a GPU, so the phases co
 device time there without the training thread ever waiting.
 
 Only the training thread's signals count (the thread that steps the optimizer): a backward
-pass run by another thread is someone else's.
+pass run by another thread is someone else's. Under FSDP2 a fifth signal, the calls that wait
+for its collectives (``collectives``), is armed and disarmed with the others.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from ..runtime.call_watch import CallWatch
 from ..runtime.timing import Mark, StepClock
+from .collectives import CollectiveMarks, CommMark
 
 backward_calls = CallWatch(lambda: (torch.autograd, "backward"))
 
@@ -51,13 +53,16 @@ class StepMarks(NamedTuple):
     batches: int  # training batches drawn from a DataLoader in this step
     begin: Mark | None = None  # the previous step's end
     end: Mark | None = None  # this step's end
+    comm: tuple[CommMark, ...] = ()  # FSDP2's calls that waited for its collectives
+    comm_ops: tuple[CommMark, ...] = ()  # the collective calls inside them
 
 
 class PhaseMarks:
     """Collects one step's marks at a time (training thread)."""
 
-    def __init__(self, clock: StepClock) -> None:
+    def __init__(self, clock: StepClock, collectives: CollectiveMarks | None = None) -> None:
         self._clock = clock
+        self.collectives = collectives  # an FSDP2 job's; None: no collectives of its own
         self.armed = False
         self._begin: Mark | None = None
         self._thread: int | None = None
@@ -75,6 +80,8 @@ class PhaseMarks:
         """Find out whether backward passes can be seen (the wrapper goes in at ``arm``)."""
         self.why_not = backward_calls.why_not()
         self.installed = self.why_not is None
+        if self.collectives is not None:
+            self.collectives.install()
 
     def remove(self) -> None:
         self.disarm()
@@ -86,6 +93,8 @@ class PhaseMarks:
             starting = self._backward_starting if self._clock.device is not None else None
             self.why_not = backward_calls.subscribe(self._backward, starting)
             self.armed = self.why_not is None
+            if self.armed and self.collectives is not None:
+                self.collectives.arm()
         self.take(now)  # forget what came between the steps
         self._begin = self._clock.mark(now)
 
@@ -94,6 +103,8 @@ class PhaseMarks:
             starting = self._backward_starting if self._clock.device is not None else None
             backward_calls.unsubscribe(self._backward, starting)
             self.armed = False
+        if self.collectives is not None:
+            self.collectives.disarm()
 
     def batch(self, start: float, end: float) -> None:
         """A training batch arrived (its ``__next__`` ran from ``start`` to ``end``)."""
@@ -108,6 +119,7 @@ class PhaseMarks:
 
     def take(self, now: float | None = None) -> StepMarks:
         """The sampled step that just ended (``now``); the next one starts empty."""
+        comm, ops = self.collectives.take() if self.collectives is not None else ((), ())
         marks = StepMarks(
             tuple(self._passes),
             self._optimizer,
@@ -116,6 +128,8 @@ class PhaseMarks:
             self._batches,
             self._begin,
             self._clock.mark(now) if now is not None else None,
+            comm,
+            ops,
         )
         self._passes = []
         self._batch = self._optimizer = self._optimizer_t = self._begin = None

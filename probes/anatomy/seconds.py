@@ -19,7 +19,8 @@ class Phases(NamedTuple):
     backward: float
     optimizer: float | None
     other: float
-    comm: float | None = None  # the all-reduce wait, taken out of backward (DDP)
+    comm: float | None = None  # collective wait: DDP's (out of backward), FSDP2's (out of both)
+    comm_total: float | None = None  # FSDP2's collectives' own time, exposed or hidden
 
 
 class PhaseTotals(msgspec.Struct, omit_defaults=True):
@@ -34,6 +35,7 @@ class PhaseTotals(msgspec.Struct, omit_defaults=True):
     optimizer_s: float | None = None
     other_s: float = 0.0
     comm_s: float | None = None
+    comm_total_s: float | None = None
 
     def add(self, step_s: float, phases: Phases, *, steps: int = 1) -> None:
         """Count ``steps`` steps with these summed seconds in (-1: take one out again)."""
@@ -49,6 +51,8 @@ class PhaseTotals(msgspec.Struct, omit_defaults=True):
             self.optimizer_s = (self.optimizer_s or 0.0) + sign * phases.optimizer
         if phases.comm is not None:
             self.comm_s = (self.comm_s or 0.0) + sign * phases.comm
+        if phases.comm_total is not None:
+            self.comm_total_s = (self.comm_total_s or 0.0) + sign * phases.comm_total
 
     def merged(self, other: PhaseTotals | None) -> PhaseTotals:
         """These steps followed by ``other``'s, as a new total."""
@@ -61,6 +65,7 @@ class PhaseTotals(msgspec.Struct, omit_defaults=True):
                 other.optimizer_s,
                 other.other_s,
                 other.comm_s,
+                other.comm_total_s,
             )
             out.add(other.step_s, sums, steps=other.steps)
         return out

@@ -3,7 +3,8 @@
 The rules, first match wins (shares of the step's training time):
 
 - input-bound: waiting for data ≥ ``INPUT_SHARE``;
-- communication-bound: the all-reduce wait ≥ ``COMM_SHARE`` (DDP);
+- communication-bound: the collective wait ≥ ``COMM_SHARE`` (DDP's all-reduce, FSDP2's
+  all-gathers and reduce-scatters);
 - host-bound: a GPU busy less than ``HOST_GPU_UTIL`` percent, or time outside data, the model
   and the optimizer ≥ ``HOST_SHARE`` (logging, host syncs, Python between the phases);
 - compute-bound: otherwise — the model's own forward, backward and optimizer are the step.
@@ -33,18 +34,44 @@ NO_DDP = "communication: not measured (the model is not DistributedDataParallel)
 DDP_SAMPLED = "communication: DDP's own timing, sampled every 20 steps"
 DDP_NOT_YET = "communication: not sampled yet (DDP's own timing comes every 20 steps)"
 DDP_UNKNOWN = "communication: not measured (no DDP timing in these steps)"
+FSDP2_MEASURED = (
+    "communication: FSDP2's all-gathers and reduce-scatters, the time the step waits in them "
+    "(with their copies in and out), on the sampled steps"
+)
+FSDP2_NONE_SEEN = "no FSDP2 collective in these steps"
 
 
-def anatomy_notes(anatomy: StepAnatomy, world_size: int, ddp: bool | None = None) -> list[str]:
+def anatomy_notes(
+    anatomy: StepAnatomy,
+    world_size: int,
+    ddp: bool | None = None,
+    fsdp2: bool | None = None,
+    why_not: str | None = None,
+) -> list[str]:
     """What the reading does not measure, or how; ``ddp``: whether the job trains a
     DistributedDataParallel (``SessionInfo.ddp``, found by ``distributed.ddp_of``; None: not
-    known, a record from before it was kept)."""
+    known, a record from before it was kept); ``fsdp2``: whether it is sharded by FSDP2's
+    ``fully_shard`` (``SessionInfo.fsdp2``), ``why_not``: why its collectives are not seen."""
     notes = [] if anatomy.data_s is not None else [NO_LOADER]
-    if anatomy.comm_s is not None:
+    if fsdp2:
+        if anatomy.comm_s is not None:
+            notes.append(FSDP2_MEASURED)
+            if anatomy.comm_total_s:
+                notes.append(hidden_note(anatomy.comm_s, anatomy.comm_total_s))
+        else:
+            notes.append(f"communication: not measured ({why_not or FSDP2_NONE_SEEN})")
+    elif anatomy.comm_s is not None:
         notes.append(DDP_SAMPLED)
     elif world_size > 1:
         notes.append({True: DDP_NOT_YET, False: NO_DDP, None: DDP_UNKNOWN}[ddp])
     return notes
+
+
+def hidden_note(exposed_s: float, total_s: float) -> str:
+    """How much of FSDP2's collectives hides behind compute: their total less the wait (at
+    least that much: the wait includes the copies in and out)."""
+    hidden = max(0.0, total_s - exposed_s) / total_s
+    return f"collectives: {_ms(total_s)} a step in all, {hidden:.0%} of it hidden behind compute"
 
 
 class LoaderFacts(NamedTuple):
@@ -82,9 +109,13 @@ def _ms(seconds: float | None) -> str:
 
 
 def judge(
-    anatomy: StepAnatomy, gpu_util: float | None = None, loader: LoaderFacts | None = None
+    anatomy: StepAnatomy,
+    gpu_util: float | None = None,
+    loader: LoaderFacts | None = None,
+    fsdp2: bool | None = None,
 ) -> Judgement | None:
-    """The verdict on ``anatomy`` (None: too few steps split yet)."""
+    """The verdict on ``anatomy`` (None: too few steps split yet); ``fsdp2``: the collectives
+    are FSDP2's, not DDP's all-reduce."""
     if anatomy.steps < MIN_STEPS or not anatomy.step_s:
         return None
     step = _ms(anatomy.step_s)
@@ -97,13 +128,7 @@ def judge(
         )
     comm = share(anatomy.comm_s, anatomy)
     if comm >= COMM_SHARE:
-        return Judgement(
-            "communication-bound",
-            f"{comm:.0%} of each step waits for the gradient all-reduce "
-            f"({_ms(anatomy.comm_s)} of {step})",
-            "look for a slow rank (r: ranks); larger DDP buckets (bucket_cap_mb); "
-            "accumulate gradients under no_sync() to all-reduce less often",
-        )
+        return _communication_bound(comm, f"({_ms(anatomy.comm_s)} of {step})", fsdp2)
     other = share(anatomy.other_s, anatomy)
     if gpu_util is not None and gpu_util < HOST_GPU_UTIL:
         return Judgement(
@@ -134,6 +159,23 @@ def judge(
     )
 
 
+def _communication_bound(comm: float, figures: str, fsdp2: bool | None) -> Judgement:
+    if fsdp2:
+        return Judgement(
+            "communication-bound",
+            f"{comm:.0%} of each step waits for FSDP2's all-gathers and reduce-scatters {figures}",
+            "look for a slow rank (r: ranks); a larger batch per rank to spread each "
+            "collective over more examples; fully_shard fewer, larger modules; "
+            "reshard_after_forward=False to skip the backward all-gather if memory allows",
+        )
+    return Judgement(
+        "communication-bound",
+        f"{comm:.0%} of each step waits for the gradient all-reduce {figures}",
+        "look for a slow rank (r: ranks); larger DDP buckets (bucket_cap_mb); "
+        "accumulate gradients under no_sync() to all-reduce less often",
+    )
+
+
 def _input_advice(loader: LoaderFacts | None, on_gpu: bool) -> str:
     if loader is None:
         return "prepare batches ahead of the step: a DataLoader with workers (num_workers)"
@@ -153,14 +195,15 @@ def judged(
     world_size: int,
     gpu_util: float | None = None,
     ddp: bool | None = None,
+    fsdp2: bool | None = None,
 ) -> StepAnatomy | None:
     """Recorded phases read as a step anatomy with its notes and the verdict its figures
     give at once (no settling: a record or a summary, not a live reading)."""
     reading = anatomy_of(totals) if totals is not None else None
     if reading is None:
         return None
-    reading.notes = anatomy_notes(reading, world_size, ddp)
-    judgement = judge(reading, gpu_util)
+    reading.notes = anatomy_notes(reading, world_size, ddp, fsdp2)
+    judgement = judge(reading, gpu_util, fsdp2=fsdp2)
     if judgement is not None:
         reading.verdict, reading.evidence, reading.advice = judgement
     return reading

@@ -28,6 +28,7 @@ def anatomy_of(totals: PhaseTotals, clock: str = "") -> StepAnatomy | None:
         optimizer_s=per_step(totals.optimizer_s),
         other_s=per_step(totals.other_s),
         comm_s=per_step(totals.comm_s),
+        comm_total_s=per_step(totals.comm_total_s),
         clock=clock,
     )
 
@@ -48,6 +49,7 @@ def totals_of(anatomy: StepAnatomy) -> PhaseTotals:
         optimizer_s=total(anatomy.optimizer_s),
         other_s=(anatomy.other_s or 0.0) * n,
         comm_s=total(anatomy.comm_s),
+        comm_total_s=total(anatomy.comm_total_s),
     )
 
 

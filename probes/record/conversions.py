@@ -141,7 +141,7 @@ def device_reading(d: DeviceSpan) -> DeviceReading:
 
 def recorded_anatomy(span: Span, session: SessionInfo) -> StepAnatomy | None:
     """The step anatomy of a span's phases, with the verdict the live job would have given."""
-    return judged(span.phases, session.world_size, ddp=session.ddp)
+    return judged(span.phases, session.world_size, ddp=session.ddp, fsdp2=session.fsdp2)
 
 
 def run_anatomy(spans: Iterable[Span], session: SessionInfo) -> StepAnatomy | None:
@@ -150,7 +150,7 @@ def run_anatomy(spans: Iterable[Span], session: SessionInfo) -> StepAnatomy | No
     for span in spans:
         if span.phases is not None:
             totals = span.phases if totals is None else totals.merged(span.phases)
-    return judged(totals, session.world_size, ddp=session.ddp)
+    return judged(totals, session.world_size, ddp=session.ddp, fsdp2=session.fsdp2)
 
 
 def autopilot_after(reading: AutopilotReading | None, event: Event) -> AutopilotReading | None:

@@ -36,6 +36,16 @@ def ddp_of(
     return None
 
 
+def fsdp2_of(model: object) -> bool:
+    """Whether ``model`` is, or holds, a module sharded by FSDP2's ``fully_shard`` (which
+    makes the module an ``FSDPModule``); False too where this torch has no FSDP2."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

@@ -9,9 +9,11 @@ blocking receive cannot be interrupted — destroying the process group under it
 process — and a timed-out one closes the connection for good.)
 
 Where the model is DistributedDataParallel, its runtime statistics give each rank's forward
-and backward compute time and the all-reduce time not hidden behind backward: in synchronous
-data parallelism every rank's step takes as long as the slowest one's, so the straggler shows
-up in compute, and the others in waiting.
+and backward compute time and the all-reduce time not hidden behind backward; otherwise the
+step anatomy's sampled steps give them (under FSDP2 with the wait in its all-gathers and
+reduce-scatters). In synchronous data parallelism every rank's step takes as long as the
+slowest one's, so the straggler shows up in its own time (waiting for data, computing), and
+the others in waiting for it in the collectives (``straggler``).
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import torch
 import torch.distributed as dist
 
-from ..wire.protocol import Metrics, RankReading, RanksReading
+from ..wire.protocol import STRAGGLER_FLAG, Metrics, RankReading, RanksReading
 from .hot_path import NEVER
 from .service import Extension, MetricsPart
 
@@ -34,6 +36,11 @@ SEND_INTERVAL_S = 2.0
 VIEW_INTERVAL_S = 1.0
 LATE_AFTER_S = 3 * SEND_INTERVAL_S
 DDP_SAMPLE_EVERY = 20  # steps between DDP's own timing samples (and our reads of them)
+ANATOMY_TIMING = "compute = forward + backward (the step anatomy's sampled steps)"
+FSDP2_TIMING = (
+    "compute = forward + backward, wait = the time in FSDP2's all-gathers and reduce-scatters "
+    "(the step anatomy's sampled steps)"
+)
 
 FIELDS = (
     "step",
@@ -67,7 +74,7 @@ class DdpTiming:
     def reason(self) -> str:
         if self.model is not None:
             return "compute = forward + backward (DDP runtime statistics)"
-        return "compute per rank needs a DistributedDataParallel model (DDP timing)"
+        return ANATOMY_TIMING
 
     def comm_wait(self) -> float | None:
         """The all-reduce wait of DDP's latest sampled step (None: none yet, or not DDP)."""
@@ -154,18 +161,64 @@ def store_for(serial: int) -> Any:
     return dist.PrefixStore(f"bsmon/ranks/{serial}/", distributed_c10d._get_default_store())
 
 
-def straggler(readings: Sequence[RankReading]) -> tuple[int | None, float | None]:
-    """The rank with the most compute per step, and its compute over the median rank's."""
-    timed = [
-        (r.forward_s + r.backward_s, r.rank)
-        for r in readings
-        if r.forward_s is not None and r.backward_s is not None and not r.late
-    ]
+class Straggler(NamedTuple):
+    rank: int | None
+    ratio: float | None  # its own time over the median rank's
+    cause: str | None = None  # what makes it slow, in words (None: nothing stands out)
+
+
+def straggler(readings: Sequence[RankReading]) -> Straggler:
+    """The rank the others wait for: the most time of its own per step (waiting for data and
+    computing; waiting in the collectives is waiting for the others), its own time over the
+    median rank's, and what makes it slow (``cause_of``)."""
+    timed = [r for r in readings if compute_of(r) is not None and not r.late]
     if len(timed) < 2:
-        return None, None
-    median = statistics.median(compute for compute, _ in timed)
-    compute, rank = max(timed)
-    return rank, compute / median if median > 0 else None
+        return Straggler(None, None)
+    median = statistics.median(map(own_time, timed))
+    slowest = max(timed, key=lambda r: (own_time(r), r.rank))
+    ratio = own_time(slowest) / median if median > 0 else None
+    return Straggler(slowest.rank, ratio, cause_of(slowest, timed, ratio))
+
+
+def compute_of(rank: RankReading) -> float | None:
+    if rank.forward_s is None or rank.backward_s is None:
+        return None
+    return rank.forward_s + rank.backward_s
+
+
+def own_time(rank: RankReading) -> float:
+    """A rank's time per step that is its own: computing and waiting for its data."""
+    return (compute_of(rank) or 0.0) + (rank.data_s or 0.0)
+
+
+def cause_of(slowest: RankReading, timed: Sequence[RankReading], ratio: float | None) -> str | None:
+    """What makes the slowest rank slow, in words: data wait or compute, whichever puts it
+    further above the median rank, where its own time stands out (``STRAGGLER_FLAG``); where
+    none does and the ranks wait longer in their collectives than they compute, the
+    collective wait; else None."""
+    compute = statistics.median(compute_of(r) or 0.0 for r in timed)
+    data = statistics.median(r.data_s or 0.0 for r in timed)
+    if ratio is not None and ratio >= STRAGGLER_FLAG:
+        extra_data = (slowest.data_s or 0.0) - data
+        if extra_data > (compute_of(slowest) or 0.0) - compute:
+            seconds, median, what = slowest.data_s, data, "data wait"
+        else:
+            seconds, median, what = compute_of(slowest), compute, "compute"
+        return (
+            f"r{slowest.rank} is slow in {what}: {_ms(seconds)} a step against the median "
+            f"rank's {_ms(median)}"
+        )
+    waits = [r.comm_wait_s for r in timed if r.comm_wait_s is not None]
+    if len(waits) == len(timed) and (wait := statistics.median(waits)) > max(compute, data):
+        return (
+            f"no rank stands out: every rank waits {_ms(wait)} a step in its collectives, "
+            f"more than it computes ({_ms(compute)}); the collectives themselves are slow"
+        )
+    return None
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{(seconds or 0.0) * 1e3:.1f} ms"
 
 
 class RanksExtension(Extension):
@@ -177,11 +230,14 @@ class RanksExtension(Extension):
         placement: tuple[str, int],
         summary: Callable[[Metrics], dict[str, Any]],
         timing: DdpTiming,
+        *,
+        fsdp2: bool = False,
     ) -> None:
         self._exchange = exchange
         self._host, self._local_rank = placement
         self._summary = summary
         self._timing = timing
+        self._fsdp2 = fsdp2  # the wait is FSDP2's, from the step anatomy
         self._sequence = 0
         self._own: dict[str, Any] = {}
         self._last = 0.0
@@ -200,9 +256,11 @@ class RanksExtension(Extension):
         if now - self._last >= interval:  # the first call always passes (_last is 0)
             self._last = now
             self._sequence += 1
+            timing = self._timing
+            timed = timing.latest if timing.model is not None else anatomy_timing(metrics)
             self._own = {
                 **self._summary(metrics),
-                **self._timing.latest,
+                **timed,
                 "seq": self._sequence,
                 "host": self._host,
                 "local_rank": self._local_rank,
@@ -216,6 +274,10 @@ class RanksExtension(Extension):
         """The exchange's thread stops."""
         self._exchange.close()
 
+    def latest_dict(self) -> dict[str, Any] | None:
+        """Rank 0's last view (None elsewhere, or before one is made)."""
+        return msgspec.to_builtins(self._reading) if self._reading is not None else None
+
     def reading(self, now: float) -> RanksReading:
         exchange = self._exchange
         readings = [self._rank_reading(0, self._own, 0.0)]
@@ -226,14 +288,18 @@ class RanksExtension(Extension):
                 continue
             at, values = heard
             readings.append(self._rank_reading(peer, values, now - at))
-        slowest, ratio = straggler(readings)
+        slowest = straggler(readings)
         sizes = [r.batch_size for r in readings if r.batch_size is not None]
+        timing = self._timing.reason
+        if self._timing.model is None and self._fsdp2:
+            timing = FSDP2_TIMING
         return RanksReading(
             world_size=exchange.world_size,
             ranks=readings,
-            straggler=slowest,
-            straggler_ratio=ratio,
-            timing=self._timing.reason,
+            straggler=slowest.rank,
+            straggler_ratio=slowest.ratio,
+            straggler_cause=slowest.cause,
+            timing=timing,
             global_batch_size=sum(sizes) if len(sizes) == exchange.world_size else None,
         )
 
@@ -248,6 +314,19 @@ class RanksExtension(Extension):
             late=age > LATE_AFTER_S,
             **fields,
         )
+
+
+def anatomy_timing(metrics: Metrics) -> dict[str, float | None]:
+    """A rank's compute and collective wait from its step anatomy (a job without DDP: FSDP2's
+    wait, or none; the anatomy's forward and backward exclude the wait)."""
+    anatomy = metrics.anatomy
+    if anatomy is None:
+        return {}
+    return {
+        "forward_s": anatomy.forward_s,
+        "backward_s": anatomy.backward_s,
+        "comm_wait_s": anatomy.comm_s,
+    }
 
 
 def rank_summary(metrics: Metrics) -> dict[str, Any]:

@@ -448,7 +448,7 @@ class SummaryBuilder:
         utils = [d.util_mean_percent for d in devices if d.util_mean_percent is not None]
         session = self.header.session
         gpu_util = max(utils) if utils else None
-        return judged(self.phases, session.world_size, gpu_util, session.ddp)
+        return judged(self.phases, session.world_size, gpu_util, session.ddp, session.fsdp2)
 
     def _run(self, end_time: float) -> Run:
         s = self.header.session

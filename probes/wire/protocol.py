@@ -53,6 +53,9 @@ class SessionInfo(msgspec.Struct):
     # a distributed job's model is (or holds) a DistributedDataParallel; None: one process,
     # or not known
     ddp: bool | None = None
+    # a distributed job's model is sharded by FSDP2's fully_shard; None: not known (a record
+    # from before it was kept), or one process
+    fsdp2: bool | None = None
     zero_code: bool = False  # attached by `bsmon run`: the loss is what backward() is called on
 
 
@@ -108,7 +111,8 @@ class StepAnatomy(msgspec.Struct, omit_defaults=True):
     forward_s: float | None = None  # from the batch (or the previous step) to backward
     backward_s: float | None = None  # backward compute (without the all-reduce wait)
     optimizer_s: float | None = None  # optimizer.step()
-    comm_s: float | None = None  # the all-reduce wait not hidden behind backward (DDP)
+    comm_s: float | None = None  # collective wait not hidden: DDP's all-reduce, FSDP2's
+    comm_total_s: float | None = None  # FSDP2's collectives' own time, hidden or not
     other_s: float | None = None
     clock: str = ""  # "wall clock" or "CUDA events"
     notes: list[str] = msgspec.field(default_factory=list)
@@ -401,7 +405,7 @@ class RankReading(msgspec.Struct, omit_defaults=True):
     memory_total_bytes: int | None = None
     forward_s: float | None = None
     backward_s: float | None = None
-    comm_wait_s: float | None = None  # all-reduce time not overlapped with backward compute
+    comm_wait_s: float | None = None  # collective time not hidden behind compute (DDP, FSDP2)
     data_s: float | None = None  # waiting for data per step (step anatomy)
     verdict: Verdict | None = None  # the rank's step-anatomy verdict
     age_s: float | None = None  # since rank 0 last heard from it
@@ -416,8 +420,11 @@ class RanksReading(msgspec.Struct, omit_defaults=True):
 
     world_size: int
     ranks: list[RankReading] = msgspec.field(default_factory=list)
-    straggler: int | None = None  # the rank with the most compute per step
-    straggler_ratio: float | None = None  # its compute over the median rank's (STRAGGLER_FLAG)
+    straggler: int | None = None  # the rank with the most time of its own (data wait + compute)
+    straggler_ratio: float | None = None  # its own time over the median rank's (STRAGGLER_FLAG)
+    # what makes it slow, in words: "rN is slow in compute: …" (or data wait), or, where no
+    # rank stands out and the ranks wait longer in their collectives than they compute, that
+    straggler_cause: str | None = None
     timing: str = ""  # how compute was measured, or why it was not
     global_batch_size: int | None = None
 

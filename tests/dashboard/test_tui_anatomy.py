@@ -45,7 +45,7 @@ async def test_t_opens_the_view_with_the_verdict_bars_and_chart_and_t_closes_it(
         assert verdict.startswith("input-bound: 31% of each step waits for data")
         assert "num_workers" in verdict
         bars = str(screen.query_one("#anatomy-bars", Static).render())
-        assert "waiting for data" in bars and "all-reduce" not in bars  # one device
+        assert "waiting for data" in bars and "collective wait" not in bars  # one device
         assert screen.query_one(PhaseChart)._drawn[0] > 100  # every history point drawn
         await pilot.press("t")
         await pilot.pause(0.1)
@@ -67,12 +67,13 @@ async def test_a_job_without_a_breakdown_says_what_it_needs():
         assert "bound" not in str(app.screen.query_one("#batch", Static).render())
 
 
-def test_bars_say_not_measured_and_keep_the_all_reduce_for_distributed_jobs():
+def test_bars_say_not_measured_and_keep_the_collective_wait_for_distributed_jobs():
     anatomy = anatomy_reading(3000, 0.04)
     anatomy.data_s = None
     lines = bar_lines(anatomy, 80)
     assert any(line.startswith("waiting for data") and "not measured" in line for line in lines)
-    assert not any("all-reduce" in line for line in lines)
+    assert not any("collective wait" in line for line in lines)
     anatomy.notes = ["communication: not measured (the model is not DistributedDataParallel)"]
-    assert any("all-reduce" in line and "not measured" in line for line in bar_lines(anatomy, 80))
+    lines = bar_lines(anatomy, 80)
+    assert any("collective wait" in line and "not measured" in line for line in lines)
     assert headline(protocol.StepAnatomy()) is None

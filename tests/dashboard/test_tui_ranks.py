@@ -22,7 +22,8 @@ async def test_r_opens_the_ranks_view_of_a_distributed_job():
         await pilot.pause(0.2)
         summary = text_of(app, "#ranks-summary")
         assert "64 ranks on 8 nodes" in summary
-        assert "straggler r37 (gpu-node-4): 1.27× the median compute" in summary
+        assert "straggler r37 (gpu-node-4): 1.27× the median rank" in summary
+        assert "r37 is slow in compute: 41.5 ms a step" in summary  # the agent's words
         assert "late: r12" in summary and "global batch 8,192" in summary
         grid = text_of(app, "#ranks-grid")
         assert grid.count("gpu-node-") == 8

@@ -56,9 +56,9 @@ def test_the_straggler_is_the_rank_with_the_most_compute():
     readings = [RankReading(rank=r, forward_s=0.01, backward_s=0.02) for r in range(4)]
     readings[2] = RankReading(rank=2, forward_s=0.04, backward_s=0.02)
     readings.append(RankReading(rank=4, forward_s=9.0, backward_s=9.0, late=True))  # ignored
-    rank, ratio = straggler(readings)
+    rank, ratio, _ = straggler(readings)
     assert rank == 2 and ratio == pytest.approx(0.06 / 0.03)
-    assert straggler(readings[:1]) == (None, None)
+    assert straggler(readings[:1]) == (None, None, None)
 
 
 def latest_ranks(conn: JobConnection) -> protocol.RanksReading | None:
