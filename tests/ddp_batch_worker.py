@@ -1,9 +1,11 @@
 """One rank of a two-process DDP job (gloo, CPU) for the batch-control tests.
 
 Rank 0 asks for a new batch size at step 5; every rank writes (step, batch size, loader batch
-length) per step to OUT as JSON. With ``autopilot`` as a fifth argument, the autopilot steers
-instead (switched on at every rank: rank 0's decides), on ten noisy classes until a change it
-asked for has been applied and 20 steps more, and every rank writes its learning rate too.
+length) per step to OUT as JSON. With ``fsdp2`` as a fifth argument, the model is sharded with
+``fully_shard`` instead of wrapped in DDP. With ``autopilot`` as a fifth argument, the
+autopilot steers instead (switched on at every rank: rank 0's decides), on ten noisy classes
+until a change it asked for has been applied and 20 steps more, and every rank writes its
+learning rate too.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bsmon.probes import attach
 
 
-def main(rank: int, world: int, init_file: str, out: str) -> None:
+def main(rank: int, world: int, init_file: str, out: str, wrap: str = "ddp") -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = DDP(nn.Linear(4, 1))
+    model = DDP(nn.Linear(4, 1)) if wrap == "ddp" else fully_shard(nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     dataset = torch.utils.data.TensorDataset(torch.randn(4000, 4))
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=False)
@@ -94,5 +97,8 @@ def autopilot(rank: int, world: int, init_file: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    run = autopilot if sys.argv[5:] == ["autopilot"] else main
-    run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    rank, world, init, out, *mode = sys.argv[1:]
+    if mode == ["autopilot"]:
+        autopilot(int(rank), int(world), init, out)
+    else:
+        main(int(rank), int(world), init, out, *mode)

@@ -1,5 +1,5 @@
 """Two DDP ranks (real processes, gloo on CPU) switch batch size at the same step: asked for
-at rank 0, and decided by rank 0's autopilot."""
+at rank 0, and decided by rank 0's autopilot; two FSDP2 ranks (``fully_shard``) likewise."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def two_ranks(processes, tmp_path, *mode: str) -> list[dict]:
     return [json.loads(out.read_text()) for out in outs]
 
 
-def test_two_ranks_switch_at_the_same_step(bsmon_dir, processes, tmp_path):
-    logs = two_ranks(processes, tmp_path)
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_two_ranks_switch_at_the_same_step(wrap, bsmon_dir, processes, tmp_path):
+    logs = two_ranks(processes, tmp_path, wrap)
     sizes = [[entry["batch_size"] for entry in log["log"]] for log in logs]
     assert sizes[0] == sizes[1]  # every rank, every step, the same batch size
     switch_steps = [next(e["step"] for e in log["log"] if e["batch_size"] == 16) for log in logs]
