@@ -844,9 +844,7 @@ def test_on_several_ranks_the_panel_and_the_summary_weigh_the_whole_steps_batch(
         summary,
         run=msgspec.structs.replace(summary.run, world_size=2),
         b_simple=msgspec.structs.replace(summary.b_simple, end=50.0),
-        batch_size_history=[
-            msgspec.structs.replace(summary.batch_size_history[-1], batch_size=20)
-        ],
+        batch_size_history=[msgspec.structs.replace(summary.batch_size_history[-1], batch_size=20)],
     )
     kinds = {n.kind for n in recommend.recommendations(ended)}
     assert not kinds & {"batch_below_noise_scale", "batch_above_noise_scale"}
