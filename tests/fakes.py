@@ -22,6 +22,8 @@ class FakeGpu:
     reserved_peak: int = 38 << 30
     alloc_retries: int = 0
     ooms: int = 0
+    clock_reasons: int = 0  # NVML's clock event reasons bitmask (0x1: idle)
+    sm_clock_mhz: int = 1980
     failing: dict[str, str] = field(default_factory=dict)  # NVML function -> error text
 
 
@@ -67,6 +69,12 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> object:
         return self._call("nvmlDeviceGetPowerUsage", gpu, gpu.power_mw)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, gpu: FakeGpu) -> object:
+        return self._call("nvmlDeviceGetCurrentClocksEventReasons", gpu, gpu.clock_reasons)
+
+    def nvmlDeviceGetClockInfo(self, gpu: FakeGpu, _clock: int) -> object:
+        return self._call("nvmlDeviceGetClockInfo", gpu, gpu.sm_clock_mhz)
 
 
 class FakeCuda:

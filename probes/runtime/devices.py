@@ -91,6 +91,29 @@ class Nvml:
                 self._ready = False
 
 
+# NVML's clock event reasons (nvml.h: nvmlClocksEventReason*; the query's newer name first,
+# older pynvml releases have only the other); the ones that slow a GPU that has work, in
+# words. An idle GPU's, an application clock setting's and sync boost's are not a slowdown.
+CLOCK_REASONS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+SLOWDOWNS = (
+    (0x4, "power cap"),
+    (0x8, "hardware slowdown"),
+    (0x20, "thermal (software)"),
+    (0x40, "thermal (hardware)"),
+    (0x80, "power brake"),
+)
+NVML_CLOCK_SM = 1
+
+
+def throttle_reasons(mask: int) -> str | None:
+    """The slowdowns in NVML's reasons ``mask``, in words; None when there are none."""
+    said = [words for bit, words in SLOWDOWNS if mask & bit]
+    return ", ".join(said) if said else None
+
+
 def _nvml_error_text(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text.removeprefix("NVMLError_")
@@ -218,6 +241,12 @@ class DeviceSampler:
             reading.memory_total_bytes = int(memory.total)
         reading.temperature_c = float(temperature) if temperature is not None else None
         reading.power_w = power_mw / 1000.0 if power_mw is not None else None
+        reasons_fn = next((f for f in CLOCK_REASONS if hasattr(nvml, f)), None)
+        if reasons_fn is not None and (mask := query(reasons_fn)) is not None:
+            reading.throttled = throttle_reasons(int(mask))
+            if reading.throttled is not None:
+                clock = query("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
+                reading.sm_clock_mhz = float(clock) if clock is not None else None
         if failures:
             self._handles.pop(index, None)  # a lost GPU gets a fresh handle next time
             reading.error = "NVML: " + "; ".join(failures)

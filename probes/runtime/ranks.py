@@ -57,6 +57,9 @@ FIELDS = (
     "comm_wait_s",
     "data_s",
     "verdict",
+    "throttled",
+    "sm_clock_mhz",
+    "power_w",
 )
 
 
@@ -206,7 +209,7 @@ def cause_of(slowest: RankReading, timed: Sequence[RankReading], ratio: float | 
             seconds, median, what = compute_of(slowest), compute, "compute"
         return (
             f"r{slowest.rank} is slow in {what}: {_ms(seconds)} a step against the median "
-            f"rank's {_ms(median)}"
+            f"rank's {_ms(median)}{_throttling(slowest)}"
         )
     waits = [r.comm_wait_s for r in timed if r.comm_wait_s is not None]
     if len(waits) == len(timed) and (wait := statistics.median(waits)) > max(compute, data):
@@ -215,6 +218,16 @@ def cause_of(slowest: RankReading, timed: Sequence[RankReading], ratio: float | 
             f"more than it computes ({_ms(compute)}); the collectives themselves are slow"
         )
     return None
+
+
+def _throttling(rank: RankReading) -> str:
+    """The rank's GPU held down by NVML's reasons, with its clock and power, if it is."""
+    if rank.throttled is None:
+        return ""
+    at = [f"{rank.sm_clock_mhz:.0f} MHz" if rank.sm_clock_mhz is not None else None]
+    at.append(f"{rank.power_w:.0f} W" if rank.power_w is not None else None)
+    figures = ", ".join(x for x in at if x)
+    return f"; its GPU is throttled ({rank.throttled}{': ' + figures if figures else ''})"
 
 
 def _ms(seconds: float | None) -> str:
@@ -345,4 +358,7 @@ def rank_summary(metrics: Metrics) -> dict[str, Any]:
         "util_percent": device.util_percent if device else None,
         "memory_used_bytes": device.memory_used_bytes if device else None,
         "memory_total_bytes": device.memory_total_bytes if device else None,
+        "throttled": device.throttled if device else None,
+        "sm_clock_mhz": device.sm_clock_mhz if device else None,
+        "power_w": device.power_w if device else None,
     }

@@ -88,6 +88,10 @@ class DeviceReading(msgspec.Struct, omit_defaults=True):
     alloc_retries: int | None = None
     ooms: int | None = None
     error: str | None = None
+    # NVML's reasons the clocks are held down now, in words ("power cap, thermal"); None when
+    # they are not (or NVML cannot say), and the SM clock they are at
+    throttled: str | None = None
+    sm_clock_mhz: float | None = None
 
 
 class HostReading(msgspec.Struct, omit_defaults=True):
@@ -408,6 +412,9 @@ class RankReading(msgspec.Struct, omit_defaults=True):
     comm_wait_s: float | None = None  # collective time not hidden behind compute (DDP, FSDP2)
     data_s: float | None = None  # waiting for data per step (step anatomy)
     verdict: Verdict | None = None  # the rank's step-anatomy verdict
+    throttled: str | None = None  # its GPU's clocks held down, and why (DeviceReading's)
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
     age_s: float | None = None  # since rank 0 last heard from it
     late: bool = False
 

@@ -90,6 +90,19 @@ async def test_the_allocators_peak_reserved_share_and_its_retries_fit_the_device
     assert wide == "rsvd peak 77.6 GiB ([$error]97%[/]) · [$warning]12 retries[/]"
 
 
+async def test_a_throttled_gpu_says_why_and_at_what_clock_in_the_devices_panel(monkeypatch):
+    (healthy,) = scripted.gpu_devices()
+    held = msgspec.structs.replace(healthy, throttled="power cap", sm_clock_mhz=1410.0)
+    monkeypatch.setattr(scripted, "gpu_devices", lambda: [held])
+    app = scripted.scripted_app(gpu=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await dashboard_ready(pilot)
+        devices = text_of(app, "#devices")
+        assert "throttled: power cap · 1410 MHz" in devices
+        panel = app.screen.query_one("#devices")
+        assert max(map(len, devices.splitlines())) <= panel.content_size.width
+
+
 async def test_no_gpu_state_says_why():
     app = scripted_app(gpu=False)
     async with app.run_test(size=(80, 24)) as pilot:

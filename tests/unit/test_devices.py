@@ -175,3 +175,20 @@ def test_a_torch_without_the_allocator_counters_leaves_them_na():
     (device,) = DeviceSampler(Nvml(FakeNvml([FakeGpu()])), Bare([FakeGpu()])).sample().devices
     assert device.torch_reserved_peak_bytes is None and device.alloc_retries is None
     assert device.torch_reserved_bytes == 36 << 30 and device.error is None
+
+
+@pytest.mark.parametrize(
+    ("mask", "said"),
+    [
+        (0x0, None),
+        (0x1, None),  # idle: not a slowdown
+        (0x4, "power cap"),
+        (0x4 | 0x40 | 0x10, "power cap, thermal (hardware)"),  # sync boost is not one either
+    ],
+)
+def test_nvml_says_when_the_clocks_are_held_down_and_at_what_clock(mask, said):
+    gpu = FakeGpu(clock_reasons=mask, sm_clock_mhz=1410)
+    (device,) = DeviceSampler(Nvml(FakeNvml([gpu])), FakeCuda([gpu])).sample().devices
+    assert device.throttled == said
+    assert device.sm_clock_mhz == (1410.0 if said else None)
+    assert device.error is None

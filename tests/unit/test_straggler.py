@@ -4,6 +4,7 @@ them)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from bsmon.probes.runtime.ranks import anatomy_timing, straggler
@@ -54,3 +55,13 @@ def test_without_ddp_a_ranks_compute_and_wait_come_from_its_step_anatomy():
     assert anatomy_timing(metrics) == {}
     metrics.anatomy = anatomy
     assert anatomy_timing(metrics) == {"forward_s": 0.02, "backward_s": 0.03, "comm_wait_s": 0.14}
+
+
+def test_a_slow_ranks_throttled_gpu_is_named_with_its_clock_and_power():
+    slow = msgspec.structs.replace(
+        rank(1, compute=0.060, wait=0.001), throttled="power cap", sm_clock_mhz=1410, power_w=699
+    )
+    found = straggler([rank(0), slow, rank(2), rank(3)])
+    assert found.cause.endswith("; its GPU is throttled (power cap: 1410 MHz, 699 W)")
+    calm = straggler([rank(0), rank(1, compute=0.060, wait=0.001), rank(2), rank(3)])
+    assert "throttled" not in calm.cause

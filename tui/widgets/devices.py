@@ -105,6 +105,10 @@ def device_lines(device: DeviceReading, width: int) -> list[str]:
     ]
     if (allocator := allocator_line(device, width)) is not None:
         lines.append(allocator)
+    if device.throttled is not None:  # left out when not: as the allocator's line
+        clock = f" · {device.sm_clock_mhz:.0f} MHz" if device.sm_clock_mhz is not None else ""
+        said = truncate(f"throttled: {device.throttled}{clock}", width)
+        lines.append(f"[$warning]{escape(said)}[/]")
     if device.error:
         lines.append(f"[$text-muted]n/a — {escape(device.error)}[/]")
     return lines
