@@ -1,0 +1,67 @@
+"""How long one micro-batch's re-gather takes in a sharded job (FSDP2) that grows its batch by
+gradient accumulation: measured where the step anatomy times the all-gather, else estimated
+from the bytes gathered per micro-batch (``Footprint.per_micro_batch``) at an assumed
+bandwidth, which the reason states.
+
+An all-gather over n ranks moves (n-1)/n of the gathered bytes into each rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..units import bytes_
+from ..wire.protocol import StepAnatomy
+from .footprint import Footprint
+from .goodput import Regather
+
+# bytes per second an all-gather brings into each rank, assumed when none is measured:
+# NCCL within a node reaches 100+ GB/s, across nodes a few tens; gloo on a CPU about 1 GB/s
+ASSUMED_BANDWIDTH = {"cuda": 25e9, "cpu": 1e9}
+
+
+class RegatherCost:
+    """The re-gather's price per micro-batch for the advisor's step-time model."""
+
+    def __init__(
+        self,
+        footprint: Callable[[], Footprint | None],
+        *,
+        micro_batch: Callable[[], int | None],
+        world_size: int,
+        device_type: str,
+        anatomy: Callable[[], StepAnatomy | None] = lambda: None,
+    ) -> None:
+        self._footprint = footprint
+        self._micro_batch = micro_batch
+        self._world = world_size
+        self._bandwidth = ASSUMED_BANDWIDTH.get(device_type, ASSUMED_BANDWIDTH["cuda"])
+        self._device_type = device_type
+        self._anatomy = anatomy
+
+    def at(self, size: int) -> Regather | None:
+        """The price, counted from ``size`` (the current batch); None where growing adds no
+        re-gather: no accumulation, nothing sharded, or the job keeps its parameters whole."""
+        micro, footprint = self._micro_batch(), self._footprint()
+        if not micro or footprint is None or footprint.shards < 2:
+            return None
+        if footprint.per_micro_batch <= 0:
+            return None
+        base = max(1, size // micro)
+        measured = self._measured(base)
+        if measured is not None:
+            return Regather(micro, base, measured, "measured: the step anatomy's all-gather")
+        moved = footprint.per_micro_batch * (self._world - 1) / self._world
+        return Regather(
+            micro,
+            base,
+            moved / self._bandwidth,
+            f"estimated: {bytes_(footprint.per_micro_batch)} gathered per micro-batch at an "
+            f"assumed {self._bandwidth / 1e9:g} GB/s on {self._device_type} (no all-gather "
+            "time measured)",
+        )
+
+    def _measured(self, micro_batches: int) -> float | None:
+        """One micro-batch's all-gather seconds, from the anatomy's per-step time."""
+        per_step = getattr(self._anatomy(), "all_gather_s", None)
+        return per_step / micro_batches if per_step else None

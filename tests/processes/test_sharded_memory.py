@@ -1,0 +1,53 @@
+"""A sharded job's memory on real ranks (FSDP2, 2 gloo ranks under torchrun,
+workloads/sharded_job.py): batch control's memory model reads each rank's footprint from its
+shards, and the probe, which cannot model a sharded job, says why in its answer, in what the
+dashboard greys ``p`` with, and in the record."""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+import pytest
+
+from bsmon.probes.maxbatch.job import SHARDED
+
+from .test_noise_sharded import attached_run, marked  # noqa: F401 (marked: its fixture)
+
+
+@pytest.mark.slow
+def test_each_ranks_footprint_is_its_shards_and_the_probe_says_why_it_cannot_run(
+    processes,
+    marked,  # noqa: F811 (the fixture imported above)
+    bsmon_dir,
+):
+    ranks = attached_run(
+        processes, marked, "fsdp2", "--steps", "20", "--optimizer", "adam", "--memory"
+    )
+    memory = [rank["memory"] for rank in ranks]
+    whole, block = memory[0]["whole_bytes"], memory[0]["block_bytes"]
+    for counted in memory:
+        footprint = counted["footprint"]
+        assert footprint is not None, counted
+        # this rank's shards (p.to_local()), never the whole model's size
+        assert footprint["parameters"] == footprint["gradients"] == counted["local_bytes"]
+        assert footprint["optimizer"] == counted["state_bytes"] > 2 * counted["local_bytes"]
+        assert footprint["shards"] == 2
+        # the largest group gathered whole: a block; each micro-batch after a step's first
+        # gathers each block twice (forward and backward: resharded after each), the root's
+        # own parameters once (FSDP2 keeps the root's whole from forward to backward)
+        assert footprint["gathered"] == block
+        assert footprint["per_micro_batch"] == 2 * 2 * block + (whole - 2 * block)
+        assert counted["probe_blocked"] == SHARDED
+    assert sum(counted["local_bytes"] for counted in memory) == whole
+    status, error = memory[0]["probe"]
+    assert status == "refused" and error.endswith(SHARDED)
+    assert memory[1]["probe"][0] == "refused"  # rank 1 sends probes to rank 0's monitor
+    rank0 = min((bsmon_dir / "records").glob("*.jsonl"))  # the same time, rank 0's pid first
+    lines = [msgspec.json.decode(line) for line in rank0.read_bytes().splitlines()]
+    said = [line for line in lines if line.get("kind") == "probe_unavailable"]
+    assert [line["message"] for line in said] == [SHARDED]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
