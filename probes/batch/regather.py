@@ -16,8 +16,9 @@ from .footprint import Footprint
 from .goodput import Regather
 
 # bytes per second an all-gather brings into each rank, assumed when none is measured:
-# NCCL within a node reaches 100+ GB/s, across nodes a few tens; gloo on a CPU about 1 GB/s
-ASSUMED_BANDWIDTH = {"cuda": 25e9, "cpu": 1e9}
+# NCCL reaches 100+ GB/s within a node, a few tens across nodes; gloo between 2 ranks on one
+# busy host here, 0.4 GB/s (1-16 MiB gathered)
+ASSUMED_BANDWIDTH = {"cuda": 25e9, "cpu": 0.5e9}
 
 
 class RegatherCost:

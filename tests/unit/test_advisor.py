@@ -8,7 +8,7 @@ import pytest
 from bsmon.probes.batch.autopilot_holds import THRESHOLD
 from bsmon.probes.batch.footprint import Footprint
 from bsmon.probes.batch.goodput import break_even, goodput_gain
-from bsmon.probes.batch.regather import RegatherCost
+from bsmon.probes.batch.regather import ASSUMED_BANDWIDTH, RegatherCost
 from bsmon.probes.wire.describe import describe_advice
 from bsmon.probes.wire.protocol import NoiseScaleReading
 
@@ -140,11 +140,12 @@ def test_an_answer_that_flips_at_the_threshold_window_by_window_is_not_said_each
     assert advice_events(job) == []  # ... and none was news
 
 
-def sharded_job(gathered_per_micro_batch: int) -> Job:
+def sharded_job(regather_s: float) -> Job:
     """Micro-batches of 32, two per step (64), sharded over 2 ranks: each micro-batch more
-    gathers the given bytes again (half of them from the other rank, at the CPU's assumed
-    1 GB/s)."""
-    footprint = Footprint(1, 1, 1, gathered=1, per_micro_batch=gathered_per_micro_batch, shards=2)
+    gathers again the bytes that take ``regather_s`` at the CPU's assumed bandwidth (half of
+    them come from the other rank)."""
+    gathered = round(2 * regather_s * ASSUMED_BANDWIDTH["cpu"])
+    footprint = Footprint(1, 1, 1, gathered=1, per_micro_batch=gathered, shards=2)
     regather = RegatherCost(
         lambda: footprint, micro_batch=lambda: 32, world_size=2, device_type="cpu"
     )
@@ -159,7 +160,7 @@ def test_a_sharded_job_growing_by_accumulation_pays_the_regather_and_says_so():
     """Growing 64 → 128 adds two micro-batches of 5 ms of re-gather each: the gain predicted
     is the unsharded job's with 10 ms more in the step, and the autopilot's event says so."""
     plain = Job(size=64, micro_batch_size=32, half=10_000, noise=NOISE).run(40)
-    sharded = sharded_job(10_000_000).run(40)
+    sharded = sharded_job(0.005).run(40)
     grew, grew_sharded = plain.decisions("grow")[0], sharded.decisions("grow")[0]
     assert (grew.old, grew.new) == (grew_sharded.old, grew_sharded.new) == (64, 128)
     t64 = plain.step_time(64)  # one size measured: half of it taken as fixed (B½ = 64)
@@ -171,12 +172,12 @@ def test_a_sharded_job_growing_by_accumulation_pays_the_regather_and_says_so():
     assert PRICE in grew_sharded.note and not grew.note
     event = next(e for e in sharded.events if e.kind == "autopilot")
     assert PRICE in event.message and "+10.0 ms a step" in event.message
-    assert "assumed 1 GB/s on cpu" in event.message
+    assert f"assumed {ASSUMED_BANDWIDTH['cpu'] / 1e9:g} GB/s on cpu" in event.message
 
 
 def test_a_regather_that_eats_the_gain_holds_the_size_and_says_its_price():
     """At 20 ms a micro-batch the 1.32× an unsharded job predicts falls to 1.04×: stay."""
-    job = sharded_job(40_000_000).run(40)
+    job = sharded_job(0.020).run(40)
     assert not job.decisions() and job.advice.action == "stay"
     assert job.advice.reasons[0].startswith("holding at 64: 128 predicted 1.04×")
     assert PRICE in job.advice.reasons[0] and "+40.0 ms a step" in job.advice.reasons[0]
