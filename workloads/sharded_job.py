@@ -14,7 +14,8 @@ counts and its noise-scale reading. Without it the script
 prints only its losses (what ``bsmon run`` must leave as it is). ``--accumulate N``: N
 micro-batches of ``--batch`` examples per optimizer step, each reduced as it ends.
 ``--memory`` (with ``--attach``) adds what batch control read of the rank's memory footprint
-beside the same figures counted here from the model, and what ``mon.probe()`` answered.
+beside the same figures counted here from the model, what ``mon.probe()`` answered, and (rank
+0) the advisor's price of one more micro-batch; ``--micro`` attaches in accumulation mode.
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ def memory_report(mon: Monitor, model: nn.Module, optimizer: torch.optim.Optimiz
         time.sleep(0.1)
     footprint = control.host_memory.footprint
     probe = mon.probe()
+    advisor = mon.job.autopilot.advisor if mon.job.autopilot is not None else None  # rank 0
+    regather = advisor.regather.at(control.size) if advisor and advisor.regather else None
     return {
+        "regather": dataclasses.asdict(regather) if regather is not None else None,
         "footprint": dataclasses.asdict(footprint) if footprint is not None else None,
         "local_bytes": sum(_nbytes(p.to_local()) for p in model.parameters()),
         "whole_bytes": sum(_nbytes(p) for p in model.parameters()),
@@ -140,6 +144,9 @@ def main() -> int:
     parser.add_argument("--noise", default="auto", help="attach()'s noise_scale")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--memory", action="store_true", help="with --attach: footprint, probe")
+    parser.add_argument(
+        "--micro", action="store_true", help="attach in accumulation mode: micro-batches of --batch"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -156,7 +163,15 @@ def main() -> int:
 
         name = f"sharded-{args.wrap}"
         per_step = args.batch * args.accumulate
-        mon = attach(model, optimizer, batch_size=per_step, name=name, noise_scale=args.noise)
+        micro = args.batch if args.micro else None
+        mon = attach(
+            model,
+            optimizer,
+            batch_size=per_step,
+            micro_batch_size=micro,
+            name=name,
+            noise_scale=args.noise,
+        )
     text = corpus()
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     for step in range(args.steps):

@@ -64,7 +64,7 @@ class Advisor:
     ) -> None:
         self._control = controller
         self._declared_half = declared_half
-        self._regather = regather
+        self.regather = regather
         self.start_size = controller.size  # the run's: never below it
         self.out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self.latest: Advice | None = None
@@ -99,8 +99,8 @@ class Advisor:
         self._note_divergence(control.watch.latest)
         estimate = resolved(self._noise)
         model = fit_step_time(control.watch.sizes, self._declared_half, self._probe_half)
-        if model is not None and self._regather is not None:
-            model = model.with_regather(self._regather.at(current))
+        if model is not None and self.regather is not None:
+            model = model.with_regather(self.regather.at(current))
         self.model = model
         self.hold = None
         memory = self._memory_reason()

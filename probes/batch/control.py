@@ -429,7 +429,6 @@ class BatchController:
         if sample is self._sample_seen or stale:
             return
         self._sample_seen = sample
-        self._read_footprint(step)
         peaks = [d.torch_peak_bytes for d in sample.devices if d.torch_peak_bytes]
         if peaks:
             self.memory.observe(self.loader_size, max(peaks), step - self._switch_step)
@@ -437,12 +436,15 @@ class BatchController:
         elif (rss := sample.host.rss_bytes) is not None:  # the CPU: the process's memory
             self.host_memory.observe(self.loader_size, rss, step - self._switch_step)
             self.host_budget = rss + host_available()
+        self._read_footprint(step)
 
     def _read_footprint(self, step: int) -> None:
-        if self._footprint is None or step < 1:
+        """Once (a failure is the guard's to report, and is not tried again)."""
+        read = self._footprint
+        if read is None or step < 1:
             return
-        footprint, self._footprint = self._footprint(), None
-        self.memory.footprint = self.host_memory.footprint = footprint
+        self._footprint = None
+        self.memory.footprint = self.host_memory.footprint = read()
 
     @property
     def sampled_since_switch(self) -> bool:

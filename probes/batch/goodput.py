@@ -13,7 +13,8 @@
 - **The re-gather** (``Regather``): a sharded job (FSDP2) growing by gradient accumulation
   gathers its parameters again in every micro-batch; where the line was not measured at two
   sizes it cannot know that, so each micro-batch more than the current size's adds its
-  all-gather time to ``t(B)`` (and each one fewer takes it off).
+  all-gather time to ``t(B)``. A smaller size is left to the line: an estimate above the
+  share of the measured step it stands for would predict a step of no time at all.
 
 Only ratios matter to a decision, so every function here returns one.
 """
@@ -44,7 +45,7 @@ class Regather:
     how: str
 
     def extra_s(self, size: float) -> float:
-        return (math.ceil(size / self.micro_batch) - self.base) * self.seconds
+        return max(0, math.ceil(size / self.micro_batch) - self.base) * self.seconds
 
     def price(self, size: int) -> str:
         more = math.ceil(size / self.micro_batch) - self.base
@@ -84,7 +85,7 @@ class StepTimeModel:
 
     def price(self, new: int, old: int) -> str | None:
         """What growing from ``old`` to ``new`` costs beyond the line (None: nothing)."""
-        if self.regather is None or new <= old or self.regather.extra_s(new) <= 0:
+        if self.regather is None or new <= old or not self.regather.extra_s(new):
             return None
         return "the price of growing by accumulation: " + self.regather.price(new)
 

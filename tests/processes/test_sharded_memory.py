@@ -1,7 +1,8 @@
 """A sharded job's memory on real ranks (FSDP2, 2 gloo ranks under torchrun,
-workloads/sharded_job.py): batch control's memory model reads each rank's footprint from its
-shards, and the probe, which cannot model a sharded job, says why in its answer, in what the
-dashboard greys ``p`` with, and in the record."""
+workloads/sharded_job.py, in accumulation mode: two micro-batches of 16 a step): batch
+control's memory model reads each rank's footprint from its shards; the probe, which cannot
+model a sharded job, says why in its answer, in what the dashboard greys ``p`` with, and in
+the record; the advisor prices one more micro-batch's re-gather from the bytes gathered."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import msgspec
 import pytest
 
+from bsmon.probes.batch.regather import ASSUMED_BANDWIDTH
 from bsmon.probes.maxbatch.job import SHARDED
 
 from .test_noise_sharded import attached_run, marked  # noqa: F401 (marked: its fixture)
@@ -21,9 +23,9 @@ def test_each_ranks_footprint_is_its_shards_and_the_probe_says_why_it_cannot_run
     marked,  # noqa: F811 (the fixture imported above)
     bsmon_dir,
 ):
-    ranks = attached_run(
-        processes, marked, "fsdp2", "--steps", "20", "--optimizer", "adam", "--memory"
-    )
+    args = ("--steps", "20", "--accumulate", "2", "--micro", "--optimizer", "adam", "--memory")
+    ranks = attached_run(processes, marked, "fsdp2", *args)
+    assert [rank["samples"] for rank in ranks] == [20 * 2 * 16] * 2
     memory = [rank["memory"] for rank in ranks]
     whole, block = memory[0]["whole_bytes"], memory[0]["block_bytes"]
     for counted in memory:
@@ -40,13 +42,23 @@ def test_each_ranks_footprint_is_its_shards_and_the_probe_says_why_it_cannot_run
         assert footprint["per_micro_batch"] == 2 * 2 * block + (whole - 2 * block)
         assert counted["probe_blocked"] == SHARDED
     assert sum(counted["local_bytes"] for counted in memory) == whole
+    regather = memory[0]["regather"]  # the advisor's, on rank 0: half the bytes come from rank 1
+    gathered = memory[0]["footprint"]["per_micro_batch"]
+    assert (regather["micro_batch"], regather["base"]) == (16, 2)
+    assert regather["seconds"] == pytest.approx(gathered / 2 / ASSUMED_BANDWIDTH["cpu"])
+    assert (
+        regather["how"].startswith("estimated: ")
+        and "no all-gather time measured" in (regather["how"])
+    )
     status, error = memory[0]["probe"]
     assert status == "refused" and error.endswith(SHARDED)
     assert memory[1]["probe"][0] == "refused"  # rank 1 sends probes to rank 0's monitor
-    rank0 = min((bsmon_dir / "records").glob("*.jsonl"))  # the same time, rank 0's pid first
-    lines = [msgspec.json.decode(line) for line in rank0.read_bytes().splitlines()]
-    said = [line for line in lines if line.get("kind") == "probe_unavailable"]
-    assert [line["message"] for line in said] == [SHARDED]
+    said = {}  # rank -> the messages of its probe_unavailable events
+    for record in (bsmon_dir / "records").glob("*.jsonl"):
+        header, *lines = map(msgspec.json.decode, record.read_bytes().splitlines())
+        kind = [line["message"] for line in lines if line.get("kind") == "probe_unavailable"]
+        said[header["session"]["rank"]] = kind
+    assert said == {0: [SHARDED], 1: []}  # rank 0, which takes the probe command, says it
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def test_a_sharded_jobs_time_per_example_at_two_micro_batches_exceeds_the_unshar
     extra = sharded.step_time(128) / 128 - unsharded.step_time(128) / 128
     assert extra == pytest.approx(0.02 / 128)
     assert sharded.step_time(64) == unsharded.step_time(64)  # the size it measured
+    assert sharded.step_time(32) == unsharded.step_time(32)  # a smaller size: the line's
     assert sharded.speed_ratio(128, 64) < unsharded.speed_ratio(128, 64)
     assert sharded.speed_ratio(128, 64) == pytest.approx((128 / 0.17) / (64 / 0.1))
     price = sharded.price(128, 64)
