@@ -20,11 +20,10 @@ from .seen_step import SeenStep
 PRECISION = "the probe: the job's precision"
 CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
 SHARDED = (
-    "the probe cannot model a sharded job (its parameters are DTensors: FSDP2): its sidecar "
-    "runs outside the job's process group, where the model could only be rebuilt whole, and "
-    "would measure another job's memory; step the batch up with + instead: each size a rank "
-    "runs feeds batch control's memory model (this rank's shards, fitted per size), which "
-    "asks first where a size may not fit"
+    "the probe cannot model a sharded job (FSDP2: its parameters are DTensors): its sidecar, "
+    "outside the job's process group, could only rebuild the model whole and would measure "
+    "another job's memory; step up with + instead: batch control's memory model, fitted per "
+    "rank from each size the job runs, asks first where a size may not fit"
 )
 
 
