@@ -1,7 +1,8 @@
 """How long one micro-batch's re-gather takes in a sharded job (FSDP2) that grows its batch by
-gradient accumulation: measured where the step anatomy times the all-gather, else estimated
-from the bytes gathered per micro-batch (``Footprint.per_micro_batch``) at an assumed
-bandwidth, which the reason states.
+gradient accumulation: measured where the step anatomy times FSDP2's collectives (the wait
+they add to a step, ``comm_s``, over its micro-batches: each gathers and reduce-scatters
+alike), else estimated from the bytes gathered per micro-batch (``Footprint.per_micro_batch``)
+at an assumed bandwidth, which the reason states.
 
 An all-gather over n ranks moves (n-1)/n of the gathered bytes into each rank.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..units import bytes_
+from ..units import bytes_, duration
 from ..wire.protocol import StepAnatomy
 from .footprint import Footprint
 from .goodput import Regather
@@ -49,9 +50,15 @@ class RegatherCost:
         if footprint.per_micro_batch <= 0:
             return None
         base = max(1, size // micro)
-        measured = self._measured(base)
-        if measured is not None:
-            return Regather(micro, base, measured, "measured: the step anatomy's all-gather")
+        wait = getattr(self._anatomy(), "comm_s", None)  # a sampled step's, when measured
+        if wait:
+            return Regather(
+                micro,
+                base,
+                wait / base,
+                f"measured: FSDP2's collective wait in the step anatomy, {duration(wait)} a "
+                f"step of {base} micro-batch{'es' if base != 1 else ''}",
+            )
         moved = footprint.per_micro_batch * (self._world - 1) / self._world
         return Regather(
             micro,
@@ -61,8 +68,3 @@ class RegatherCost:
             f"assumed {self._bandwidth / 1e9:g} GB/s on {self._device_type} (no all-gather "
             "time measured)",
         )
-
-    def _measured(self, micro_batches: int) -> float | None:
-        """One micro-batch's all-gather seconds, from the anatomy's per-step time."""
-        per_step = getattr(self._anatomy(), "all_gather_s", None)
-        return per_step / micro_batches if per_step else None
