@@ -10,10 +10,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from bsmon.probes.batch.advisor import Advisor
 from bsmon.probes.batch.autopilot import Autopilot
 from bsmon.probes.batch.control import BatchController
 from bsmon.probes.batch.extension import AdvisorExtension, AutopilotExtension
 from bsmon.probes.batch.policy import BatchPolicy
+from bsmon.probes.batch.regather import RegatherCost
 from bsmon.probes.runtime.devices import DeviceSample
 from bsmon.probes.runtime.fault_guard import FaultGuard
 from bsmon.probes.wire.protocol import (
@@ -56,9 +58,12 @@ class Job:
         epoch_steps: int = 100,
         scheduler_every: int | None = None,
         plain_step_s: float | None = None,
+        micro_batch_size: int | None = None,
+        regather: RegatherCost | None = None,
     ) -> None:
         """``scheduler_every``: ``scheduler.step()`` every that many steps (an epoch is
-        ``epoch_steps`` steps of its DataLoader)."""
+        ``epoch_steps`` steps of its DataLoader); ``micro_batch_size``: accumulation mode;
+        ``regather``: the advisor's price of growing by accumulation (a sharded job)."""
         self.step, self.t = 0, 1000.0
         self.scheduler, self.scheduler_every = scheduler, scheduler_every
         self.half, self.c, self.noise = half, c, noise or tight(1000.0)
@@ -66,8 +71,8 @@ class Job:
         self.optimizer = optimizer or torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
         self.control = BatchController(
             initial=size,
-            policy=BatchPolicy(max_size=max_size),
-            micro_batch_size=None,
+            policy=BatchPolicy(max_size=max_size, multiple_of=micro_batch_size or 1),
+            micro_batch_size=micro_batch_size,
             optimizer=self.optimizer,
             lr_scaling=lr_scaling,
             scheduler=scheduler,
@@ -89,6 +94,7 @@ class Job:
             declared_half=declared_half,
             epochs=lambda: self.step // epoch_steps + 1,
             plain_step_s=lambda: plain_step_s,
+            advisor=Advisor(self.control, declared_half=declared_half, regather=regather),
         )
         self.samples_asked: list[int] = []
         self.extension = AutopilotExtension(

@@ -13,15 +13,21 @@ line per rank (or, with ``--results DIR``, writes DIR/rank<N>.json): its step an
 counts, its noise-scale reading, its step anatomy and (rank 0) its ranks view. Without it the script
 prints only its losses (what ``bsmon run`` must leave as it is). ``--accumulate N``: N
 micro-batches of ``--batch`` examples per optimizer step, each reduced as it ends.
+``--memory`` (with ``--attach``) adds what batch control read of the rank's memory footprint
+beside the same figures counted here from the model, what ``mon.probe()`` answered, and (rank
+0) the advisor's price of one more micro-batch; ``--micro`` attaches in accumulation mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -31,6 +37,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "corpus"))
 
 from gpt import Block  # the corpus GPT's block: attention, MLP, LayerNorm
+
+if TYPE_CHECKING:
+    from bsmon.probes.agent.monitor import Monitor
 
 VOCAB = 24
 
@@ -85,6 +94,40 @@ def wrap(model: nn.Module, how: str) -> nn.Module:
     return model
 
 
+def memory_report(mon: Monitor, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Batch control's reading of this rank's footprint (read by bsmon's agent thread once a
+    step has run and a memory sample came: waited for here, up to 60 s), the same bytes
+    counted here, and the probe's answer."""
+    control = mon.job.batch_control
+    deadline = time.monotonic() + 60
+    while control.host_memory.footprint is None and time.monotonic() < deadline:
+        mon.flush()  # a tick of the agent thread, which reads memory samples as they come
+        time.sleep(0.1)
+    footprint = control.host_memory.footprint
+    probe = mon.probe()
+    advisor = mon.job.autopilot.advisor if mon.job.autopilot is not None else None  # rank 0
+    regather = advisor.regather.at(control.size) if advisor and advisor.regather else None
+    return {
+        "regather": dataclasses.asdict(regather) if regather is not None else None,
+        "footprint": dataclasses.asdict(footprint) if footprint is not None else None,
+        "local_bytes": sum(_nbytes(p.to_local()) for p in model.parameters()),
+        "whole_bytes": sum(_nbytes(p) for p in model.parameters()),
+        "state_bytes": sum(
+            _nbytes(v.to_local() if hasattr(v, "to_local") else v)
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ),
+        "block_bytes": sum(_nbytes(p) for p in model.blocks[0].parameters()),
+        "probe": [probe.status, probe.error],
+        "probe_blocked": mon.job.prober.reading().blocked,
+    }
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -99,20 +142,36 @@ def main() -> int:
     parser.add_argument("--attach", action="store_true")
     parser.add_argument("--results", default=None, help="with --attach: a folder for them")
     parser.add_argument("--noise", default="auto", help="attach()'s noise_scale")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--memory", action="store_true", help="with --attach: footprint, probe")
+    parser.add_argument(
+        "--micro", action="store_true", help="attach in accumulation mode: micro-batches of --batch"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     model = wrap(TinyLM(), args.wrap)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    if args.optimizer == "adam":
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     mon = None
     if args.attach:
         from bsmon.probes import attach
 
         name = f"sharded-{args.wrap}"
         per_step = args.batch * args.accumulate
-        mon = attach(model, optimizer, batch_size=per_step, name=name, noise_scale=args.noise)
+        micro = args.batch if args.micro else None
+        mon = attach(
+            model,
+            optimizer,
+            batch_size=per_step,
+            micro_batch_size=micro,
+            name=name,
+            noise_scale=args.noise,
+        )
     text = corpus()
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     for step in range(args.steps):
@@ -126,6 +185,7 @@ def main() -> int:
         optimizer.zero_grad()
         if rank == 0 and step % 50 == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
+    memory = memory_report(mon, model, optimizer) if mon is not None and args.memory else None
     if mon is not None:
         mon.flush()
         capability = mon._noise.capability
@@ -142,6 +202,7 @@ def main() -> int:
             "ranks": stats["ranks"],
             "errors": stats["errors"],
             "capability": [capability.available, capability.reason],
+            "memory": memory,
         }
         if args.results:  # torchrun's ranks share one stdout, where long lines interleave
             Path(args.results, f"rank{rank}.json").write_text(json.dumps(result))

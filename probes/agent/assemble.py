@@ -22,6 +22,7 @@ from ..anatomy.collectives import CollectiveMarks
 from ..anatomy.extension import AnatomyExtension
 from ..anatomy.marks import PhaseMarks
 from ..anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
+from ..batch.advisor import Advisor
 from ..batch.autopilot import Autopilot
 from ..batch.control import BatchController
 from ..batch.extension import (
@@ -31,8 +32,11 @@ from ..batch.extension import (
     register_autopilot,
 )
 from ..batch.extension import register_commands as register_batch_commands
+from ..batch.footprint import footprint_of
 from ..batch.oom_recovery import OomRecovery
 from ..batch.policy import BatchPolicy
+from ..batch.regather import RegatherCost
+from ..maxbatch.job import SHARDED as SHARDED_PROBE
 from ..maxbatch.job import ProbeSource, device_free
 from ..maxbatch.runner import ProbeExtension, ProbeRunner
 from ..noise import NoiseExtension, NoiseScale
@@ -253,7 +257,7 @@ def assemble(
     if job.batch_control is not None:
         extensions.append(BatchExtension(job.batch_control, job.telemetry, warn=ctx.warn))
     sampler = PeriodicSampler(DeviceSampler(), o.sample_interval_s)
-    job.autopilot = make_autopilot(mon, rank, o.autopilot_half_batch)
+    job.autopilot = make_autopilot(mon, rank, world_size, o.autopilot_half_batch)
     if job.autopilot is not None:
         extensions.append(
             AutopilotExtension(
@@ -330,6 +334,7 @@ def make_batch_control(
         sync=distributed.StepSync(group, rank) if group is not None else None,
         rank=rank,
         wake=lambda: mon._hot.wake(),  # noqa: PLW0108 (mon._hot is made later)
+        footprint=lambda: footprint_of(mon.job.model, mon.job.optimizer),
     )
     register_batch_commands(mon.job.router, controller)
     if rank != 0:
@@ -338,8 +343,11 @@ def make_batch_control(
     return controller
 
 
-def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Autopilot | None:
-    """The autopilot, off until switched on (rank 0 decides for every rank)."""
+def make_autopilot(
+    mon: Monitor, rank: int, world_size: int, declared_half: float | None
+) -> Autopilot | None:
+    """The autopilot, off until switched on (rank 0 decides for every rank), and the advisor
+    it acts on."""
     control = mon.job.batch_control
     if control is None or rank != 0:
         why = (
@@ -355,12 +363,26 @@ def make_autopilot(mon: Monitor, rank: int, declared_half: float | None) -> Auto
         noise_refusal=lambda: None if noise.capability.available else noise.capability.reason,
         emit=mon._ctx.emit,
         step=mon._progress,
-        declared_half=declared_half,
         plain_step_s=lambda: noise.budget.plain_step_s,
         epochs=lambda: mon._accounting.training_epochs,
+        advisor=Advisor(
+            control, declared_half=declared_half, regather=regather_cost(mon, world_size)
+        ),
     )
     register_autopilot(mon.job.router, autopilot)
     return autopilot
+
+
+def regather_cost(mon: Monitor, world_size: int) -> RegatherCost:
+    control, anatomy = mon.job.batch_control, mon._anatomy
+    assert control is not None
+    return RegatherCost(
+        lambda: control.memory.footprint,
+        micro_batch=lambda: control.micro,
+        world_size=world_size,
+        device_type=mon._clock.device.type if mon._clock.device is not None else "cpu",
+        anatomy=lambda: anatomy.latest if anatomy is not None else None,
+    )
 
 
 def make_ranks(
@@ -421,6 +443,8 @@ def make_prober(mon: Monitor, rank: int) -> ProbeRunner:
     if rank != 0:
         mon.job.router.disable("probe", "send probe commands to rank 0's monitor")
     else:
+        if source.sharded:  # said once, so the record says why no probe ran
+            mon._ctx.emit(protocol.Event(time.time(), 0, "probe_unavailable", SHARDED_PROBE))
         mon.job.router.register(
             "probe", lambda command: runner.start(command.memory_budget, command.timeout_s)
         )  # type: ignore[attr-defined]

@@ -14,11 +14,12 @@ Modules, one job each:
   that trained well);
 - ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and
   whether the loss held, or diverged and perhaps recovered (``loss_watch``);
-- ``memory_model``: the job's peak memory per batch size, fitted by a line;
+- ``memory_model``: the job's peak memory per batch size, fitted by a line; ``footprint``:
+  what a rank holds whatever its batch (under FSDP2 its shards, and the groups gathered whole);
 - ``advisor``: the one answer to "which batch size?" (memory, step time, the noise scale's
   efficiency, the guards), which every surface shows; its model (``goodput``: step time
-  fitted per size, efficiency from the noise scale) and the rules that hold a size
-  (``autopilot_holds``);
+  fitted per size, efficiency from the noise scale; ``regather``: a sharded job's price of
+  growing by accumulation) and the rules that hold a size (``autopilot_holds``);
 - ``autopilot``: acts on the advisor's answer, switched on by the user; the gain it claims
   (``gain_claim``), whether the job moves the learning rate itself (``lr_owner``);
 - ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator;

@@ -5,7 +5,9 @@ It joins, once per metrics window, what bsmon knows about the job:
 - **memory**: the sizes measured or predicted to fit (an OOM, the probe, the memory model:
   ``BatchController.fit_reason``); a size that may not fit is never advised;
 - **step time** ``t(B)``, measured at the sizes the job ran (``goodput.fit_step_time``), its
-  shape from the probe's step times while the job has run one size;
+  shape from the probe's step times while the job has run one size; for a sharded job that
+  grows by accumulation, the re-gather of its parameters in each micro-batch more
+  (``regather``), a price its reasons state;
 - **efficiency** from the noise scale B_simple with its 95% interval: growth reads the
   interval's cautious side, shrinking the other (``Estimate.for_growth``, ``Estimate.high``);
 - **the guards**: one change goes at most 2× from the last size that trained well (the rule
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 import threading
 
-from ..units import count
+from ..units import count, duration
 from ..wire.describe import noise_verdict, step_batch
 from ..wire.protocol import Advice, BatchChange, Confidence, NoiseScaleReading
 from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for
@@ -34,14 +36,15 @@ from .goodput import (
     Estimate,
     StepTimeModel,
     break_even,
+    efficiency_ratio,
     fit_step_time,
     optimum,
     probe_half_batch,
     resolved,
     unresolved_reason,
 )
-from .goodput import goodput_gain as gain_of
 from .loss_watch import DIVERGED
+from .regather import RegatherCost
 from .safety import ratio_reason
 
 NARROW = 2.0  # an interval whose ends are within this ratio: B_simple is well measured
@@ -52,9 +55,16 @@ class Advisor:
     """One recommendation per metrics window, from the controller's measurements and the
     latest noise reading; ``latest`` is the last one made."""
 
-    def __init__(self, controller: BatchController, *, declared_half: float | None = None) -> None:
+    def __init__(
+        self,
+        controller: BatchController,
+        *,
+        declared_half: float | None = None,
+        regather: RegatherCost | None = None,
+    ) -> None:
         self._control = controller
         self._declared_half = declared_half
+        self.regather = regather
         self.start_size = controller.size  # the run's: never below it
         self.out_of_reach: int | None = None  # a size whose loss diverged, and all above
         self.latest: Advice | None = None
@@ -88,9 +98,10 @@ class Advisor:
         current = control.size
         self._note_divergence(control.watch.latest)
         estimate = resolved(self._noise)
-        self.model = model = fit_step_time(
-            control.watch.sizes, self._declared_half, self._probe_half
-        )
+        model = fit_step_time(control.watch.sizes, self._declared_half, self._probe_half)
+        if model is not None and self.regather is not None:
+            model = model.with_regather(self.regather.at(current))
+        self.model = model
         self.hold = None
         memory = self._memory_reason()
         if (back := self._back(current, step, memory)) is not None:
@@ -118,8 +129,8 @@ class Advisor:
         target = self._clamp(wanted)
         up_sizes, up_stop = self._walk(current, "up")
         down_sizes, down_stop = self._walk(current, "down")
-        up = self._best(up_sizes, current, grown_on, half)
-        down = self._best(down_sizes, current, estimate.high, half)
+        up = self._best(up_sizes, current, grown_on, model)
+        down = self._best(down_sizes, current, estimate.high, model)
         facts = [self._noise_fact(current, estimate), step_time_fact(model), memory]
         for action, (size, gain) in (("raise", up), ("lower", down)):
             if size is not None and gain > THRESHOLD:
@@ -129,7 +140,9 @@ class Advisor:
                 )
                 if target != size:
                     deciding += f"; heading toward {target:,}, one change at a time"
-                edge = break_even(size, current, half, THRESHOLD)
+                if (price := model.price(size, current)) is not None:
+                    deciding += f"; {price}"
+                edge = _break_even(size, current, model)
                 side = "below" if action == "raise" else "above"
                 change = f"B_simple {side} ≈ {count(edge)}" if edge else "a new step-time reading"
                 return Advice(
@@ -161,7 +174,7 @@ class Advisor:
             rule=hold.rule,
             reasons=[hold.text, *filter(None, facts)],
             confidence=confidence(estimate, model),
-            would_change=self._what_would_move(current, up, down, half, estimate),
+            would_change=self._what_would_move(current, up, down, model, estimate),
             target=target,
             headline=f"stay at {current:,}",
             why=hold.short.removeprefix("holds: "),
@@ -173,13 +186,13 @@ class Advisor:
         current: int,
         up: tuple[int | None, float],
         down: tuple[int | None, float],
-        half: float,
+        model: StepTimeModel,
         estimate: Estimate,
     ) -> str:
         said = []
-        if up[0] is not None and (edge := break_even(up[0], current, half, THRESHOLD)):
+        if up[0] is not None and (edge := _break_even(up[0], current, model)):
             said.append(f"B_simple above ≈ {count(edge)} would make {up[0]:,} pay")
-        if down[0] is not None and (edge := break_even(down[0], current, half, THRESHOLD)):
+        if down[0] is not None and (edge := _break_even(down[0], current, model)):
             said.append(f"below ≈ {count(edge)}, {down[0]:,}")
         if not said:
             return "a size within one change that fits and is allowed"
@@ -252,10 +265,12 @@ class Advisor:
         return within, stop
 
     @staticmethod
-    def _best(sizes: list[int], current: int, phi: float, half: float) -> tuple[int | None, float]:
+    def _best(
+        sizes: list[int], current: int, phi: float, model: StepTimeModel
+    ) -> tuple[int | None, float]:
         best: tuple[int | None, float] = (None, 0.0)
         for size in sizes:
-            gain = gain_of(size, current, phi=phi, half=half)
+            gain = model.speed_ratio(size, current) * efficiency_ratio(size, current, phi)
             if gain > best[1]:
                 best = (size, gain)
         return best
@@ -289,14 +304,25 @@ class Advisor:
         return f"memory: up to {ceiling:,} ({why})"
 
 
+def _break_even(new: int, old: int, model: StepTimeModel) -> float | None:
+    return break_even(new, old, model.half_batch, THRESHOLD, model.speed_ratio(new, old))
+
+
 def step_time_fact(model: StepTimeModel) -> str:
     half = model.half_batch
     if not math.isfinite(half):
-        return f"step time: a larger batch costs no more per step ({model.how})"
-    return (
-        f"step time: throughput is half its limit at B½ ≈ {count(half)} ({model.how}); "
-        "past it, a larger batch buys ever less speed"
-    )
+        fact = f"step time: a larger batch costs no more per step ({model.how})"
+    else:
+        fact = (
+            f"step time: throughput is half its limit at B½ ≈ {count(half)} ({model.how}); "
+            "past it, a larger batch buys ever less speed"
+        )
+    if (regather := model.regather) is not None:
+        fact += (
+            f"; each micro-batch more re-gathers the sharded parameters "
+            f"(+{duration(regather.seconds)}, {regather.how})"
+        )
+    return fact
 
 
 def confidence(estimate: Estimate, model: StepTimeModel) -> Confidence:

@@ -269,6 +269,9 @@ class Autopilot:
     def _ask(self, kind: str, size: int, gain: float, estimate: Estimate, half: float) -> None:
         control, step, old = self._control, self._step(), self._control.size
         reason = f"{kind} toward {self._target:,}: {gain:.2f}× progress per second predicted"
+        price = self._model.price(size, old) if self._model is not None else None
+        if price is not None:
+            reason += f" ({price})"
         try:
             control.request(size, confirm=True, reason=reason, source=SOURCE)
         except CommandRefused as exc:
@@ -287,6 +290,7 @@ class Autopilot:
                 half_batch=half if math.isfinite(half) else None,
                 target=self._target,
                 predicted_gain=gain,
+                note=price or "",
             )
         )
         self.waiting = f"asked for {size} at step {step:,}"
@@ -309,6 +313,8 @@ class Autopilot:
                 f"{decision.target}; {decision.predicted_gain:.2f}× progress per second "
                 f"predicted{so_far})"
             )
+            if decision.note:  # the re-gather's price, when it grew by accumulation sharded
+                text += f"; {decision.note}"
         data = {"decision": msgspec.to_builtins(decision), "claimed_gain": claimed}
         self._emit(
             Event(t=decision.t, step=decision.step, kind="autopilot", message=text, data=data)

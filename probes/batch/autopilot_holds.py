@@ -104,6 +104,8 @@ def hold_for(
     )
     if "assumed" in model.how:
         text += f" (B½ taken as {count(model.half_batch)}: one size measured so far)"
+    if (price := model.price(size, current)) is not None:
+        text += f"; {price}"
     return Hold("threshold", text, f"holds: {shown}× < {THRESHOLD:g}×")
 
 

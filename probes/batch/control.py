@@ -36,6 +36,7 @@ from ..wire.protocol import (
     Metrics,
 )
 from ..wire.routing import CommandRefused
+from .footprint import Footprint
 from .lr_scaling import NoFactor, describe, lr_factor, owned_by_scheduler, rescale, rule_for
 from .memory_model import MemoryModel
 from .policy import BatchPolicy
@@ -79,7 +80,10 @@ class BatchController:
         sync: StepSync | None = None,
         rank: int = 0,
         wake: Callable[[], None] = lambda: None,
+        footprint: Callable[[], Footprint] | None = None,
     ) -> None:
+        """``footprint``: what the job holds whatever its batch (read once, on the agent
+        thread, after the first step has made the optimizer's state)."""
         self.size = initial
         self.micro = micro_batch_size
         self.policy = policy
@@ -124,6 +128,7 @@ class BatchController:
         self._switch_time = time.time()
         self._switch_step = 0
         self._sample_seen: DeviceSample | None = None  # the sampler's latest, once observed
+        self._footprint = footprint
 
     # -- sizes ------------------------------------------------------------------------------
 
@@ -431,6 +436,15 @@ class BatchController:
         elif (rss := sample.host.rss_bytes) is not None:  # the CPU: the process's memory
             self.host_memory.observe(self.loader_size, rss, step - self._switch_step)
             self.host_budget = rss + host_available()
+        self._read_footprint(step)
+
+    def _read_footprint(self, step: int) -> None:
+        """Once (a failure is the guard's to report, and is not tried again)."""
+        read = self._footprint
+        if read is None or step < 1:
+            return
+        self._footprint = None
+        self.memory.footprint = self.host_memory.footprint = read()
 
     @property
     def sampled_since_switch(self) -> bool:

@@ -10,6 +10,11 @@
   efficiency). Steps to a target scale as ``1 + φ/B``.
 - **Goodput** = throughput × efficiency. With ``t(B) = c(B½ + B)`` its maximum is at
   ``B* = √(B½·φ)`` (research/autopilot.md F8).
+- **The re-gather** (``Regather``): a sharded job (FSDP2) growing by gradient accumulation
+  gathers its parameters again in every micro-batch; where the line was not measured at two
+  sizes it cannot know that, so each micro-batch more than the current size's adds its
+  all-gather time to ``t(B)``. A smaller size is left to the line: an estimate above the
+  share of the measured step it stands for would predict a step of no time at all.
 
 Only ratios matter to a decision, so every function here returns one.
 """
@@ -18,22 +23,48 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..units import count
+from ..units import count, duration
 from ..wire.protocol import NONE_WILL_COME, NoiseScaleReading
 from .verdict import SizeThroughput
 
 MIN_WINDOWS = 1  # metrics windows at a size (besides SETTLE_STEPS steps) before it is a point
+FITTED = "fitted from"  # a line through sizes the job ran: it holds what they cost
+
+
+@dataclass(frozen=True)
+class Regather:
+    """The price of growing by accumulation under sharding: ``seconds`` of all-gather in each
+    micro-batch of ``micro_batch`` examples, counted from ``base`` micro-batches per step (the
+    current size's); ``how``: measured, or estimated and on what assumption."""
+
+    micro_batch: int
+    base: int
+    seconds: float
+    how: str
+
+    def extra_s(self, size: float) -> float:
+        return max(0, math.ceil(size / self.micro_batch) - self.base) * self.seconds
+
+    def price(self, size: int) -> str:
+        more = math.ceil(size / self.micro_batch) - self.base
+        return (
+            f"{more} more micro-batch{'es' if more != 1 else ''} of {self.micro_batch:,} per "
+            f"step, each gathering the sharded parameters again: +{duration(more * self.seconds)}"
+            f" a step ({duration(self.seconds)} each, {self.how})"
+        )
 
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """``t(B) = intercept_s + per_sample_s·B``; ``how`` says where its shape came from."""
+    """``t(B) = intercept_s + per_sample_s·B``, plus the re-gather where it applies; ``how``
+    says where its shape came from."""
 
     intercept_s: float
     per_sample_s: float
     how: str
+    regather: Regather | None = None
 
     @property
     def half_batch(self) -> float:
@@ -43,7 +74,29 @@ class StepTimeModel:
         return self.intercept_s / self.per_sample_s
 
     def step_time(self, size: float) -> float:
-        return self.intercept_s + self.per_sample_s * size
+        line = self.intercept_s + self.per_sample_s * size
+        return line + self.regather.extra_s(size) if self.regather is not None else line
+
+    def speed_ratio(self, new: float, old: float) -> float:
+        """Samples per second at ``new`` over those at ``old``."""
+        if self.regather is None:
+            return throughput_ratio(new, old, self.half_batch)
+        return (new / self.step_time(new)) / (old / self.step_time(old))
+
+    def price(self, new: int, old: int) -> str | None:
+        """What growing from ``old`` to ``new`` costs beyond the line (None: nothing)."""
+        if self.regather is None or new <= old or not self.regather.extra_s(new):
+            return None
+        return "the price of growing by accumulation: " + self.regather.price(new)
+
+    def with_regather(self, regather: Regather | None) -> StepTimeModel:
+        """The re-gather added where the line has not measured it (one size measured, or its
+        shape declared or from the probe); a line fitted from two sizes the job ran holds it."""
+        if regather is None:
+            return self
+        if self.how.startswith(FITTED):
+            return replace(self, how=f"{self.how}, each with its re-gathers")
+        return replace(self, regather=regather)
 
 
 def measured_points(sizes: Mapping[int, SizeThroughput]) -> dict[int, tuple[float, float]]:
@@ -85,7 +138,7 @@ def fit_step_time(
         )
     intercept, slope = weighted_line(points)
     slope = max(slope, 0.0)
-    return StepTimeModel(max(intercept, 0.0), slope, f"fitted from {len(points)} sizes")
+    return StepTimeModel(max(intercept, 0.0), slope, f"{FITTED} {len(points)} sizes")
 
 
 def weighted_line(points: Mapping[int, tuple[float, float]]) -> tuple[float, float]:
@@ -116,11 +169,14 @@ def goodput_gain(new: float, old: float, *, phi: float, half: float) -> float:
     return throughput_ratio(new, old, half) * efficiency_ratio(new, old, phi)
 
 
-def break_even(new: float, old: float, half: float, threshold: float) -> float | None:
+def break_even(
+    new: float, old: float, half: float, threshold: float, speed: float | None = None
+) -> float | None:
     """The noise scale φ at which moving from ``old`` to ``new`` predicts exactly
     ``threshold``× the progress per second: growing pays above it, shrinking below it (None:
-    no φ makes it pay, or every one does)."""
-    speed = throughput_ratio(new, old, half)
+    no φ makes it pay, or every one does). ``speed``: the throughput ratio, when the model
+    gives it (the re-gather), else from B½."""
+    speed = throughput_ratio(new, old, half) if speed is None else speed
     if speed == threshold:
         return None
     phi = (threshold * new - speed * old) / (speed - threshold)

@@ -3,7 +3,9 @@
 Every batch size the job has run gives a measured point (the allocator's peak counter is reset
 at each switch). With two sizes or more, peak ≈ a + s·B is fitted by least squares and the
 largest batch that keeps the predicted peak under a fraction of the budget is a *prediction*,
-never a promise: it is shown and used as such.
+never a promise: it is shown and used as such. With one size, a larger one is bounded by
+scaling its peak, less what every step holds whatever the batch (``footprint``: the
+parameters and optimizer state, under FSDP2 this rank's shards of them).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from ..wire.protocol import MemoryPoint
+from .footprint import Footprint
 
 SAFE_FRACTION = 0.9
 
@@ -35,6 +38,7 @@ class MemoryModel:
     def __init__(self) -> None:
         self._peaks: dict[int, int] = {}
         self._steps: dict[int, int] = {}
+        self.footprint: Footprint | None = None  # what the job holds whatever its batch
 
     def observe(self, batch_size: int, peak_bytes: int, steps: int) -> None:
         """Record a peak reading taken after ``steps`` steps at ``batch_size``."""
@@ -72,9 +76,17 @@ class MemoryModel:
         return fit.largest_within(SAFE_FRACTION * budget_bytes)
 
     def proportional_bound(self, batch_size: int) -> float | None:
-        """An upper bound on the peak at ``batch_size`` from measured smaller sizes: peak(b)·B/b
-        (valid while the part that does not grow with the batch is ≥ 0); None: none smaller."""
-        bounds = [p * batch_size / b for b, p in self._peaks.items() if b < batch_size]
+        """An upper bound on the peak at ``batch_size`` from measured smaller sizes: f + (peak(b)
+        - f)·B/b, where f is what every step holds (``Footprint.held``; 0 unknown), valid
+        while the rest of the part that does not grow with the batch is ≥ 0; None: none
+        smaller. f must be this rank's: a sharded model's whole size would overstate it, and
+        the bound would then understate the peak."""
+        held = self.footprint.held if self.footprint is not None else 0
+        bounds = [
+            min(held, p) + (p - min(held, p)) * batch_size / b
+            for b, p in self._peaks.items()
+            if b < batch_size
+        ]
         return min(bounds) if bounds else None
 
     def needs_confirmation(self, batch_size: int, budget_bytes: int | None) -> str | None:

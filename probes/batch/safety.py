@@ -5,8 +5,10 @@ probe, which the controller checks itself).
   is checked against a memory model: the device's fitted line when two sizes have run
   (``MemoryModel.needs_confirmation``), else a proportional bound, peak(b)·B/b from a measured
   size b < B, which cannot underestimate while the memory that does not grow with the batch
-  is ≥ 0. On the CPU the bound uses the job's resident memory against what the host has
-  available. With no reading at all, a larger size is unmeasured and asks.
+  is ≥ 0; what every step holds whatever the batch (the parameters and optimizer state, under
+  FSDP2 this rank's shards: ``footprint``) is left out of the scaling. On the CPU the bound
+  uses the job's resident memory against what the host has available. With no reading at
+  all, a larger size is unmeasured and asks.
 - **More than 2× from the last size that trained well** (ran ``loss_watch.WATCH_STEPS`` steps
   after its change without the loss diverging), up or down: the learning-rate rule is a
   first-order correction, and large jumps are where it fails.
@@ -14,6 +16,7 @@ probe, which the controller checks itself).
 
 from __future__ import annotations
 
+from ..units import bytes_
 from .memory_model import SAFE_FRACTION, MemoryModel
 
 RATIO = 2.0
@@ -67,8 +70,10 @@ def memory_reason(
         )
     if bound <= SAFE_FRACTION * budget:
         return None
+    held = model.footprint.held if model.footprint is not None else 0
+    above = f" above the {bytes_(held)} every step holds" if held else ""
     return (
-        f"{value} is above every measured size ({max(measured)}); scaled from it, memory could "
-        f"reach {bound / GIB:.1f} GiB, {bound / budget:.0%} of the {budget / GIB:.1f} GiB "
-        f"{where} available"
+        f"{value} is above every measured size ({max(measured)}); scaled from it{above}, "
+        f"memory could reach {bound / GIB:.1f} GiB, {bound / budget:.0%} of the "
+        f"{budget / GIB:.1f} GiB {where} available"
     )

@@ -11,6 +11,7 @@ import torch
 
 from ..batch.advisor import Advisor
 from ..batch.control import BatchController
+from ..batch.footprint import sharded_parameters
 from ..runtime.forward_watch import ForwardWatch, RootPass
 from ..wire.protocol import ProbeResult, Recommendation
 from . import recipe as recipes
@@ -18,6 +19,12 @@ from .seen_step import SeenStep
 
 PRECISION = "the probe: the job's precision"
 CPU_BUDGET_CAP = 1 << 30  # default CPU budget: 25% of available memory, at most 1 GiB
+SHARDED = (
+    "the probe cannot model a sharded job (FSDP2: its parameters are DTensors): its sidecar, "
+    "outside the job's process group, could only rebuild the model whole and would measure "
+    "another job's memory; step up with + instead: batch control's memory model, fitted per "
+    "rank from each size the job runs, asks first where a size may not fit"
+)
 
 
 class ProbeSource:
@@ -44,6 +51,8 @@ class ProbeSource:
         self.batch_size = 0
         self.batch_numel = 0
         self.autocast_dtype: str | None = None
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.sharded = sharded_parameters([*params, *(model.parameters() if model else ())])
         self._watch = watch
         watch.on_root(self._observe_precision)
         watch.hold(PRECISION)  # until one training pass has been seen
@@ -82,6 +91,8 @@ class ProbeSource:
             self.batch_numel = recipes.batch_numel(seen.batch)
 
     def check(self) -> None:
+        if self.sharded:
+            raise recipes.RecipeError(SHARDED)
         if self.why_not is not None:
             raise recipes.RecipeError(self.why_not)
         if self.model is None:

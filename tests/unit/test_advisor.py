@@ -7,7 +7,9 @@ import msgspec
 import pytest
 
 from bsmon.probes.batch.autopilot_holds import THRESHOLD
+from bsmon.probes.batch.footprint import Footprint
 from bsmon.probes.batch.goodput import break_even, goodput_gain
+from bsmon.probes.batch.regather import ASSUMED_BANDWIDTH, RegatherCost
 from bsmon.probes.wire.describe import describe_advice
 from bsmon.probes.wire.protocol import NoiseScaleReading
 
@@ -157,3 +159,47 @@ def test_on_several_ranks_it_weighs_each_ranks_batch_against_its_share_of_b_simp
     assert ranked.advice.target < alone.advice.target
     fact = next(r for r in ranked.advice.reasons if r.startswith("noise scale"))
     assert "B_simple ≈ 262" in fact and "a step at 256 (128 on each of 2 ranks)" in fact
+
+
+def sharded_job(regather_s: float) -> Job:
+    """Micro-batches of 32, two per step (64), sharded over 2 ranks: each micro-batch more
+    gathers again the bytes that take ``regather_s`` at the CPU's assumed bandwidth (half of
+    them come from the other rank)."""
+    gathered = round(2 * regather_s * ASSUMED_BANDWIDTH["cpu"])
+    footprint = Footprint(1, 1, 1, gathered=1, per_micro_batch=gathered, shards=2)
+    regather = RegatherCost(
+        lambda: footprint, micro_batch=lambda: 32, world_size=2, device_type="cpu"
+    )
+    return Job(size=64, micro_batch_size=32, half=10_000, noise=NOISE, regather=regather)
+
+
+NOISE = tight(5000.0, spread=0.05)
+PRICE = "2 more micro-batches of 32 per step, each gathering the sharded parameters again"
+
+
+def test_a_sharded_job_growing_by_accumulation_pays_the_regather_and_says_so():
+    """Growing 64 → 128 adds two micro-batches of 5 ms of re-gather each: the gain predicted
+    is the unsharded job's with 10 ms more in the step, and the autopilot's event says so."""
+    plain = Job(size=64, micro_batch_size=32, half=10_000, noise=NOISE).run(40)
+    sharded = sharded_job(0.005).run(40)
+    grew, grew_sharded = plain.decisions("grow")[0], sharded.decisions("grow")[0]
+    assert (grew.old, grew.new) == (grew_sharded.old, grew_sharded.new) == (64, 128)
+    t64 = plain.step_time(64)  # one size measured: half of it taken as fixed (B½ = 64)
+    phi = 5000 * 0.95**0.5  # what growth reads: √(point · low)
+    speed = (128 / (1.5 * t64 + 2 * 0.005)) / (64 / t64)
+    predicted = speed * (phi + 64) / (phi + 128)
+    assert grew_sharded.predicted_gain == pytest.approx(predicted, rel=1e-6)
+    assert grew_sharded.predicted_gain < grew.predicted_gain
+    assert PRICE in grew_sharded.note and not grew.note
+    event = next(e for e in sharded.events if e.kind == "autopilot")
+    assert PRICE in event.message and "+10.0 ms a step" in event.message
+    assert f"assumed {ASSUMED_BANDWIDTH['cpu'] / 1e9:g} GB/s on cpu" in event.message
+
+
+def test_a_regather_that_eats_the_gain_holds_the_size_and_says_its_price():
+    """At 20 ms a micro-batch the 1.32× an unsharded job predicts falls to 1.04×: stay."""
+    job = sharded_job(0.020).run(40)
+    assert not job.decisions() and job.advice.action == "stay"
+    assert job.advice.reasons[0].startswith("holding at 64: 128 predicted 1.04×")
+    assert PRICE in job.advice.reasons[0] and "+40.0 ms a step" in job.advice.reasons[0]
+    assert any("re-gathers the sharded parameters" in r for r in job.advice.reasons)
