@@ -229,6 +229,8 @@ def merge_spans(a: Span, b: Span) -> Span:
         phases=a.phases.merged(b.phases) if a.phases is not None else b.phases,
         devices=_merge_device_lists(a.devices, b.devices),
         host=_merge_host(a.host, b.host),
+        tokens=b.tokens if b.tokens is not None else a.tokens,
+        mfu=merge_stat(a.mfu, b.mfu),
     )
 
 

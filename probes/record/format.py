@@ -110,6 +110,10 @@ class Span(RecordLine, tag="span"):
     phases: PhaseTotals | None = None  # where the timed steps' time went
     devices: list[DeviceSpan] = msgspec.field(default_factory=list)
     host: HostSpan | None = None
+    # a sequence model's tokens trained so far, at the end of the span (samples × their
+    # sequence length), and its model FLOPs utilization (a fraction), where they are known
+    tokens: int | None = None
+    mfu: Stat | None = None
 
 
 class ProbeLine(RecordLine, tag="probe"):

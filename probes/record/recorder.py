@@ -22,7 +22,14 @@ from ..anatomy.seconds import PhaseTotals
 from ..runtime.service import Extension, TickDone
 from ..runtime.steps import StepDone, StepRun
 from ..runtime.telemetry import sampled_indices
-from ..wire.protocol import Capability, Event, NoiseScaleReading, SessionInfo
+from ..wire.protocol import (
+    Capability,
+    Event,
+    Metrics,
+    NoiseScaleReading,
+    SessionInfo,
+    ThroughputReading,
+)
 from .buckets import StatAcc, count_step_bins, single
 from .conversions import device_span
 from .format import (
@@ -135,6 +142,7 @@ class Recorder(Extension):
         self._clock = clock
         self._emit_event = emit_event
         self._noise = noise if noise is not None else _NO_NOISE
+        self._throughput: ThroughputReading | None = None  # the latest metrics' (tokens, MFU)
         self._on_stopped = on_stopped
         self.writer = RecordWriter(
             path,
@@ -251,6 +259,9 @@ class Recorder(Extension):
 
     # -- each tick (agent thread) -------------------------------------------------------------
 
+    def on_metrics(self, metrics: Metrics) -> None:
+        self._throughput = metrics.throughput
+
     def after_tick(self, done: TickDone) -> None:
         self.tick(done.t, done.events, done.sample, done.noise_scale, done.final)
 
@@ -314,6 +325,8 @@ class Recorder(Extension):
             phases=bucket.phases if bucket.phases.steps else None,
             devices=devices,
             host=host,
+            tokens=self._throughput.tokens if self._throughput else None,
+            mfu=single(self._throughput.mfu) if self._throughput else None,
         )
         self.writer.put(encode_line(span), span_end=span.t1)
         self._bucket = _Bucket(now, bucket.batch_size)

@@ -165,6 +165,9 @@ class SummaryBuilder:
         self.eval_s = 0.0
         self.step_time: Stat | None = None
         self.throughput: Stat | None = None
+        self.tokens: int | None = None  # at the last span that knew them
+        self.tokens_samples = 0  # the samples then
+        self.mfu: Stat | None = None
         self.hist: dict[int, int] = {}
         self.devices: dict[int, DeviceSpan] = {}
         self.cpu: Stat | None = None
@@ -234,6 +237,9 @@ class SummaryBuilder:
         self.eval_s += span.eval_s
         self.step_time = merge_stat(self.step_time, span.step_time)
         self.throughput = merge_stat(self.throughput, span.throughput)
+        if span.tokens is not None and span.tokens > (self.tokens or 0):
+            self.tokens, self.tokens_samples = span.tokens, span.samples
+        self.mfu = merge_stat(self.mfu, span.mfu)
         add_counts(self.hist, span.step_hist)
         for device in span.devices:
             old = self.devices.get(device.index)
@@ -490,11 +496,19 @@ class SummaryBuilder:
 
     def _throughput(self) -> Throughput:
         tp = self.throughput
+        samples_per_s = throughput(self.timed_samples, self.timed_s, self.uncounted_s)
+        tokens_per_s = None
+        if samples_per_s and self.tokens and self.tokens_samples:
+            # the tokens an example carried over the run, from the last count of both
+            tokens_per_s = samples_per_s * self.tokens / self.tokens_samples
         return Throughput(
-            samples_per_s=_round(throughput(self.timed_samples, self.timed_s, self.uncounted_s)),
+            samples_per_s=_round(samples_per_s),
             steps_per_s=_round(self.timed_steps / self.timed_s) if self.timed_s else None,
             best_samples_per_s=_round(tp.max) if tp else None,
             worst_samples_per_s=_round(tp.min) if tp else None,
+            tokens=self.tokens,
+            tokens_per_s=_round(tokens_per_s),
+            mfu_mean=_round(self.mfu.mean) if self.mfu else None,
         )
 
     @staticmethod

@@ -9,7 +9,7 @@ from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
 from .final_word import final_word_section
-from .schema import BatchSegment, BatchSize, Device, Note, Run, Summary
+from .schema import BatchSegment, BatchSize, Device, Note, Run, Summary, Throughput
 from .text_charts import charts_section
 
 
@@ -57,6 +57,16 @@ def _ending(run: Run) -> str:
 
 def _samples(s: Summary) -> str:
     return f"{count(s.samples)} samples" if s.samples is not None else "samples not counted"
+
+
+def _token_rows(tp: Throughput) -> list[tuple[str, str]]:
+    """A sequence model's tokens/s and MFU, where the job had them."""
+    rows = []
+    if tp.tokens_per_s is not None:
+        rows.append(("tokens", f"{rate(tp.tokens_per_s)} tokens/s ({tp.tokens:,} trained)"))
+    if tp.mfu_mean is not None:
+        rows.append(("MFU", f"{100 * tp.mfu_mean:.1f}% mean (model FLOPs over the device's peak)"))
+    return rows
 
 
 def _time_split(s: Summary) -> str:
@@ -108,6 +118,7 @@ def _numbers_table(s: Summary) -> str:
             f"{rate(tp.samples_per_s)} samples/s (best half second {rate(tp.best_samples_per_s)}, "
             f"worst {rate(tp.worst_samples_per_s)})",
         ),
+        *_token_rows(tp),
         (
             "B_simple (estimate)",
             f"{num(noise.start)} at the start → {num(noise.end)} at the end "

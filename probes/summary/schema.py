@@ -62,6 +62,12 @@ class Throughput(msgspec.Struct):
     steps_per_s: float | None = None
     best_samples_per_s: float | None = None  # the best half second
     worst_samples_per_s: float | None = None
+    # a sequence model's: tokens trained, tokens/s over the timed steps (samples/s × the
+    # tokens an example carried), and the mean model FLOPs utilization (a fraction); absent
+    # where the job has none (not a sequence model, or a device with no known peak)
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    mfu_mean: float | None = None
 
 
 class Device(msgspec.Struct):

@@ -300,3 +300,25 @@ def test_on_a_gpu_in_the_table_mfu_is_the_achieved_flops_over_its_peak(monkeypat
         f"{CONTEXT} tokens per example · {per_example / 1e6:.3g} MFLOP per example (meta device)"
         " · MFU against NVIDIA H200 bf16 (990 TFLOP/s)"
     ]
+
+
+def test_the_summary_keeps_the_tokens_and_says_them_beside_the_samples(bsmon_dir):
+    from bsmon.probes.summary.build import summarize_record
+    from bsmon.probes.summary.markdown import _token_rows
+    from bsmon.probes.summary.schema import Throughput
+
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, optimizer, batch_size=4, serve=False) as mon:
+        samples = sum(train(mon, model, optimizer, 24))
+        throughput_after(mon, samples)
+        record = mon.session.record
+    tp = summarize_record(record).throughput
+    assert tp.tokens == samples * CONTEXT
+    assert tp.tokens_per_s == pytest.approx(tp.samples_per_s * CONTEXT, rel=1e-5)
+    assert tp.mfu_mean is None  # a CPU: no peak
+    (tokens,) = _token_rows(tp)
+    assert tokens[0] == "tokens" and f"({samples * CONTEXT:,} trained)" in tokens[1]
+    on_a_gpu = _token_rows(Throughput(tokens=10, tokens_per_s=5.0, mfu_mean=0.412))
+    assert on_a_gpu[1] == ("MFU", "41.2% mean (model FLOPs over the device's peak)")
