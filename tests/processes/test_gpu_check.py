@@ -186,7 +186,7 @@ def test_a_finding_passes_with_a_passing_criterion_and_none_failing():
 
 def test_the_budgets_add_up_to_under_twelve_and_a_half_minutes_and_every_check_resolves():
     assert sum(c.budget_s for c in CHECKS) < TOTAL_BUDGET_S == 750
-    assert len({c.name for c in CHECKS}) == len(CHECKS) == 7
+    assert len({c.name for c in CHECKS}) == len(CHECKS) == 8
     for check in CHECKS:
         module, _, function = check.target.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), check.target
@@ -278,3 +278,22 @@ def test_the_anatomy_check_on_a_cpu():
     criteria, rows = anatomy_check.compare(measured)
     assert [row[0] for row in rows] == list(anatomy_check.PHASES)
     assert [c.ok is None for c in criteria] == [False, False, False, True]
+
+
+def test_the_mfu_check_on_a_cpu_with_a_peak_given(monkeypatch):
+    """The MFU check's own method where it can run: on a CPU the agent has no peak, so one is
+    given (1 TFLOP/s); the agent's FLOPs per token then match the hand count within 5% (a
+    count, not a timing), and its MFU and the hand count's are both figures."""
+    from gpucheck import mfu_check
+
+    from bsmon.probes.throughput import extension
+
+    monkeypatch.setattr(extension, "_device_peak", lambda _device, _dtype: (1e12, None, "test"))
+    shape = mfu_check.Shape(layers=2, width=64, context=32, vocab=256, heads=4)
+    measured = mfu_check.measure("cpu", batch=4, steps=3, warmup=2, shape=shape)
+    agent = measured["agent"]
+    per_token = agent["flops_per_sample"] / shape.context
+    assert per_token == pytest.approx(measured["hand_flops_per_token"], rel=mfu_check.GOAL)
+    assert agent["dtype"] == "bf16" and agent["mfu"] > 0 and measured["hand_mfu"] > 0
+    first = mfu_check.criteria_of(measured)[0]
+    assert first.what == "the agent's MFU against a hand count" and first.ok is not None
