@@ -300,3 +300,21 @@ def test_on_a_gpu_in_the_table_mfu_is_the_achieved_flops_over_its_peak(monkeypat
         f"{CONTEXT} tokens per example · {per_example / 1e6:.3g} MFLOP per example (meta device)"
         " · MFU against NVIDIA H200 bf16 (990 TFLOP/s)"
     ]
+
+
+def test_the_demo_s_sequence_model_has_its_tokens_counted(bsmon_dir):
+    """``bsmon demo --model lm``: what the README's sequence screenshot shows."""
+    from bsmon.probes import demo
+
+    torch.manual_seed(0)
+    model, loss_fn = demo.DemoLM(), demo.TokenLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, optimizer, batch_size=16, serve=False, record=False) as mon:
+        batches = mon.dataloader(demo.make_text_dataset(256), shuffle=True)
+        for _, (x, y) in zip(range(6), batches, strict=False):
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        reading = throughput_after(mon, 6 * 16)
+    assert reading["seq_len"] == demo.CONTEXT and reading["tokens"] == 6 * 16 * demo.CONTEXT
+    assert reading["mfu"] is None and "CPU" in reading["mfu_note"]
