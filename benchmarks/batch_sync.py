@@ -1,7 +1,7 @@
 """Cost of the step-boundary batch-size exchange in a DDP job (gloo, CPU, 2 ranks).
 
 Each rank trains a small DDP MLP; blocks of steps alternate between "off" (no exchange) and
-"on" (the agent's StepSync exchange every 8 step boundaries, as batch control does), in ABBA
+"on" (the agent's StepSync exchange at the end of every 8th step, as batch control does), in ABBA
 order. Prints the median step time of each and the ratio on/off, from rank 0.
 
     python benchmarks/batch_sync.py [--rounds 10] [--steps 100]
@@ -37,11 +37,11 @@ def rank_main(rank: int, world: int, init: str, rounds: int, steps: int) -> None
     def block(with_sync: bool) -> float:
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
-            if with_sync and sync.due():
+            if with_sync and sync.due(step):
                 sync.exchange(0)
         elapsed = (time.perf_counter() - start) / steps
         if with_sync:

@@ -37,6 +37,12 @@ Printed, never asserted: the counts are pinned in ``tests/unit/test_hot_path.py`
     python benchmarks/hostcost.py --model mid --rounds 15
     python benchmarks/hostcost.py --only floor telemetry "+ record" --rounds 40  # the goals
     python benchmarks/hostcost.py --counts-only
+    python benchmarks/hostcost.py --sharded --rounds 9 --steps 300  # FSDP2, DDP: 2 gloo ranks
+
+``--sharded``: the same counts and times on each rank of a 2-rank gloo job under torchrun,
+workloads/sharded_job.py's small transformer sharded with FSDP2 and, for comparison, the same
+model under DDP (hostcost_kit/sharded.py); the step there is milliseconds, not microseconds,
+so the goals' ratios are wide: the counts are what compares exactly.
 """
 
 from __future__ import annotations
@@ -47,9 +53,10 @@ import statistics
 import sys
 
 import torch
+from hostcost_kit import sharded_run
 from hostcost_kit.counting import count_calls
 from hostcost_kit.goals import print_goals, spread
-from hostcost_kit.setups import CONFIGS, MODELS, WARMUP, available
+from hostcost_kit.setups import CONFIGS, MODELS, SHARDED, WARMUP, available
 from hostcost_kit.timing import CLIP, time_configs
 
 
@@ -62,7 +69,13 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", metavar="WORD", help="the configurations whose names have a WORD"
     )
+    parser.add_argument(
+        "--sharded", nargs="*", choices=SHARDED, help="the 2-rank jobs (default: both wraps)"
+    )
     args = parser.parse_args()
+    if args.sharded is not None:
+        sharded_run.main(args.sharded or list(SHARDED), args.counts_only, args.rounds, args.steps)
+        return
     torch.set_num_threads(1)
     names = [name for name in CONFIGS if (why := available(name)) is None or print(why)]
     if args.only:

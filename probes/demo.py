@@ -2,7 +2,9 @@
 
 It is a real training loop with the agent attached: ten classes of 16x16 images, each a
 fixed random template plus noise, learned by a three-layer CNN with SGD. It runs on the GPU
-when there is one, else on the CPU, until stopped (or for ``--steps``).
+when there is one, else on the CPU, until stopped (or for ``--steps``). ``--model lm``
+trains a small causal transformer on generated text instead (a sequence model: the
+dashboard shows its tokens per second and MFU).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .agent import attach
 
 IMAGE = 16
 CLASSES = 10
+VOCAB = 32  # the text's symbols
+CONTEXT = 32  # tokens per example
 
 
 class DemoCNN(nn.Module):
@@ -42,6 +47,61 @@ class DemoCNN(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class TransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and MLP, as in GPT-2 (benchmarks/gpucheck's GPT too)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(width, dim=2)
+        q, k, v = (t.view(batch, tokens, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, width))
+        return x + self.mlp(self.norm2(x))
+
+
+class DemoLM(nn.Module):
+    """A small causal transformer over ``VOCAB`` symbols: next-symbol logits at each place."""
+
+    def __init__(self, width: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.blocks = nn.Sequential(*(TransformerBlock(width, 4) for _ in range(layers)))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(self.blocks(self.embed(idx))))
+
+
+class TokenLoss(nn.Module):
+    """Cross-entropy over every position: logits (B, T, V) against targets (B, T)."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def make_text_dataset(samples: int, seed: int = 0) -> torch.utils.data.TensorDataset:
+    """Windows of ``CONTEXT`` symbols of a periodic text with noise (learnable, never to zero
+    loss), each with the window one symbol on as its targets."""
+    generator = torch.Generator().manual_seed(seed)
+    places = torch.arange(samples + CONTEXT + 1, dtype=torch.float32)
+    text = (10 * (1 + torch.sin(places / 3))).long()
+    text = (text + torch.randint(0, 4, text.shape, generator=generator)) % VOCAB
+    windows = text.unfold(0, CONTEXT + 1, 1)[:samples]
+    return torch.utils.data.TensorDataset(windows[:, :-1].clone(), windows[:, 1:].clone())
+
+
 def make_dataset(samples: int, seed: int = 0, noise: float = 3.0) -> torch.utils.data.TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     templates = 0.5 * torch.randn(CLASSES, 1, IMAGE, IMAGE, generator=generator)
@@ -53,6 +113,12 @@ def make_dataset(samples: int, seed: int = 0, noise: float = 3.0) -> torch.utils
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bsmon.probes.demo", description=__doc__)
     parser.add_argument("--name", default="demo")
+    parser.add_argument(
+        "--model",
+        choices=("cnn", "lm"),
+        default="cnn",
+        help="cnn: images (the default); lm: a sequence model (tokens/s and MFU)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
         "--steps", type=int, default=0, help="stop after N steps (0: run until stopped)"
@@ -104,10 +170,17 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) // 2))
     device = pick_device(args.device)
-    model = DemoCNN().to(device)
+    if args.model == "lm":
+        model: nn.Module = DemoLM().to(device)
+        loss_fn: nn.Module = TokenLoss()
+        dataset = make_text_dataset(args.samples)
+    else:
+        model, loss_fn, dataset = (
+            DemoCNN().to(device),
+            nn.CrossEntropyLoss(),
+            make_dataset(args.samples),
+        )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    dataset = make_dataset(args.samples)
     stop = False
 
     def request_stop(_signum: int, _frame: object) -> None:
@@ -140,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                     loss.backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-                    accuracy = (logits.argmax(1) == labels).float().mean()
+                    accuracy = (logits.argmax(-1) == labels).float().mean()
                     mon.log(loss=loss, accuracy=accuracy)
                     if args.report_every and time.monotonic() - last_report >= args.report_every:
                         last_report = time.monotonic()

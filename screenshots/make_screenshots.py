@@ -1,6 +1,7 @@
-"""Make the README's screenshots from a real session: the demo job trains in a subprocess,
-and the dashboard, attached to it over its socket, saves SVGs (and PNGs when rsvg-convert
-or cairosvg is available).
+"""Make the README's screenshots from real sessions: the demo job trains in a subprocess
+(its CNN, then its sequence model, ``--model lm``, for the tokens line), and the dashboard,
+attached to it over its socket, saves SVGs (and PNGs when rsvg-convert or cairosvg is
+available).
 
     python screenshots/make_screenshots.py [--warmup 25]
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import html
 import os
 import re
@@ -21,14 +23,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from textual.pilot import Pilot
 
 HERE = Path(__file__).resolve().parent
-SHOTS = [  # (name, terminal size, keys pressed first)
-    ("dashboard-120x40", (120, 40), ()),
-    ("dashboard-80x24", (80, 24), ()),
-    ("time-80x24", (80, 24), ("t",)),
-]
+JOBS = {  # the demo job's arguments: its shots (name, terminal size, keys pressed first)
+    ("--name", "demo"): [
+        ("dashboard-120x40", (120, 40), ()),
+        ("dashboard-80x24", (80, 24), ()),
+        ("time-80x24", (80, 24), ("t",)),
+    ],
+    ("--name", "tiny-gpt", "--model", "lm"): [("sequence-120x40", (120, 40), ())],
+}
 
 
 # One run of text in Rich's SVG: every cell of it is ``textLength`` / len(text) wide.
@@ -118,33 +125,42 @@ async def capture(socket: Path, size: tuple[int, int], name: str, keys: tuple[st
     return Path(path)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=float, default=25.0, help="seconds of training first")
-    args = parser.parse_args()
-    directory = Path(tempfile.mkdtemp(prefix="bsm-shots-", dir="/tmp"))
-    os.environ["BSMON_DIR"] = str(directory)
+@contextlib.contextmanager
+def demo_job(directory: Path, arguments: tuple[str, ...]) -> Iterator[Path]:
+    """The demo job started with ``arguments``: its socket, once it serves; stopped after."""
+    command = [sys.executable, "-m", "bsmon.probes.demo", *arguments, "--report-every", "0"]
     job = subprocess.Popen(
-        [sys.executable, "-m", "bsmon.probes.demo", "--name", "demo", "--report-every", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     try:
         socket = directory / f"{job.pid}.sock"
         deadline = time.monotonic() + 60
         while not socket.exists():
             if job.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the demo job did not start")
+                raise SystemExit(f"the demo job ({' '.join(arguments)}) did not start")
             time.sleep(0.2)
-        time.sleep(args.warmup)
-        for name, size, keys in SHOTS:
-            svg = asyncio.run(capture(socket, size, name, keys))
-            png = to_png(svg)
-            print(f"wrote {svg.relative_to(HERE.parent)}" + (f" and {png.name}" if png else ""))
+        yield socket
     finally:
         job.terminate()
         job.wait(30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=float, default=25.0, help="seconds of training first")
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="bsm-shots-", dir="/tmp"))
+    os.environ["BSMON_DIR"] = str(directory)
+    try:
+        for arguments, shots in JOBS.items():
+            with demo_job(directory, arguments) as socket:
+                time.sleep(args.warmup)
+                for name, size, keys in shots:
+                    svg = asyncio.run(capture(socket, size, name, keys))
+                    png = to_png(svg)
+                    made = f" and {png.name}" if png else ""
+                    print(f"wrote {svg.relative_to(HERE.parent)}{made}")
+    finally:
         shutil.rmtree(directory, ignore_errors=True)
     return 0
 

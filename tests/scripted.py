@@ -335,6 +335,19 @@ def messages(
     return [hello, protocol.History(points=pts), *events, metrics]
 
 
+CPU_MFU_NOTE = "MFU n/a: the model runs on the CPU (no peak FLOP/s)"  # the agent's words
+
+
+def with_throughput(
+    script: list[protocol.Message], reading: protocol.ThroughputReading
+) -> list[protocol.Message]:
+    """The script with ``reading`` as every metrics message's tokens/s and MFU."""
+    for message in script:
+        if isinstance(message, protocol.Metrics):
+            message.throughput = reading
+    return script
+
+
 def scripted_app(
     gpu: bool = True,
     disconnect: str | None = None,

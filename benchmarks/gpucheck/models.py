@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bsmon.probes.demo import TokenLoss, TransformerBlock  # the demo's sequence model's
+
 
 class BasicBlock(nn.Module):
     def __init__(self, inputs: int, outputs: int, stride: int) -> None:
@@ -60,29 +62,6 @@ class Embeddings(nn.Module):
         return self.tokens(tokens) + self.positions(positions)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm causal self-attention and MLP, as in GPT-2."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, width = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(width, dim=2)
-        q, k, v = (t.view(batch, tokens, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, width))
-        return x + self.mlp(self.norm2(x))
-
-
 def gpt(
     vocab: int = 8192, context: int = 256, width: int = 384, layers: int = 6, heads: int = 6
 ) -> nn.Sequential:
@@ -92,13 +71,6 @@ def gpt(
         nn.LayerNorm(width),
         nn.Linear(width, vocab),
     )
-
-
-class TokenLoss(nn.Module):
-    """Cross-entropy over every position: logits (B, T, V) against targets (B, T)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 Inputs = Callable[[int, torch.device | str], tuple[torch.Tensor, torch.Tensor]]

@@ -30,19 +30,25 @@ class Loop:
     y: torch.Tensor
     log: Callable[[torch.Tensor], None] | None = None
     batches: Iterator | None = None  # a DataLoader's, drawn each step (else x and y again)
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.mse_loss
 
     def step(self) -> None:
         if self.batches is not None:
             self.x, self.y = next(self.batches)
-        loss = nn.functional.mse_loss(self.model(self.x), self.y)
+        loss = self.criterion(self.model(self.x), self.y)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.log is not None:
             self.log(loss)
 
+    def all_done(self, done: bool) -> bool:
+        """Whether every process stepping this model is ``done`` (one process: this one)."""
+        return done
+
 
 MODELS = ("tiny", "mid", "tiny-loader", "tiny-bn")
+SHARDED = ("fsdp2", "ddp")  # workloads/sharded_job.py's model, on torchrun's ranks (sharded.py)
 
 
 def endless(loader: DataLoader) -> Iterator:
@@ -53,7 +59,11 @@ def endless(loader: DataLoader) -> Iterator:
 def make_loop(model_name: str) -> Loop:
     """``tiny``, ``mid``, ``tiny-loader``: the tiny step drawing its batch from a DataLoader
     (the per-batch hook's cost), or ``tiny-bn``: the tiny step through a BatchNorm (the noise
-    scale waits for gradient accumulation there)."""
+    scale waits for gradient accumulation there); or one of ``SHARDED``, in a torchrun rank."""
+    if model_name in SHARDED:
+        from .sharded import sharded_loop
+
+        return sharded_loop(model_name)
     torch.manual_seed(0)
     if model_name == "tiny-bn":
         model: nn.Module = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16))

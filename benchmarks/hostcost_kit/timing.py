@@ -73,7 +73,7 @@ def time_block(setup: Setup, loop: Loop, steps: int, warmup: int) -> Block:
 
 
 def time_configs(
-    names: list[str], model_name: str, rounds: int, steps: int
+    names: list[str], model_name: str, rounds: int, steps: int, settled: int = SETTLED
 ) -> dict[str, list[Block]]:
     """Each configuration's blocks less bare's around it, one per round, the order rotated.
 
@@ -82,16 +82,19 @@ def time_configs(
     step time drifts by ±10 µs over seconds (another tenant, the clock), and the difference
     from the mean of its two neighbours cancels a drift that is linear over the three. Every
     block runs on the same model, optimizer and tensors: a fresh model per block moves the
-    step time by more than the costs measured here (where its tensors land in memory)."""
+    step time by more than the costs measured here (where its tensors land in memory).
+    ``settled``: the warm-up of the model, and of each bsmon block (fewer for a slower step:
+    a few of the agent's ticks)."""
     loop = make_loop(model_name)
-    for _ in range(SETTLED):
+    for _ in range(settled):
         loop.step()
     added: dict[str, list[Block]] = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         before = time_block(bare, loop, steps, BRACKET_WARMUP)
         for name in order:
-            block = time_block(CONFIGS[name], loop, steps, WARMUP.get(name, 200))
+            warmup = settled if name in WARMUP else BRACKET_WARMUP
+            block = time_block(CONFIGS[name], loop, steps, warmup)
             after = time_block(bare, loop, steps, BRACKET_WARMUP)
             added[name].append(block.less((before, after)))
             before = after

@@ -118,7 +118,7 @@ class BatchController:
         self._step = step
         self._noise_scale = noise_scale
         self._sync = sync
-        self.synced = sync is not None  # the ranks agree at step boundaries: every one counts
+        self.synced = sync is not None  # the ranks agree at the steps their exchanges end
         self._wake = wake  # asks the training thread for the next step boundary
         self._rank = rank
         self._in_flight: Pending | None = None
@@ -283,16 +283,20 @@ class BatchController:
     def at_boundary(self, step: int, _now: float) -> int:
         """The scheduled boundary at the end of ``step``: a change due now is applied; the
         next step whose end needs the boundary (a change's first step: it ends at the last
-        good size; every step while the ranks exchange)."""
-        self.at_step_boundary()
-        if self.size != self.last_good or self.synced or self.due_at_boundary:
+        good size; the ranks' next exchange, ``SYNC_EVERY`` steps on: the steps between are
+        ordinary ones)."""
+        self.at_step_boundary(step)
+        if self.size != self.last_good:
             return step + 1
-        return NEVER
+        if self._sync is not None:
+            return self._sync.next_due(step)
+        return step + 1 if self.due_at_boundary else NEVER
 
-    def at_step_boundary(self) -> None:
+    def at_step_boundary(self, step: int | None = None) -> None:
+        """The end of ``step`` (by default the job's current step)."""
         self.last_good = self.size
         if self._sync is not None:
-            self._exchange()
+            self._exchange(self._step() if step is None else step)
             return
         if self.due_at_boundary:
             pending, self.pending = self.pending, None
@@ -308,8 +312,8 @@ class BatchController:
             self.switch(change)
             self._wake()  # its first step's end: the last good size
 
-    def _exchange(self) -> None:
-        if not self._sync.due():  # type: ignore[union-attr]
+    def _exchange(self, step: int) -> None:
+        if not self._sync.due(step):  # type: ignore[union-attr]
             return
         proposal = 0
         if self._rank == 0 and self.pending is not None and self._in_flight is None:

@@ -68,8 +68,10 @@ SYNC_EVERY = 8  # steps between exchanges: all ranks count the same steps, so th
 
 
 class StepSync:
-    """Every ``every`` step boundaries, rank 0's proposal is broadcast; every rank applies
-    what the previous exchange carried, so all switch at the same step.
+    """At the end of every ``every``-th step, rank 0's proposal is broadcast; every rank
+    applies what the previous exchange carried, so all switch at the same step. The steps
+    are the ranks' step numbers, which they share, not boundaries counted: a rank's other
+    boundaries (a sampled or measured step of its own) fall on steps of its own.
 
     Each exchange waits for the previous broadcast (started ``every`` steps earlier, so it
     has normally finished) and starts the next one asynchronously: the job does not wait on
@@ -80,7 +82,6 @@ class StepSync:
         self._group = group
         self._rank = rank
         self._every = every
-        self._boundaries = 0
         self._buffer = torch.zeros(1, dtype=torch.int64)
         self._work: dist.Work | None = None
 
@@ -88,10 +89,13 @@ class StepSync:
     def every(self) -> int:
         return self._every
 
-    def due(self) -> bool:
-        """Count a boundary; True when this one exchanges."""
-        self._boundaries += 1
-        return self._boundaries % self._every == 0
+    def due(self, step: int) -> bool:
+        """Whether the end of ``step`` exchanges."""
+        return step % self._every == 0
+
+    def next_due(self, step: int) -> int:
+        """The next step after ``step`` whose end exchanges."""
+        return (step // self._every + 1) * self._every
 
     def exchange(self, proposal: int) -> int:
         """Wait for the previous broadcast, return its value, start the next (collective)."""

@@ -15,7 +15,7 @@ from bsmon.tui.confirm import ConfirmScreen
 from bsmon.tui.sources import ScriptedSource
 
 from ..jobs import TinyJob
-from ..scripted import NOW, messages
+from ..scripted import CPU_MFU_NOTE, NOW, messages, with_throughput
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 
 
@@ -265,18 +265,25 @@ def test_the_autopilot_lines_fit_the_batch_panel_at_80_columns():
 
 
 async def test_the_panel_shows_tokens_per_second_and_mfu_where_the_job_has_them():
-    script = messages()
     reading = protocol.ThroughputReading(tokens_per_s=1_052_000.0, mfu=0.412)
-    for message in script:
-        if isinstance(message, protocol.Metrics):
-            message.throughput = reading
+    script = with_throughput(messages(), reading)
     panel = await batch_panel(script, (80, 24), "tok/s")  # one line at 80 columns
     assert "tokens  1.05M tok/s · MFU 41.2%" in panel
+    assert "n/a" not in panel.split("tok/s")[1].split("seen")[0]
+
+
+async def test_a_sequence_model_on_a_cpu_shows_why_it_has_no_mfu():
+    """Tokens without MFU: the agent's reason under them, as the memory line gives its own."""
+    reading = protocol.ThroughputReading(tokens_per_s=48_300.0, mfu_note=CPU_MFU_NOTE)
+    panel = await batch_panel(with_throughput(messages(gpu=False), reading), (120, 40), "tok/s")
+    assert "tokens  48.3k tok/s\n" in panel
+    assert "MFU     n/a: the model runs on the CPU (no peak FLOP/s)" in panel
 
 
 def test_a_job_without_tokens_or_mfu_shows_neither_and_mfu_alone_shows_alone():
-    from bsmon.tui.widgets.batch import throughput_line
+    from bsmon.tui.widgets.batch import mfu_note_line, throughput_line
 
     cpu = protocol.ThroughputReading(tokens_note="not token ids", mfu_note="MFU n/a: the CPU")
     assert throughput_line(None) is None and throughput_line(cpu) is None
     assert throughput_line(protocol.ThroughputReading(mfu=0.05)) == "MFU     5.0%"
+    assert mfu_note_line(cpu) is None  # no tokens: the model is not one MFU is shown for

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from bsmon.probes.wire import protocol
 from bsmon.tui.app import BsmonApp
 from bsmon.tui.settings import settings
 from bsmon.tui.sources import ScriptedSource
 
-from ..scripted import NOW, messages, scripted_app
+from ..scripted import CPU_MFU_NOTE, NOW, messages, scripted_app, with_throughput
 from .test_tui_pilot import dashboard_ready, text_of, wait_for
 from .test_tui_ranks import distributed_messages
 from .test_tui_silent import Clock
@@ -35,6 +36,24 @@ def test_live_with_gpu(snap_compare, size):
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_live_without_gpu(snap_compare, size):
     assert snap_compare(scripted_app(gpu=False), terminal_size=size, run_before=ready)
+
+
+SEQUENCE_MODEL = {  # the Batch panel's tokens line: on a GPU with MFU; on a CPU with its reason
+    "gpu-80x24": (True, (80, 24), protocol.ThroughputReading(tokens_per_s=1_052_000.0, mfu=0.412)),
+    "cpu-120x40": (
+        False,
+        (120, 40),
+        protocol.ThroughputReading(tokens_per_s=48_300.0, mfu_note=CPU_MFU_NOTE),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SEQUENCE_MODEL)
+def test_a_sequence_model_s_tokens_and_mfu(snap_compare, case):
+    gpu, size, reading = SEQUENCE_MODEL[case]
+    script = with_throughput(messages(gpu=gpu), reading)
+    app = BsmonApp(ScriptedSource("gpt-small", script, clock=lambda: NOW))
+    assert snap_compare(app, terminal_size=size, run_before=ready)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

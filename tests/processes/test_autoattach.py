@@ -16,6 +16,7 @@ from bsmon.probes.batch.control import BatchController
 from bsmon.probes.batch.policy import BatchPolicy
 from bsmon.probes.launch.autoattach import AutoAttach, find_model
 from bsmon.probes.runtime import loader_watch
+from bsmon.probes.runtime.distributed import StepSync
 from bsmon.probes.runtime.fault_guard import FaultGuard
 from bsmon.probes.wire import protocol
 
@@ -146,7 +147,7 @@ class FakeSync:
         self.boundaries = 0
         self.exchanges = 0
 
-    def due(self) -> bool:
+    def due(self, _step: int) -> bool:  # each call a step of its own (the test's step stays)
         self.boundaries += 1
         return self.boundaries % self.every == 0
 
@@ -178,6 +179,18 @@ def test_in_a_multi_rank_job_only_the_agreed_change_is_applied_at_the_boundary()
         ctl.apply_deferred()
     assert rank0.size == rank1.size == 16
     assert len(switched0) == len(switched1) == 1
+
+
+def test_a_multi_rank_controller_asks_for_the_slow_path_only_at_its_exchanges_steps():
+    """The steps between two exchanges are ordinary ones (they were all boundaries: every
+    part of the slow path asked on every step of a multi-rank job); a boundary a rank asked
+    for on its own (a sampled step, say) does not exchange, so the ranks stay in step."""
+    sync = StepSync(group=None, rank=1)  # type: ignore[arg-type]  (exchange replaced below)
+    exchanged: list[int] = []
+    sync.exchange = lambda proposal: exchanged.append(proposal) or 0  # type: ignore[method-assign]
+    ctl, _ = controller(sync, rank=1)
+    assert [ctl.at_boundary(step, 0.0) for step in (1, 5, 7, 8, 13)] == [8, 8, 8, 16, 16]
+    assert exchanged == [0]  # at the end of step 8 only
 
 
 def test_a_policy_minimum_can_say_why():

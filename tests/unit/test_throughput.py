@@ -322,3 +322,21 @@ def test_the_summary_keeps_the_tokens_and_says_them_beside_the_samples(bsmon_dir
     assert tokens[0] == "tokens" and f"({samples * CONTEXT:,} trained)" in tokens[1]
     on_a_gpu = _token_rows(Throughput(tokens=10, tokens_per_s=5.0, mfu_mean=0.412))
     assert on_a_gpu[1] == ("MFU", "41.2% mean (model FLOPs over the device's peak)")
+
+
+def test_the_demo_s_sequence_model_has_its_tokens_counted(bsmon_dir):
+    """``bsmon demo --model lm``: what the README's sequence screenshot shows."""
+    from bsmon.probes import demo
+
+    torch.manual_seed(0)
+    model, loss_fn = demo.DemoLM(), demo.TokenLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, optimizer, batch_size=16, serve=False, record=False) as mon:
+        batches = mon.dataloader(demo.make_text_dataset(256), shuffle=True)
+        for _, (x, y) in zip(range(6), batches, strict=False):
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        reading = throughput_after(mon, 6 * 16)
+    assert reading["seq_len"] == demo.CONTEXT and reading["tokens"] == 6 * 16 * demo.CONTEXT
+    assert reading["mfu"] is None and "CPU" in reading["mfu_note"]

@@ -28,6 +28,8 @@ def job_arguments(args: argparse.Namespace) -> list[str]:
     job_args = ["--name", args.name, "--batch-size", str(args.batch_size), "--device", args.device]
     if args.steps:
         job_args += ["--steps", str(args.steps)]
+    if args.model != "cnn":
+        job_args += ["--model", args.model]
     return job_args
 
 

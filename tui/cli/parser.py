@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=64, help="the batch size it starts at (default: 64)"
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--model",
+        choices=("cnn", "lm"),
+        default="cnn",
+        help="cnn: a CNN on images (default); lm: a small transformer on text (tokens/s, MFU)",
+    )
 
     p = sub.add_parser("export", help="write summary.json and summary.md of a session record")
     p.add_argument("record", type=Path, help="a record (.jsonl): `bsmon records` lists them")

@@ -3,6 +3,7 @@ history of changes with the throughput each one bought."""
 
 from __future__ import annotations
 
+from textual.markup import escape
 from textual.widgets import Static
 
 from bsmon.probes.wire.protocol import (
@@ -151,6 +152,16 @@ def throughput_line(reading: ThroughputReading | None) -> str | None:
     return f"{tokens} · MFU {mfu}" if mfu is not None else tokens
 
 
+def mfu_note_line(reading: ThroughputReading | None) -> str | None:
+    """Beside the tokens, why there is no MFU, in the agent's words ("MFU     n/a: the model
+    runs on the CPU (no peak FLOP/s)"); None where MFU is shown or there are no tokens."""
+    if reading is None or reading.tokens_per_s is None or reading.mfu is not None:
+        return None
+    if not reading.mfu_note:
+        return None
+    return f"MFU     [$text-muted]{escape(reading.mfu_note.removeprefix('MFU '))}[/]"
+
+
 class BatchPanel(Static):
     DEFAULT_CSS = "BatchPanel { height: auto; }"
 
@@ -171,6 +182,8 @@ class BatchPanel(Static):
         lines += [step, speed]
         if (tokens := throughput_line(m.throughput)) is not None:
             lines.append(tokens)
+        if (no_mfu := mfu_note_line(m.throughput)) is not None:
+            lines.append(no_mfu)
         lines.append(f"seen    {fmt.count(m.samples)} samples")
         if m.ranks is not None and m.ranks.global_batch_size is not None:
             lines.append(f"global  {m.ranks.global_batch_size:,} over {m.ranks.world_size} ranks")
