@@ -60,11 +60,11 @@ from ..batch.script_loader import (
     why_not_resizable,
 )
 from ..integrations.common import disable_batch_control, note, rank_name
-from ..integrations.deepspeed import find_engine
 from ..maxbatch.seen_step import WAITING, StepWatch
 from ..record.writer import write_unattached
 from ..runtime import audience, distributed, loader_watch
 from ..runtime.audience import ENV_AUTOPILOT, ENV_RESIZABLE
+from ..runtime.distributed import find_deepspeed_engine
 from ..runtime.fault_guard import FaultGuard
 from ..summary.build import preload, write_summary_beside
 from ..wire import discovery
@@ -287,7 +287,7 @@ class AutoAttach:
         accelerator = None
         try:
             objects = gc.get_objects()  # one scan of the heap for all four
-            model = find_model(optimizer, objects) or find_engine(optimizer, objects)
+            model = find_model(optimizer, objects) or find_deepspeed_engine(optimizer, objects)
             scaler = find_grad_scaler(objects)
             accelerator = accelerate_loss.find_accelerator(objects)
             if self.resizable:

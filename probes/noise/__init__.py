@@ -14,6 +14,8 @@ Modules, one job each:
   measurement sources that run in the training job's hooks;
 - ``shard_totals``: the sharded (FSDP2) estimate's step sums across ranks, through the job's
   store;
+- ``zero``: where a DeepSpeed engine keeps the averaged gradient at the optimizer step
+  (ZeRO-1/2 and stage 0), or why it cannot be read;
 - ``step_record``: the step record handed to the agent thread without a device sync;
 - ``budget``: which steps are measured, at about a fixed share of the step time;
 - ``warmup``: the dense measuring at a run's start, under a cost bound;

@@ -39,9 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..integrations.deepspeed import is_engine
 from ..runtime.context import JobContext
-from ..runtime.distributed import ddp_of
+from ..runtime.distributed import ddp_of, is_deepspeed_engine
 from ..runtime.forward_watch import ForwardWatch
 from ..runtime.inbox import take_all
 from ..runtime.steps import StepRun
@@ -153,7 +152,7 @@ class NoiseScale:
         self._ddp = ddp if self._world > 1 else None
         self._inner = ddp.module if ddp is not None else model
         self._zero: ZeroLayout | None = None  # a DeepSpeed engine's (more than one rank)
-        if self._world > 1 and is_engine(model):
+        if self._world > 1 and is_deepspeed_engine(model):
             self._zero = zero_layout(model, optimizer, self._world)
             self._trainable = self._zero.params  # the torch optimizer holds flat partitions
         self._sharded = self._world > 1 and ddp is None and sharded(self._trainable)

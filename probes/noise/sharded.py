@@ -105,7 +105,7 @@ class ShardedSource(PerExampleSource):
         **kwargs: Any,
     ) -> None:
         """``step_part``: this rank's part of |ḡ|², read at the optimizer step (DeepSpeed's:
-        ``integrations/deepspeed``); None: the measured parameters' gradient shards, read
+        ``noise/zero``); None: the measured parameters' gradient shards, read
         after the backward pass (FSDP2's DTensor gradients)."""
         super().__init__(*args, **kwargs)
         self.divide = divide

@@ -1,5 +1,5 @@
 """DeepSpeed's averaged gradient, where the noise scale reads it (the engine is found in
-``integrations/deepspeed``).
+``runtime/distributed``).
 
 Under ZeRO stage 1 or 2 the torch optimizer steps flat fp32 partitions, not the model's
 parameters: the parameters carry no gradient at the step, and the partitions' are clipped by

@@ -7,7 +7,9 @@ on gloo, so that it never competes with the job's NCCL streams.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -106,3 +108,37 @@ class StepSync:
         self._buffer[0] = proposal if self._rank == 0 else 0
         self._work = dist.broadcast(self._buffer, src=0, group=self._group, async_op=True)
         return decided
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------
+# ``deepspeed.initialize`` wraps the model in a ``DeepSpeedEngine`` (an ``nn.Module``: what the
+# script calls) and, under ZeRO stage 1 or 2, the script's torch optimizer in a ZeRO optimizer
+# that hands the torch one flat fp32 partitions instead of the parameters: no module holds the
+# stepped optimizer's tensors, and the model is found through the engine that owns it.
+# Nothing here imports deepspeed: an engine exists only where the script imported it.
+
+
+def deepspeed_engine_class() -> type | None:
+    """DeepSpeed's engine class, if the job imported deepspeed."""
+    module = sys.modules.get("deepspeed")
+    return getattr(module, "DeepSpeedEngine", None) if module is not None else None
+
+
+def is_deepspeed_engine(model: object) -> bool:
+    cls = deepspeed_engine_class()
+    return cls is not None and isinstance(model, cls)
+
+
+def find_deepspeed_engine(optimizer: torch.optim.Optimizer, objects: list[Any]) -> nn.Module | None:
+    """The engine among ``objects`` (the heap) that steps ``optimizer``: its optimizer, what
+    that wraps, or the optimizer it was given."""
+    cls = deepspeed_engine_class()
+    if cls is None:
+        return None
+    for obj in objects:
+        if issubclass(type(obj), cls):
+            outer = getattr(obj, "optimizer", None)
+            held = (outer, getattr(outer, "optimizer", None), getattr(obj, "basic_optimizer", None))
+            if any(o is optimizer for o in held):
+                return obj
+    return None

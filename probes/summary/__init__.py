@@ -8,7 +8,8 @@ Modules, one job each:
   per-size throughput leaves out;
 - ``recommend``: recommendations drawn from a summary, each with its basis stated;
 - ``markdown``: summary.md, for a person; ``text_charts``: its charts, drawn by plotext;
-  ``final_word``: its section on the advisor's answer as the job ended.
+  ``final_word``: its section on the advisor's answer as the job ended; ``figures``: its
+  numbers in words.
 
 This package is the dashboard's face on summaries: it imports neither torch nor textual.
 """

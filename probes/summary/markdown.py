@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from .. import units
 from ..anatomy.sampling import DEFAULT_STRIDE
 from ..anatomy.verdict import MIN_STEPS
+from .figures import count, duration, gib, ms, num, pct, rate
 from .final_word import final_word_section
 from .schema import BatchSegment, BatchSize, Device, Note, Run, Summary, Throughput
 from .text_charts import charts_section
@@ -380,10 +380,6 @@ def _size(value: int | None) -> str:
     return f"{value:,}" if value is not None else "n/a"
 
 
-def num(value: float | None) -> str:
-    return units.number(value)
-
-
 def _where(note: Note) -> str:
     """Where a note stands: " (step 8,984, 2m 41s in)", or its step alone when its time is not
     known."""
@@ -395,35 +391,3 @@ def _where(note: Note) -> str:
 
 def _percent_of(fraction: float | None) -> float | None:
     return None if fraction is None else 100 * fraction
-
-
-def pct(value: float | None) -> str:
-    return units.percent(value)
-
-
-def ms(seconds: float | None) -> str:
-    """A step's time in the dashboard's units: 850 µs, 12.3 ms, 1.35 s (not 1.35e+03 ms)."""
-    return units.duration(seconds)
-
-
-def rate(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.0f}"
-
-
-def count(value: float) -> str:
-    return units.count(round(value) if abs(value) < 1e3 else value)
-
-
-def gib(value: float | None) -> str:
-    return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    s = round(seconds)
-    if s < 60:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"

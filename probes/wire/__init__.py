@@ -29,6 +29,7 @@ from .describe import (
     describe_recommendation,
     describe_what_if,
     noise_verdict,
+    step_batch,
 )
 from .discovery import BsmonDirError, JobEntry
 
@@ -49,4 +50,5 @@ __all__ = [
     "discovery",
     "noise_verdict",
     "protocol",
+    "step_batch",
 ]

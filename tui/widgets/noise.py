@@ -20,8 +20,7 @@ from textual.containers import Vertical
 from textual.markup import escape
 from textual.widgets import Static
 
-from bsmon.probes.wire import BALANCED, RAISE, TOO_BIG, TOO_EARLY, noise_verdict
-from bsmon.probes.wire.describe import step_batch
+from bsmon.probes.wire import BALANCED, RAISE, TOO_BIG, TOO_EARLY, noise_verdict, step_batch
 from bsmon.probes.wire.protocol import Advice, Capability, MetricsPoint, NoiseScaleReading
 
 from .. import format as fmt
