@@ -52,7 +52,9 @@ class ProbeSource:
         self.batch_numel = 0
         self.autocast_dtype: str | None = None
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.sharded = sharded_parameters([*params, *(model.parameters() if model else ())])
+        self.sharded = sharded_parameters(
+            [*params, *(model.parameters() if model is not None else ())]
+        )
         self._watch = watch
         watch.on_root(self._observe_precision)
         watch.hold(PRECISION)  # until one training pass has been seen
