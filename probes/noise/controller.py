@@ -155,8 +155,8 @@ class NoiseScale:
         if self._world > 1 and is_deepspeed_engine(model):
             self._zero = zero_layout(model, optimizer, self._world)
             self._trainable = self._zero.params  # the torch optimizer holds flat partitions
-        self._sharded = self._world > 1 and ddp is None and sharded(self._trainable)
-        self._sharded = self._sharded or self._zero is not None
+        fsdp2 = self._world > 1 and ddp is None and sharded(self._trainable)
+        self._sharded = fsdp2 or self._zero is not None
         self._totals: ShardTotals | None = None  # the sharded estimate's sums across ranks
         self._closing = False
         self._counter: ExampleCounter | None = None
