@@ -11,11 +11,16 @@ Parts (``--part``):
   192, 256, 384, 512, 768, 1024, … up to ``--steps``) the live value and its 95% interval
   (``mon.flush()``, ``mon.stats()["noise"]``) against the exact B_simple at the same weights:
   every example's own gradient (``torch.func``) over ``--examples`` training examples drawn
-  once, the unbiased tr Σ and |G|², over every trainable parameter (all of these models'
-  parameters are in layers bsmon measures: its ``coverage`` is printed). An example's loss is
+  once (16,384 for T1 and T2, 2,048 for the transformer: each set's own error near 5%), the
+  unbiased tr Σ and |G|², over every trainable parameter (all of these models' parameters
+  are in layers bsmon measures: its ``coverage`` is printed). An example's loss is
   the job's loss given that example alone (a sequence: the mean over its tokens). The exact
   value's ± is its own sampling error over the fixed set (a jackknife). The exact value is
   computed between two steps, off bsmon's clock (``noise_tracking_kit/tracking.py``).
+- **ceiling**: the same runs without bsmon, every step's per-example sums recorded and replayed
+  through bsmon's agent-side ``Tracker`` as if one step in 1, 3, 10, 30 or 100 were measured
+  (``noise_tracking_kit/ceiling.py``): what the averaging makes of the information each share
+  of measured steps holds, apart from what the cost budget buys.
 - **closed**: issue 40's two stationary closed forms (truth 71.7 and 90.0), learning rate 0,
   a fresh batch of 64 a step, ``noise_window=500``, 3,000 steps; ``--busy 2`` runs two busy
   loops beside them.
@@ -53,12 +58,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from noise_tracking_kit import goals  # noqa: E402
+from noise_tracking_kit.ceiling import SHARES, ceiling, record  # noqa: E402
 from noise_tracking_kit.closed import CLOSED_CASES, busy_loops, closed_run  # noqa: E402
 from noise_tracking_kit.cost import COST_MODELS, noise_cost  # noqa: E402
 from noise_tracking_kit.tasks import TRACKING_TASKS  # noqa: E402
 from noise_tracking_kit.tracking import Point, track  # noqa: E402
 
-PARTS = ("tracking", "closed", "drift", "cost")
+PARTS = ("tracking", "ceiling", "closed", "drift", "cost")
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -73,15 +79,16 @@ def interval(point: Point) -> str:
 def tracking_part(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for name in args.tasks:
         task = TRACKING_TASKS[name]
+        examples = args.examples or task.examples
         print(
             f"\n{task.title}; batch {args.batch}, {args.steps} steps, exact over "
-            f"{args.examples} fixed examples"
+            f"{examples:,} fixed examples"
         )
         print("| seed | step | exact ± | live | live/exact | 95% interval | covered | estimator |")
         print("|---|---|---|---|---|---|---|---|")
         runs = []
         for seed in range(args.seeds_tracking):
-            points = track(task, seed, args.batch, args.steps, args.examples)
+            points = track(task, seed, args.batch, args.steps, examples)
             runs.append(points)
             for p in points:
                 ratio = p.ratio
@@ -124,6 +131,32 @@ def _point_json(p: Point) -> dict[str, Any]:
         "phase": p.noise.get("phase"),
         "status": p.noise.get("status"),
     }
+
+
+def ceiling_part(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    print(
+        f"\nCeiling: every step's per-example sums recorded ({args.steps} steps, batch "
+        f"{args.batch}, {args.seeds_tracking} seeds), replayed through bsmon's Tracker "
+        "measuring one step in k"
+    )
+    print("| task | one step in | counted | median live/exact | within | 95% interval covers |")
+    print("|---|---|---|---|---|---|")
+    for name in args.tasks:
+        task = TRACKING_TASKS[name]
+        examples = args.examples or task.examples
+        recordings = [
+            record(task, seed, args.batch, args.steps, examples)
+            for seed in range(args.seeds_tracking)
+        ]
+        out["ceiling"][name] = {}
+        for every in SHARES:
+            s = ceiling(recordings, every)
+            print(
+                f"| {name} | {every} | {s.counted} | {fmt(s.median)} | {s.within:.0%} | "
+                f"{s.coverage:.0%} |",
+                flush=True,
+            )
+            out["ceiling"][name][every] = s.__dict__ | {"passed": s.passed}
 
 
 def closed_part(args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -230,7 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=1024, help="tracking steps per run")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--examples", type=int, default=2048, help="the exact value's fixed set")
+    parser.add_argument(
+        "--examples",
+        type=int,
+        help="the exact value's fixed set (default: 16,384 for T1 and T2, 2,048 for the "
+        "transformer)",
+    )
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside the closed forms")
     parser.add_argument("--cost-rounds", type=int, default=16)
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -244,11 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"bsmon from {Path(bsmon.probes.__file__).parent.parent}, "
         f"torch {torch.__version__}, 1 thread; parts {' '.join(args.part)}; tracking: tasks "
         f"{' '.join(args.tasks)}, {args.seeds_tracking} seeds, {args.steps} steps, batch "
-        f"{args.batch}, {args.examples} examples; closed: {args.seeds_closed} seeds"
+        f"{args.batch}; closed: {args.seeds_closed} seeds"
     )
-    out: dict[str, Any] = {"tracking": {}, "closed": {}, "drift": None, "cost": {}}
+    out: dict[str, Any] = {"tracking": {}, "ceiling": {}, "closed": {}, "drift": None, "cost": {}}
     parts = {
         "tracking": lambda: tracking_part(args, out),
+        "ceiling": lambda: ceiling_part(args, out),
         "closed": lambda: closed_part(args, out),
         "drift": lambda: drift_part(out),
         "cost": lambda: cost_part(args, out),

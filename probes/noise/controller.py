@@ -171,6 +171,7 @@ class NoiseScale:
         self._auto_microbatch = False
         self._per_example_unfit: str | None = None  # why auto never uses per-example norms
         self._reported: set[str] = set()
+        self._read_at = 0  # the training step the reading was read at
         self.reading = NoiseScaleReading()
         if mode is not None:
             try:
@@ -553,7 +554,9 @@ class NoiseScale:
             for record, values in self._totals.take():
                 self._ingest(record, values, telemetry)
                 changed = True
-        if changed or (self._unmeasurable() and UNMEASURABLE not in self._reported):
+        # an estimate is read at the job's step: unchanged, it still ages (growth.stale)
+        aged = self.reading.b_simple is not None and self._step() != self._read_at
+        if changed or aged or (self._unmeasurable() and UNMEASURABLE not in self._reported):
             self.reading = self._reading()
             self._report_below_zero(telemetry)
             self._report_unmeasurable(telemetry)
@@ -621,6 +624,7 @@ class NoiseScale:
             age = self.tracker.averages.mean_age
             if age >= 1:
                 detail += f", averaging the last ~{_round_steps(age + 1):,} steps"
+        self._read_at = now = self._step()
         reading = self.tracker.reading(
             estimator=source.estimator,
             coverage=source.coverage,
@@ -628,6 +632,7 @@ class NoiseScale:
             preconditioned=self.preconditioned,
             detail=detail,
             negative=source.below_zero(),
+            now=now,
         )
         if (growth := self.tracker.growth_applied) is not None and growth.factor != 1.0:
             reading.detail = f"{reading.detail}; {describe_growth(growth)}"

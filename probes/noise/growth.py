@@ -26,6 +26,13 @@ The exponent is noisy (two estimates, each with its standard error), so:
 - the interval moves by the whole range ``p ± z·se`` over the whole distance the averages
   lag: it widens on the side the estimate may lag, so a lagging point never comes with a
   narrow interval.
+
+The reading is carried to the step it is read at, not to the latest measured one: where the
+cost budget spends its warm-up's allowance at once and then measures nothing for hundreds
+of steps, the estimate was read as of step 50 while the job was at 384, its interval as
+narrow as then (the tracking benchmark's transformer: [57, 97] against an exact 523). Before
+the history gives an exponent, the interval widens over the steps since the latest measured
+one by any exponent training could give (``EXPONENT_RANGE``); the point stays.
 """
 
 from __future__ import annotations
@@ -126,14 +133,19 @@ class GrowthCorrection:
         # difference's: a cautious standard error
         return p, math.sqrt(latest.rel_var + earlier.rel_var) / span
 
-    def apply(self, step: int, averages: Averages) -> tuple[Estimate, Growth | None]:
-        """The averages' estimate carried from their effective step to ``step``."""
+    def apply(
+        self, step: int, averages: Averages, measured: int | None = None
+    ) -> tuple[Estimate, Growth | None]:
+        """The averages' estimate carried from their effective step to ``step``; ``measured``:
+        the latest measured step (``step`` itself when None)."""
         est = averages.estimate()
         if est.b_simple is None or est.stderr is None:
             return est, None
         found = self.exponent()
+        if found is None:
+            return stale(est, step, measured or step), None
         behind = math.log(max(step, 1) / effective_step(averages, step))  # ln(t / t_eff)
-        if found is None or behind <= 0:
+        if behind <= 0:
             return est, None
         p, se = found
         shrunk = math.copysign(max(0.0, abs(p) - se), p)
@@ -150,6 +162,18 @@ class GrowthCorrection:
         high = est.ci_high * math.exp(max(0.0, fastest * lag)) if est.ci_high else None
         corrected = replace(est, b_simple=b, stderr=b * rel, ci_low=low, ci_high=high)
         return corrected, Growth(shrunk, se, factor)
+
+
+def stale(est: Estimate, step: int, measured: int) -> Estimate:
+    """``est``, last fed at step ``measured``, read at ``step`` with no trend known: its
+    interval widened by what any exponent in ``EXPONENT_RANGE`` could have done since."""
+    if step <= measured or measured < 1:
+        return est
+    lag = min(math.log(step / measured), MAX_LAG)
+    bottom, top = EXPONENT_RANGE
+    low = est.ci_low * math.exp(bottom * lag) if est.ci_low else est.ci_low
+    high = est.ci_high * math.exp(top * lag) if est.ci_high else None
+    return replace(est, ci_low=low, ci_high=high)
 
 
 def describe_growth(growth: Growth) -> str:

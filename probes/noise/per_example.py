@@ -35,6 +35,7 @@ from ..runtime.forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
+from .sampling import rows_of
 from .source import Source
 from .step_record import StepRecord
 
@@ -143,6 +144,12 @@ class PerExampleSource(Source):
         self._lean: list[tuple[LinearCall, Tensor]] = []  # this pass's LinearCalls and |g_i|
         self._sums: list[Tensor] = []  # this step
         self._examples = 0
+        self._units = 0  # the examples whose norms this step took (sampling.py)
+        self.may_sample = self.world == 1  # a rank's units enter other ranks' sums as they are
+        self.sampling = False  # this step takes a sample of each pass's examples
+        self._heavy_seen = False  # a measured layer had a sequence or image input
+        self._sampled_steps = 0  # which rows the next sampled step takes
+        self._last_sample: tuple[int, int] | None = None  # (taken, of) in the latest pass
         self._fired: set[Layer] = set()
         self.refused: str | None = None  # why the forward watch cannot serve this job
         self.set_measuring(False)  # the controller decides from the first step on
@@ -274,6 +281,15 @@ class PerExampleSource(Source):
             x = x.movedim(axis, 0) if x is not None else None
             if stats is not None and layer.kind == "layer_norm":  # shaped as the input
                 stats = (stats[0].movedim(axis, 0), stats[1].movedim(axis, 0))
+        if x is not None and x.dim() > 2:
+            self._heavy_seen = True
+        rows = rows_of(examples, self._sampled_steps) if self.sampling else None
+        if rows is not None:
+            g = rows.take(g)
+            x = rows.take(x) if x is not None else None
+            term = rows.take(term) if term is not None else None
+            if stats is not None and layer.kind == "layer_norm":
+                stats = (rows.take(stats[0]), rows.take(stats[1]))
         sq = layer.norms(x, term, g, self.precond, batch_stats, stats=stats)
         self._entries.append((layer, sq, examples, pass_id))
         self._end.touch()
@@ -300,16 +316,36 @@ class PerExampleSource(Source):
                 if count > 1 and layer in live:  # twice in one forward pass
                     self._problem = "a layer ran twice in one forward pass"
                     self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
+        passes = {pass_id: n for _, _, n, pass_id in entries}
+        passes.update((c.pass_id, c.rows) for c, _ in lean)
+        taken = dict(passes)
+        if self.sampling:
+            lean = self._sampled(lean)
+            for pass_id, n in passes.items():
+                rows = rows_of(n, self._sampled_steps)
+                taken[pass_id] = rows.count if rows is not None else n
+                self._last_sample = (taken[pass_id], n)
         # one reduction for the whole pass (not one per layer)
         sums = [torch.cat([sq for _, sq, _, _ in entries]).sum()] if entries else []
         if lean:
             sums.append(_goodfellow_sum(lean))
         self._sums.append(sums[0] if len(sums) == 1 else sums[0] + sums[1])
-        passes = {pass_id: n for _, _, n, pass_id in entries}
-        passes.update((c.pass_id, c.rows) for c, _ in lean)
         self._examples += sum(passes.values())
+        self._units += sum(taken.values())
         self._fired.update(layer for layer, _ in calls)
         super()._on_backward_end()
+
+    def _sampled(self, lean: list[tuple[LinearCall, Tensor]]) -> list[tuple[LinearCall, Tensor]]:
+        """The lean calls' rows of this step's sample (the rows ``_norms`` takes of the
+        others)."""
+        out = []
+        for call, g_norm in lean:
+            rows = rows_of(call.rows, self._sampled_steps)
+            if rows is None:
+                out.append((call, g_norm))
+            else:
+                out.append((call._replace(a_norm=rows.take(call.a_norm)), rows.take(g_norm)))
+        return out
 
     def _batched(self, call: LinearCall) -> bool:
         """Whether a ``LinearCall``'s rows are the examples of its pass (``_norms``' test, for
@@ -351,16 +387,24 @@ class PerExampleSource(Source):
             step,
             values,
             examples=self._examples * world,
-            units=((self._examples, 1.0, 1.0 / (world * world)),),
+            units=((self._units, 1.0, 1.0 / (world * world)),),
             unaccounted=unaccounted,
         )
 
     def _clear(self) -> None:
+        if self.sampling and self._sums:
+            self._sampled_steps += 1
         self._entries = []
         self._lean = []
         self._sums = []
         self._examples = 0
+        self._units = 0
         self._fired = set()
+        # decided between steps, so a step never mixes sampled and whole passes; not with
+        # BatchNorm in training, whose norms need the whole batch's statistics
+        self.sampling = (
+            self.may_sample and self._heavy_seen and not any(m.training for m in self._batch_norms)
+        )
 
     # -- layers --------------------------------------------------------------------------------
 
@@ -395,6 +439,10 @@ class PerExampleSource(Source):
             )
         if any(m.training for m in self._batch_norms):
             text += "; BatchNorm couples the examples, so approximate"
+        if self.sampling and self._last_sample is not None:
+            taken, of = self._last_sample
+            if taken < of:
+                text += f"; norms of {taken} of {of} examples a step (rotating)"
         return text
 
     def below_zero(self) -> str:

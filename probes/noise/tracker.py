@@ -27,6 +27,7 @@ NEGATIVE_G2 = (
     "microbatch measure |G|² without that bias"
 )
 UNACCOUNTED = "a measured parameter got gradient outside its layer's forward"
+STALE = 1.25  # a reading this many times older than its latest measured step says so
 BELOW_ZERO = (
     "the averaged |G|² reads below zero beyond its error: the small batches' gradients are "
     "not independent draws of the step's"
@@ -103,10 +104,19 @@ class Tracker:
         detail: str | None,
         *,
         negative: str = BELOW_ZERO,
+        now: int | None = None,
     ) -> NoiseScaleReading:
-        """The reading now; ``negative``: why an unbiased estimator's |G|² can read below
-        zero beyond its error (the source knows: BatchNorm, for per-example norms)."""
-        est, self.growth_applied = self.growth.apply(self.last_used, self.averages)
+        """The reading at training step ``now`` (the latest measured step when None);
+        ``negative``: why an unbiased estimator's |G|² can read below zero beyond its error
+        (the source knows: BatchNorm, for per-example norms)."""
+        at = max(now or 0, self.last_used)
+        est, self.growth_applied = self.growth.apply(at, self.averages, self.last_used)
+        aged = at >= STALE * self.last_used
+        if self.growth_applied is None and est.b_simple is not None and aged:
+            detail = (
+                f"{detail}; measured last at step {self.last_used:,}: the interval widened "
+                "for what training may have moved it since"
+            )
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
             stderr=_finite(est.stderr),

@@ -102,3 +102,63 @@ def test_the_tracker_reads_forward_and_forgets_on_reset():
     assert reading.b_simple > plain
     tracker.reset()
     assert tracker.growth.exponent() is None
+
+
+def fed_tracker(steps: range, seed: int = 2) -> Tracker:
+    """A tracker fed per-example records of a stationary B_simple (tr Σ 50, |G|² 1) at
+    ``steps``."""
+    tracker = Tracker(window=1000)
+    rng = np.random.default_rng(seed)
+    n = 64
+    for step in steps:
+        g2 = 1.0 * (1 + 0.3 * rng.standard_normal())
+        trace = 50.0 * (1 + 0.1 * rng.standard_normal())
+        values = [g2 + trace / n, 1.0, (g2 + trace) / n]
+        assert tracker.add(
+            StepRecord(step, "per_example", torch.tensor(values), n, ((n, 1.0, 1.0),)), values
+        ).used
+    return tracker
+
+
+def test_a_reading_aged_past_its_last_measured_step_widens_with_the_steps_since():
+    """A warm-up's allowance spent at once: 40 steps measured, then none. Read at step 40 the
+    estimate is as it was; read at step 320 (the job's step) it is carried there, and its
+    interval holds the fresh one and is wider on both sides. Before, it was read as of step
+    40 whatever the job's step (the tracking benchmark's transformer: [57, 97] at step 384
+    against an exact 523)."""
+    tracker = fed_tracker(range(1, 41))
+    fresh = tracker.reading("per_example", 1.0, False, False, "", now=40)
+    aged = tracker.reading("per_example", 1.0, False, False, "", now=320)
+    assert fresh.ci_low is not None and fresh.ci_high is not None
+    assert aged.ci_low is not None and aged.ci_high is not None
+    assert aged.ci_low < 0.7 * fresh.ci_low and aged.ci_high > 1.4 * fresh.ci_high
+    assert tracker.reading("per_example", 1.0, False, False, "").ci_high == fresh.ci_high
+
+
+def test_before_a_trend_is_known_an_aged_interval_spans_any_exponent_and_says_so():
+    """With no exponent yet, 8× the steps since the latest measured one widen the interval to
+    B·8^-1 … B·8^1.5 (``EXPONENT_RANGE``); the point stays; the tracker's detail says why."""
+    from bsmon.probes.noise.growth import stale
+    from bsmon.probes.noise.smoothing import Estimate
+
+    est = Estimate(b_simple=50.0, stderr=5.0, ci_low=40.0, ci_high=62.0)
+    aged = stale(est, step=320, measured=40)
+    assert aged.b_simple == 50.0 and aged.stderr == 5.0
+    assert aged.ci_low == pytest.approx(40.0 / 8) and aged.ci_high == pytest.approx(62.0 * 8**1.5)
+    assert stale(est, step=40, measured=40) == est
+    tracker = fed_tracker(range(1, 41))
+    tracker.growth.reset()  # no history: no trend
+    aged_reading = tracker.reading("per_example", 1.0, False, False, "", now=320)
+    assert "measured last at step 40" in (aged_reading.detail or "")
+    fresh_reading = tracker.reading("per_example", 1.0, False, False, "", now=40)
+    assert "measured last" not in (fresh_reading.detail or "")
+
+
+def test_a_steadily_measured_reading_barely_ages_between_measured_steps():
+    """Measured one step in 20 for 3,000 steps: read 19 steps after the latest measured one,
+    the interval moves by under 2% at either end."""
+    tracker = fed_tracker(range(20, 3001, 20))
+    latest = tracker.reading("per_example", 1.0, False, False, "", now=3000)
+    later = tracker.reading("per_example", 1.0, False, False, "", now=3019)
+    assert later.ci_low == pytest.approx(latest.ci_low, rel=0.02)
+    assert later.ci_high == pytest.approx(latest.ci_high, rel=0.02)
