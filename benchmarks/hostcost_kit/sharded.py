@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BATCH, BLOCK = 16, 16  # examples per rank, tokens per example: sharded_job.py's defaults
 SETTLED = 400  # a bsmon block's warm-up: a few of the agent's ticks at a step of a few ms
 COUNTED = ("telemetry", "+ record", "defaults (noise", "bsmon run (zero-code)")
-TIMED = ("floor", "telemetry", "+ record")  # the goals' configurations and their floors
+# the goals' configurations and their floors; the noise scale at its budget (DDP's comm hook)
+TIMED = ("floor", "telemetry", "+ record", "defaults (noise")
 
 
 @dataclass

@@ -19,9 +19,9 @@ Modes (``attach(..., noise_scale=...)``):
     off.
 
 Training thread: the source's hooks, and ``on_step`` at the optimizer's pre-step hook of the
-steps it measures (one record appended to a deque); the per-example source is not looked at
-on the steps between (the hot path asks ``next_measured``; ``arm`` switches the hooks on at
-the step before). Agent thread: ``agent_tick`` reads records and smooths them into
+steps it measures (one record appended to a deque); the per-example and DDP sources are not
+looked at on the steps between (the hot path asks ``next_measured``; ``arm`` switches the
+hooks on at the step before). Agent thread: ``agent_tick`` reads records and smooths them into
 ``reading``, which ``NoiseExtension.metrics_part`` (``extension``) puts in the metrics message;
 ``on_durations`` feeds the budget the steps' durations.
 
@@ -368,7 +368,7 @@ class NoiseScale:
             if totals is not None:  # every rank measures the same steps
                 totals.gap = ahead
                 ahead = on_grid(step, max(ahead, totals.agreed))
-            if isinstance(source, PerExampleSource):
+            if source.skips_unmeasured_steps:
                 self.next_measured = step + ahead  # the steps between are not even looked at
             elif (
                 waiting
@@ -383,7 +383,7 @@ class NoiseScale:
                 self.next_measured = step + WAITING_CHECK_EVERY
                 source.set_counting(False)
             else:
-                self.next_measured = step + 1  # micro-batches, DDP: passes counted every step
+                self.next_measured = step + 1  # micro-batches: passes counted every step
             source.set_measuring(ahead == 1 and not waiting)
             if isinstance(source, PerExampleSource) and source.refused:
                 self._per_example_refused(source.refused)
@@ -395,11 +395,14 @@ class NoiseScale:
         return self.source is not None and step >= self.next_measured
 
     def arm(self) -> None:
-        """The next step is the one ``next_measured`` names: the per-example source measures
-        it, a waiting micro-batch source counts its passes (training thread). The other
-        sources see every step, and ``on_step`` decides."""
+        """The next step is the one ``next_measured`` names: a source that skips unmeasured
+        steps (per-example norms, DDP's comm hook) measures it, a waiting micro-batch source
+        counts its passes (training thread). The other sources see every step, and
+        ``on_step`` decides."""
         source = self.source
-        if isinstance(source, PerExampleSource) and not source.measuring:
+        if source is None:
+            return
+        if source.skips_unmeasured_steps and not source.measuring:
             source.set_measuring(True)
         elif isinstance(source, MicrobatchSource):
             source.set_counting(True)

@@ -6,8 +6,9 @@ computed it (``bucket.buffer()`` before the all-reduce: the local gradient ``l``
 any ``no_sync`` micro-steps), then hands the bucket to the real communication hook unchanged;
 at the end of the backward pass, after DDP has written the averaged gradient ``ḡ`` into
 ``p.grad``, the squared norm of that (what the optimizer will see) is taken like every
-source's. No Python runs on the communication's completion: a callback chained to its future
-would need the interpreter lock on gloo's thread, which made measured steps wait. The local
+source's. Nothing is measured on the communication's completion: a callback chained to its
+future would need the interpreter lock on gloo's thread, which made measured steps wait (the
+one the all-reduce needs to hand DDP a tensor, torch's hook has too). The local
 batch of B_s examples is the small batch, the global batch of W·B_s the big one (eq. A.2),
 estimated on every rank from its own gradients: no extra collective, so a rank that runs
 without bsmon cannot be left waiting.
@@ -26,6 +27,13 @@ all-reduce, or the hook the user registers later — ``register_comm_hook`` and
 of failing. A hook registered *before* ``attach()`` cannot be wrapped (DDP offers no way to
 replace it); then this source is unavailable and ``auto`` falls back to per-example norms.
 When the monitor closes, the hook stays (DDP cannot remove one) but only forwards.
+
+The hook runs on every step, but only the steps the cost budget measures are looked at: the
+controller arms the source at the boundary before each (as it does per-example norms), and on
+the others the hook tests one flag and all-reduces the bucket as DDP does without a hook (no
+call into the rest of bsmon, nothing allocated but the one-element list the process group
+takes): an unmeasured step costs the training thread what an unsharded one does, and 6 calls
+a bucket.
 
 Nothing of bsmon's is left in the DDP model's own state (it deep-copies and pickles as
 without bsmon): the hook lives in DDP's C++ reducer, which pickling leaves out, and the
@@ -76,11 +84,27 @@ def _builtin_hooks() -> dict[Any, Callable]:
     }
 
 
+def _first_tensor(fut: torch.futures.Future[list[Tensor]]) -> Tensor:
+    return fut.value()[0]
+
+
 def bsmon_comm_hook(state: DDPSource, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
-    """The hook DDP calls per bucket; ``state`` is the source. Measures the local bucket, then
-    hands it to the inner hook as it is."""
-    state.measure_local(bucket)
-    return state.inner_hook(state.inner_state, bucket)
+    """The hook DDP calls per bucket; ``state`` is the source. On a measured step it measures
+    the local bucket; on any step it hands the bucket, as it is, to the inner hook, or (none
+    registered) all-reduces it as DDP's reducer does without a hook: divided by the ranks,
+    then summed over them by the process group itself. Torch's Python ``allreduce_hook`` does
+    the same through ``dist.all_reduce``'s checks and logger, 10 calls more a bucket on the
+    training thread; the future's value must be a tensor (a Python hook's result is read as
+    one), hence the callback. An unmeasured step costs 6 calls a bucket, this one's
+    included (tests/processes/test_hot_path_sharded.py)."""
+    if state.active:
+        state.measure_local(bucket)
+    inner = state.inner_hook
+    if inner is not None:
+        return inner(state.inner_state, bucket)
+    buffer = bucket.buffer()
+    buffer.div_(state.ranks)
+    return state.group.allreduce([buffer]).get_future().then(_first_tensor)
 
 
 # DDP checks the hook's annotations against the real types; `from __future__ import
@@ -158,6 +182,7 @@ def _pieces(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
 
 class DDPSource(Source):
     estimator = "ddp"
+    skips_unmeasured_steps = True
 
     def __init__(
         self,
@@ -169,8 +194,13 @@ class DDPSource(Source):
         params = [p for p in ddp.parameters() if p.requires_grad]
         super().__init__(params, counter=counter, **kwargs)
         self._examples_hint = examples_hint
-        self.inner_state: Any = ddp.process_group
-        self.inner_hook: Callable = default_hooks.allreduce_hook
+        self.group = ddp.process_group
+        self.ranks = self.group.size()
+        self.inner_state: Any = self.group
+        # None: DDP's all-reduce, run by bsmon_comm_hook itself; torch's hook where
+        # dist.all_reduce's handling of complex tensors is needed
+        complex_params = any(p.is_complex() for p in params)
+        self.inner_hook: Callable | None = default_hooks.allreduce_hook if complex_params else None
         self.inner_name = "DDP's all-reduce"
         try:
             ddp.register_comm_hook(self, bsmon_comm_hook)

@@ -118,6 +118,7 @@ def _goodfellow_sum(lean: list[tuple[LinearCall, Tensor]]) -> Tensor:
 
 class PerExampleSource(Source):
     estimator = "per_example"
+    skips_unmeasured_steps = True
 
     def __init__(
         self,

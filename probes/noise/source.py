@@ -52,6 +52,9 @@ def hook(where: str) -> Callable[[Body], Body]:
 class Source:
     estimator = ""
     biased = False
+    # the controller sees only the measured steps, each armed at the boundary before it (the
+    # others cost the training thread nothing); else it sees every step
+    skips_unmeasured_steps = False
 
     def __init__(
         self,
