@@ -8,6 +8,8 @@ Modules, one job each:
 - ``growth``: the averages' ratio read forward to the latest step while B_simple grows;
 - ``pernorms``: per-example squared gradient norms of each supported layer (pure tensors);
 - ``layers``: which layers are measured, coverage, and dispatch to ``pernorms``;
+- ``sampling``: which examples of a pass a measured step takes norms of (sequence and
+  image models: a rotating quarter);
 - ``autograd``: end-of-backward callbacks, on-device squared norms, example counting;
 - ``scaling``: the mixed-precision loss scale and the optional Adam preconditioner;
 - ``source``, ``per_example``, ``microbatch``, ``ddp``, ``sharded``, ``sequential``: the

@@ -35,7 +35,7 @@ from ..runtime.forward_watch import ForwardWatch
 from . import pernorms
 from .autograd import accumulates, total_squared_norm
 from .layers import Discovery, Layer, discover
-from .sampling import rows_of
+from .sampling import Sampler
 from .source import Source
 from .step_record import StepRecord
 
@@ -144,13 +144,8 @@ class PerExampleSource(Source):
         self._entries: list[tuple[Layer, Tensor, int, int]] = []
         self._lean: list[tuple[LinearCall, Tensor]] = []  # this pass's LinearCalls and |g_i|
         self._sums: list[Tensor] = []  # this step
-        self._examples = 0
-        self._units = 0  # the examples whose norms this step took (sampling.py)
-        self.may_sample = self.world == 1  # a rank's units enter other ranks' sums as they are
-        self.sampling = False  # this step takes a sample of each pass's examples
-        self._heavy_seen = False  # a measured layer had a sequence or image input
-        self._sampled_steps = 0  # which rows the next sampled step takes
-        self._last_sample: tuple[int, int] | None = None  # (taken, of) in the latest pass
+        self._examples = self._units = 0  # this step's examples; those whose norms it took
+        self.sampler = Sampler(allowed=self.world == 1)
         self._fired: set[Layer] = set()
         self.refused: str | None = None  # why the forward watch cannot serve this job
         self.set_measuring(False)  # the controller decides from the first step on
@@ -282,15 +277,9 @@ class PerExampleSource(Source):
             x = x.movedim(axis, 0) if x is not None else None
             if stats is not None and layer.kind == "layer_norm":  # shaped as the input
                 stats = (stats[0].movedim(axis, 0), stats[1].movedim(axis, 0))
-        if x is not None and x.dim() > 2:
-            self._heavy_seen = True
-        rows = rows_of(examples, self._sampled_steps) if self.sampling else None
-        if rows is not None:
-            g = rows.take(g)
-            x = rows.take(x) if x is not None else None
-            term = rows.take(term) if term is not None else None
-            if stats is not None and layer.kind == "layer_norm":
-                stats = (rows.take(stats[0]), rows.take(stats[1]))
+        self.sampler.heavy_seen |= x is not None and x.dim() > 2  # inline: measured steps' calls
+        if self.sampler.on and (rows := self.sampler.rows(examples)) is not None:
+            g, x, term, stats = rows.cut(g, x, term, stats, layer.kind == "layer_norm")
         sq = layer.norms(x, term, g, self.precond, batch_stats, stats=stats)
         self._entries.append((layer, sq, examples, pass_id))
         self._end.touch()
@@ -319,34 +308,17 @@ class PerExampleSource(Source):
                     self.exclude(layer, "shared weights", f"ran {count} times in one forward pass")
         passes = {pass_id: n for _, _, n, pass_id in entries}
         passes.update((c.pass_id, c.rows) for c, _ in lean)
-        taken = dict(passes)
-        if self.sampling:
-            lean = self._sampled(lean)
-            for pass_id, n in passes.items():
-                rows = rows_of(n, self._sampled_steps)
-                taken[pass_id] = rows.count if rows is not None else n
-                self._last_sample = (taken[pass_id], n)
+        lean = self.sampler.lean(lean) if self.sampler.on else lean
         # one reduction for the whole pass (not one per layer)
         sums = [torch.cat([sq for _, sq, _, _ in entries]).sum()] if entries else []
         if lean:
             sums.append(_goodfellow_sum(lean))
         self._sums.append(sums[0] if len(sums) == 1 else sums[0] + sums[1])
-        self._examples += sum(passes.values())
-        self._units += sum(taken.values())
+        examples = sum(passes.values())
+        self._examples += examples
+        self._units += self.sampler.taken(passes) if self.sampler.on else examples
         self._fired.update(layer for layer, _ in calls)
         super()._on_backward_end()
-
-    def _sampled(self, lean: list[tuple[LinearCall, Tensor]]) -> list[tuple[LinearCall, Tensor]]:
-        """The lean calls' rows of this step's sample (the rows ``_norms`` takes of the
-        others)."""
-        out = []
-        for call, g_norm in lean:
-            rows = rows_of(call.rows, self._sampled_steps)
-            if rows is None:
-                out.append((call, g_norm))
-            else:
-                out.append((call._replace(a_norm=rows.take(call.a_norm)), rows.take(g_norm)))
-        return out
 
     def _batched(self, call: LinearCall) -> bool:
         """Whether a ``LinearCall``'s rows are the examples of its pass (``_norms``' test, for
@@ -393,19 +365,13 @@ class PerExampleSource(Source):
         )
 
     def _clear(self) -> None:
-        if self.sampling and self._sums:
-            self._sampled_steps += 1
+        if self.sampler.heavy_seen:  # else it never samples: no call on a measured step
+            self.sampler.end_step(bool(self._sums), self._batch_norms)
         self._entries = []
         self._lean = []
         self._sums = []
-        self._examples = 0
-        self._units = 0
+        self._examples = self._units = 0
         self._fired = set()
-        # decided between steps, so a step never mixes sampled and whole passes; not with
-        # BatchNorm in training, whose norms need the whole batch's statistics
-        self.sampling = (
-            self.may_sample and self._heavy_seen and not any(m.training for m in self._batch_norms)
-        )
 
     # -- layers --------------------------------------------------------------------------------
 
@@ -440,11 +406,7 @@ class PerExampleSource(Source):
             )
         if any(m.training for m in self._batch_norms):
             text += "; BatchNorm couples the examples, so approximate"
-        if self.sampling and self._last_sample is not None:
-            taken, of = self._last_sample
-            if taken < of:
-                text += f"; norms of {taken} of {of} examples a step (rotating)"
-        return text
+        return text + self.sampler.describe()
 
     def below_zero(self) -> str:
         if not any(m.training for m in self._batch_norms):

@@ -21,11 +21,12 @@ taken.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+Lean = TypeVar("Lean", bound=Any)  # per_example.LinearCall
 SAMPLE_SHARE = 4  # a measured step takes one example in this many ...
 SAMPLE_MIN = 16  # ... but at least this many
 
@@ -49,6 +50,27 @@ class Rows(NamedTuple):
             return t[self.start : end]
         return torch.cat((t[self.start :], t[: end - self.examples]))
 
+    def cut(
+        self,
+        g: Tensor,
+        x: Tensor | None,
+        term: Tensor | None,
+        stats: tuple[Tensor, Tensor] | None,
+        stats_per_example: bool,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None]:
+        """A layer call's output gradient, input, input term and statistics cut to these
+        rows: the statistics only when they are per example (a LayerNorm's; a BatchNorm's
+        are per channel)."""
+        cut = stats
+        if stats is not None and stats_per_example:
+            cut = (self.take(stats[0]), self.take(stats[1]))
+        return (
+            self.take(g),
+            self.take(x) if x is not None else None,
+            self.take(term) if term is not None else None,
+            cut,
+        )
+
 
 def rows_of(examples: int, measured: int) -> Rows | None:
     """The rows the ``measured``-th sampled step takes of a pass of ``examples`` (None: all)."""
@@ -56,3 +78,58 @@ def rows_of(examples: int, measured: int) -> Rows | None:
     if count >= examples:
         return None
     return Rows(measured * count % examples, count, examples)
+
+
+class Sampler:
+    """One per-example source's sampling: whether its measured steps take a sample, which
+    rows, and what the latest pass took. Decided between steps, so a step never mixes sampled
+    and whole passes."""
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed = allowed  # a rank's units enter other ranks' sums as they are: not there
+        self.on = False  # this step takes a sample of each pass's examples
+        self.heavy_seen = False  # a measured layer's input had three dims or more: dear norms
+        self.steps = 0  # sampled steps so far: which rows the next one takes
+        self.last: tuple[int, int] | None = None  # (taken, of) in the latest pass
+
+    def rows(self, examples: int) -> Rows | None:
+        """The rows this step takes of a pass of ``examples`` (None: all)."""
+        return rows_of(examples, self.steps) if self.on else None
+
+    def taken(self, passes: dict[int, int]) -> int:
+        """The examples whose norms this step took of ``passes`` (pass id → examples)."""
+        total = 0
+        for examples in passes.values():
+            rows = self.rows(examples)
+            taken = rows.count if rows is not None else examples
+            if self.on:
+                self.last = (taken, examples)
+            total += taken
+        return total
+
+    def lean(self, calls: list[tuple[Lean, Tensor]]) -> list[tuple[Lean, Tensor]]:
+        """Lean linear calls and their |g_i| (per_example's ``LinearCall``: ``rows``,
+        ``a_norm``) cut to this step's rows."""
+        if not self.on:
+            return calls
+        out = []
+        for call, g_norm in calls:
+            rows = self.rows(call.rows)
+            if rows is None:
+                out.append((call, g_norm))
+            else:
+                out.append((call._replace(a_norm=rows.take(call.a_norm)), rows.take(g_norm)))
+        return out
+
+    def end_step(self, measured: bool, batch_norms: list[nn.Module]) -> None:
+        """After a step; not while a BatchNorm trains on batch statistics, whose norms need
+        the whole batch."""
+        if self.on and measured:
+            self.steps += 1
+        self.on = self.allowed and self.heavy_seen and not any(m.training for m in batch_norms)
+
+    def describe(self) -> str:
+        if not self.on or self.last is None or self.last[0] >= self.last[1]:
+            return ""
+        taken, of = self.last
+        return f"; norms of {taken} of {of} examples a step (rotating)"

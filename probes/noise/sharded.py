@@ -108,7 +108,7 @@ class ShardedSource(PerExampleSource):
         ``noise/zero``); None: the measured parameters' gradient shards, read
         after the backward pass (FSDP2's DTensor gradients)."""
         super().__init__(*args, **kwargs)
-        self.may_sample = False  # shard_totals adds up every rank's examples as its units
+        self.sampler.allowed = False  # shard_totals adds up every rank's examples as its units
         self.divide = divide
         self._step_part = step_part
         self.replicas = replicas_of(self.params)

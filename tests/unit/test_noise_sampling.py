@@ -113,5 +113,5 @@ def test_plain_two_dimensional_layers_and_training_batch_norm_take_every_example
         for source in sources:
             assert source.take_record(step).units == ((64, 1.0, 1.0),)
     for source in sources:
-        assert not source.sampling
+        assert not source.sampler.on
         source.close()
