@@ -97,13 +97,13 @@ class Sampler:
         return rows_of(examples, self.steps) if self.on else None
 
     def taken(self, passes: dict[int, int]) -> int:
-        """The examples whose norms this step took of ``passes`` (pass id → examples)."""
+        """The examples whose norms this sampled step took of ``passes`` (pass id →
+        examples); per_example calls it only while ``on``."""
         total = 0
         for examples in passes.values():
             rows = self.rows(examples)
             taken = rows.count if rows is not None else examples
-            if self.on:
-                self.last = (taken, examples)
+            self.last = (taken, examples)
             total += taken
         return total
 
