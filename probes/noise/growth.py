@@ -25,14 +25,28 @@ The exponent is noisy (two estimates, each with its standard error), so:
   its reading then stays partly behind, and its interval says so);
 - the interval moves by the whole range ``p ± z·se`` over the whole distance the averages
   lag: it widens on the side the estimate may lag, so a lagging point never comes with a
-  narrow interval.
+  narrow interval. Where they lag further than the stretch ``p`` was measured over, the
+  rest of the distance takes, upwards, any exponent training could give
+  (``EXPONENT_RANGE``): a trend seen over one doubling of steps says little about the next
+  eight, and a lag that long means the early steps' |G|² outweighs the later ones' (below).
 
 The reading is carried to the step it is read at, not to the latest measured one: where the
 cost budget spends its warm-up's allowance at once and then measures nothing for hundreds
 of steps, the estimate was read as of step 50 while the job was at 384, its interval as
 narrow as then (the tracking benchmark's transformer: [57, 97] against an exact 523). Before
-the history gives an exponent, the interval widens over the steps since the latest measured
-one by any exponent training could give (``EXPONENT_RANGE``); the point stays.
+the history gives an exponent, the interval widens by any exponent training could give
+(``EXPONENT_RANGE``): downwards over the steps since the latest measured one, upwards over
+those since the averages' effective step; the point stays. The upward distance is not the one
+from the latest measured step: on the same transformer the first 40 steps' |G|², 30× the
+later steps', held the effective step at 11–12 from step 48 to step 192 while steps went on
+being measured, so the averages never moved far enough for an exponent, and the interval,
+widened from the latest measured step, read [76, 159] at step 192 against an exact 430.
+The averages' ratio weighs each step by its |G|², so an effective step far behind means the
+early steps had the larger |G|², and (for a like tr Σ) the smaller B_simple: the lag reads
+low, and the interval opens upwards for it. Downwards it widens as before, over the steps
+since the latest measured one (the autopilot grows by the interval's low end: opened
+downwards too, it stopped a doubling short on its T1 benchmark, 0.86 → 0.78 of the best
+fixed batch at B½ = 64).
 """
 
 from __future__ import annotations
@@ -116,9 +130,10 @@ class GrowthCorrection:
         while len(history) > 1 and history[1].effective_step <= effective * BASE / 2:
             history.popleft()
 
-    def exponent(self) -> tuple[float, float] | None:
-        """p and its standard error, from the latest estimate and the one about a quarter as
-        far into the run; None while the history spans too little."""
+    def exponent(self) -> tuple[float, float, float] | None:
+        """p, its standard error and the span ln(t₂/t₁) of effective steps it was measured
+        over, from the latest estimate and the one about a quarter as far into the run; None
+        while the history spans too little."""
         latest = self._latest
         if latest is None or not self._history:
             return None
@@ -131,7 +146,7 @@ class GrowthCorrection:
         p = min(max((latest.log_b - earlier.log_b) / span, low), high)
         # the two estimates share some steps, so adding their variances overstates the
         # difference's: a cautious standard error
-        return p, math.sqrt(latest.rel_var + earlier.rel_var) / span
+        return p, math.sqrt(latest.rel_var + earlier.rel_var) / span, span
 
     def apply(
         self, step: int, averages: Averages, measured: int | None = None
@@ -143,36 +158,47 @@ class GrowthCorrection:
             return est, None
         found = self.exponent()
         if found is None:
-            return stale(est, step, measured or step), None
+            return stale(
+                est, step, measured or step, effective_step(averages, measured or step)
+            ), None
         behind = math.log(max(step, 1) / effective_step(averages, step))  # ln(t / t_eff)
         if behind <= 0:
             return est, None
-        p, se = found
+        p, se, span = found
         shrunk = math.copysign(max(0.0, abs(p) - se), p)
         x = min(behind, MAX_REACH)
         factor = math.exp(shrunk * x)
         b = est.b_simple * factor
         rel = math.hypot(est.stderr / est.b_simple, se * x)
         # the interval reaches as far as the averages lag (up to 16×), with any exponent
-        # training could plausibly give within the range of p's error
+        # within the range of p's error; upwards, beyond the stretch p was measured over,
+        # with any exponent training could give (a trend seen over a short stretch says
+        # little about a long one: the burst of steps a warm-up measures at the start)
         lag = min(behind, MAX_LAG)
         bottom, top = EXPONENT_RANGE
         slowest, fastest = max(p - Z95 * se, bottom), min(p + Z95 * se, top)
+        unseen = max(0.0, lag - span)
+        up = math.exp(max(0.0, fastest) * (lag - unseen) + top * unseen)
         low = est.ci_low * math.exp(min(0.0, slowest * lag)) if est.ci_low else est.ci_low
-        high = est.ci_high * math.exp(max(0.0, fastest * lag)) if est.ci_high else None
+        high = est.ci_high * up if est.ci_high else None
         corrected = replace(est, b_simple=b, stderr=b * rel, ci_low=low, ci_high=high)
         return corrected, Growth(shrunk, se, factor)
 
 
-def stale(est: Estimate, step: int, measured: int) -> Estimate:
-    """``est``, last fed at step ``measured``, read at ``step`` with no trend known: its
-    interval widened by what any exponent in ``EXPONENT_RANGE`` could have done since."""
-    if step <= measured or measured < 1:
-        return est
-    lag = min(math.log(step / measured), MAX_LAG)
+def stale(est: Estimate, step: int, measured: int, stands_for: float) -> Estimate:
+    """``est``, last fed at step ``measured``, its ratio standing for step ``stands_for`` (the
+    averages' effective step), read at ``step`` with no trend known: its interval widened by
+    what any exponent in ``EXPONENT_RANGE`` could have done, downwards since ``measured`` and
+    upwards since ``stands_for``. The ratio of the averages weighs each step by its |G|², so
+    an effective step far behind the latest measured one means the early steps had the larger
+    |G|² and, for a like tr Σ, the smaller B_simple: it reads low, not high."""
     bottom, top = EXPONENT_RANGE
-    low = est.ci_low * math.exp(bottom * lag) if est.ci_low else est.ci_low
-    high = est.ci_high * math.exp(top * lag) if est.ci_high else None
+    down = min(math.log(step / measured), MAX_LAG) if step > measured >= 1 else 0.0
+    up = min(math.log(step / stands_for), MAX_LAG) if step > stands_for >= 1 else 0.0
+    if not (down or up):
+        return est
+    low = est.ci_low * math.exp(bottom * down) if est.ci_low else est.ci_low
+    high = est.ci_high * math.exp(top * up) if est.ci_high else None
     return replace(est, ci_low=low, ci_high=high)
 
 

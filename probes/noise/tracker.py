@@ -16,7 +16,7 @@ from ..runtime.timing import finite_or_none as _finite
 from ..wire.protocol import NoiseScaleReading
 from .drift import DriftFollowingRatio
 from .estimators import EstimateError, Units, components, finite
-from .growth import Growth, GrowthCorrection
+from .growth import Growth, GrowthCorrection, effective_step
 from .smoothing import Estimate
 from .step_record import StepRecord
 
@@ -27,7 +27,7 @@ NEGATIVE_G2 = (
     "microbatch measure |G|² without that bias"
 )
 UNACCOUNTED = "a measured parameter got gradient outside its layer's forward"
-STALE = 1.25  # a reading this many times older than its latest measured step says so
+STALE = 1.25  # a reading this many times past the step its averages stand for says so
 BELOW_ZERO = (
     "the averaged |G|² reads below zero beyond its error: the small batches' gradients are "
     "not independent draws of the step's"
@@ -111,12 +111,14 @@ class Tracker:
         (the source knows: BatchNorm, for per-example norms)."""
         at = max(now or 0, self.last_used)
         est, self.growth_applied = self.growth.apply(at, self.averages, self.last_used)
-        aged = at >= STALE * self.last_used
-        if self.growth_applied is None and est.b_simple is not None and aged:
-            detail = (
-                f"{detail}; measured last at step {self.last_used:,}: the interval widened "
-                "for what training may have moved it since"
-            )
+        if self.growth_applied is None and est.b_simple is not None:
+            stands_for = effective_step(self.averages, self.last_used)
+            if at >= STALE * stands_for:
+                detail = (
+                    f"{detail}; the averages stand for about step {stands_for:,.0f} (measured "
+                    f"last at step {self.last_used:,}): the interval widened for what training "
+                    "may have moved it since"
+                )
         return NoiseScaleReading(
             b_simple=_finite(est.b_simple),
             stderr=_finite(est.stderr),

@@ -136,22 +136,48 @@ def test_a_reading_aged_past_its_last_measured_step_widens_with_the_steps_since(
 
 
 def test_before_a_trend_is_known_an_aged_interval_spans_any_exponent_and_says_so():
-    """With no exponent yet, 8× the steps since the latest measured one widen the interval to
-    B·8^-1 … B·8^1.5 (``EXPONENT_RANGE``); the point stays; the tracker's detail says why."""
+    """With no exponent yet, a reading 8× past the step its averages stand for widens the
+    interval to B·8^-1 … B·8^1.5 (``EXPONENT_RANGE``); the point stays; the tracker's detail
+    says where the averages stand and why the interval is wide."""
     from bsmon.probes.noise.growth import stale
     from bsmon.probes.noise.smoothing import Estimate
 
     est = Estimate(b_simple=50.0, stderr=5.0, ci_low=40.0, ci_high=62.0)
-    aged = stale(est, step=320, measured=40)
+    aged = stale(est, step=320, measured=40, stands_for=40)
     assert aged.b_simple == 50.0 and aged.stderr == 5.0
     assert aged.ci_low == pytest.approx(40.0 / 8) and aged.ci_high == pytest.approx(62.0 * 8**1.5)
-    assert stale(est, step=40, measured=40) == est
+    assert stale(est, step=40, measured=40, stands_for=40) == est
+    # averages that stand for step 20, measured last at step 40: upwards from 20, down from 40
+    behind = stale(est, step=320, measured=40, stands_for=20)
+    assert behind.ci_high == pytest.approx(62.0 * 16**1.5)
+    assert behind.ci_low == pytest.approx(40.0 / 8)
     tracker = fed_tracker(range(1, 41))
     tracker.growth.reset()  # no history: no trend
     aged_reading = tracker.reading("per_example", 1.0, False, False, "", now=320)
     assert "measured last at step 40" in (aged_reading.detail or "")
-    fresh_reading = tracker.reading("per_example", 1.0, False, False, "", now=40)
-    assert "measured last" not in (fresh_reading.detail or "")
+    assert "the averages stand for about step" in (aged_reading.detail or "")
+
+
+def test_a_burst_of_early_steps_does_not_pass_for_the_latest_step():
+    """The tracking benchmark's transformer: the warm-up's first 40 measured steps, taken
+    while |G|² fell 30×, outweigh every later one, so the averages' effective step stayed at
+    11–12 from step 48 to 192 while steps went on being measured, and never moved far enough
+    for an exponent. Read at step 192, the interval widens upwards from step 11, not from the
+    latest measured step (188): before, it read [76, 159] against an exact 430. Downwards it
+    widens from the latest measured step, as before."""
+    from bsmon.probes.noise.growth import EXPONENT_RANGE, MAX_LAG
+
+    averages, growth = _Averages(), GrowthCorrection()
+    averages.effective = 11.0
+    for measured in range(40, 189, 10):
+        growth.observe(measured, averages)
+    assert growth.exponent() is None
+    read, applied = growth.apply(192, averages, measured=188)
+    bottom, top = EXPONENT_RANGE
+    behind = min(192 / 11, math.exp(MAX_LAG))  # the interval's reach is capped at 16×
+    assert applied is None and read.b_simple == 50.0
+    assert read.ci_high == pytest.approx(55.0 * behind**top)
+    assert read.ci_low == pytest.approx(45.0 * (192 / 188) ** bottom)
 
 
 def test_a_steadily_measured_reading_barely_ages_between_measured_steps():
@@ -162,3 +188,49 @@ def test_a_steadily_measured_reading_barely_ages_between_measured_steps():
     later = tracker.reading("per_example", 1.0, False, False, "", now=3019)
     assert later.ci_low == pytest.approx(latest.ci_low, rel=0.02)
     assert later.ci_high == pytest.approx(latest.ci_high, rel=0.02)
+
+
+class _Averages:
+    """Averages whose ratio holds still at 50 (±5%) while their effective step is set."""
+
+    def __init__(self) -> None:
+        self.effective = 1.0
+
+    @property
+    def mean_age(self) -> float:
+        return 0.0
+
+    @property
+    def log_step(self) -> float:
+        return math.log(self.effective)
+
+    def estimate(self):
+        from bsmon.probes.noise.smoothing import Estimate
+
+        return Estimate(b_simple=50.0, stderr=2.5, ci_low=45.0, ci_high=55.0, steps=40)
+
+
+def test_a_trend_seen_over_a_short_stretch_is_not_carried_over_a_long_one():
+    """The averages held still while their effective step went 20 → 40 (a warm-up's burst),
+    then nothing was measured: read at step 640, 16× their effective step, the exponent
+    measured over a doubling speaks for one doubling; upwards, the other eight-fold takes any
+    exponent training could give, so the interval reaches 55·8^1.5; downwards it keeps p's
+    range. Before, it reached ×1.7 upwards (the burst's 'holding still' carried 16× forward).
+    Read within the measured stretch, it is as before."""
+    from bsmon.probes.noise.growth import EXPONENT_RANGE
+
+    averages, growth = _Averages(), GrowthCorrection()
+    for effective in range(20, 41):
+        averages.effective = float(effective)
+        growth.observe(effective, averages)
+    p, se, span = growth.exponent()
+    assert abs(p) < 0.01 and span == pytest.approx(math.log(2.0))
+    far, _ = growth.apply(640, averages, measured=40)
+    bottom, top = EXPONENT_RANGE
+    assert far.b_simple == pytest.approx(50.0)
+    slowest = max(p - 1.959963984540054 * se, bottom)
+    assert far.ci_high >= 55.0 * 8**top
+    assert far.ci_low == pytest.approx(45.0 * 16 ** min(0.0, slowest))
+    near, _ = growth.apply(60, averages, measured=40)  # 1.5× the effective step: within
+    fastest = p + 1.959963984540054 * se
+    assert near.ci_high == pytest.approx(55.0 * 1.5**fastest)
