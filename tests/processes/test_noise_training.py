@@ -14,7 +14,7 @@ from bsmon.probes import attach
 from bsmon.probes.noise import per_example
 from bsmon.probes.noise.budget import BUDGET_VARIABLE
 from bsmon.probes.noise.controller import TRACKING
-from bsmon.probes.noise.warmup import LIMIT
+from bsmon.probes.noise.warmup import LIMIT, WARMUP_FIRST
 from bsmon.probes.wire import protocol
 from bsmon.probes.wire.client import JobConnection
 from workloads.noise_jobs import ANISO, ISO, ISO_BIAS, Regression, measuring, train
@@ -392,8 +392,9 @@ def test_collecting_after_the_warm_ups_allowance_says_measuring_goes_on_under_th
     """minGPT read 'collecting 25/30 steps' for 200+ steps once the warm-up's allowance was
     spent (issue 43): the reading now says the rest come under the cost budget, and how
     often. The warm-up's end by its limit is set by hand here (it depends on the machine's
-    prices); the words are the controller's own."""
-    with under_the_budget(8) as mon:
+    prices); the words are the controller's own. The warm-up's first measured step is the
+    16th: 8 steps past it leave the estimate collecting."""
+    with under_the_budget(WARMUP_FIRST + 8) as mon:
         noise = mon._noise
         reading = noise.reading
         collecting = f"collecting {reading.effective:.0f}/{reading.needed} measured steps"
