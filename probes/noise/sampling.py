@@ -93,8 +93,9 @@ class Sampler:
         self.last: tuple[int, int] | None = None  # (taken, of) in the latest pass
 
     def rows(self, examples: int) -> Rows | None:
-        """The rows this step takes of a pass of ``examples`` (None: all)."""
-        return rows_of(examples, self.steps) if self.on else None
+        """The rows this sampled step takes of a pass of ``examples`` (None: all); per_example
+        calls it only while ``on``."""
+        return rows_of(examples, self.steps)
 
     def taken(self, passes: dict[int, int]) -> int:
         """The examples whose norms this sampled step took of ``passes`` (pass id →
@@ -109,9 +110,7 @@ class Sampler:
 
     def lean(self, calls: list[tuple[Lean, Tensor]]) -> list[tuple[Lean, Tensor]]:
         """Lean linear calls and their |g_i| (per_example's ``LinearCall``: ``rows``,
-        ``a_norm``) cut to this step's rows."""
-        if not self.on:
-            return calls
+        ``a_norm``) cut to this sampled step's rows; per_example calls it only while ``on``."""
         out = []
         for call, g_norm in calls:
             rows = self.rows(call.rows)
