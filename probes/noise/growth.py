@@ -44,9 +44,9 @@ widened from the latest measured step, read [76, 159] at step 192 against an exa
 The averages' ratio weighs each step by its |G|², so an effective step far behind means the
 early steps had the larger |G|², and (for a like tr Σ) the smaller B_simple: the lag reads
 low, and the interval opens upwards for it. Downwards it widens as before, over the steps
-since the latest measured one (the autopilot grows by the interval's low end: opened
-downwards too, it stopped a doubling short on its T1 benchmark, 0.86 → 0.78 of the best
-fixed batch at B½ = 64).
+since the latest measured one: the autopilot and the advice grow by the interval's low end,
+and opened downwards from the effective step too, the transformer's read [5, 9,799] at step
+192, a low end that tells growth nothing.
 """
 
 from __future__ import annotations
