@@ -1,8 +1,9 @@
-"""The autopilot against fixed batches: time to a target loss on two small CPU tasks.
+"""The autopilot against fixed batches: time to a target loss on three small CPU tasks.
 
 The protocol of research/autopilot.md §7, on the tasks of ``autopilot_kit.tasks`` (T1: synthetic
 10-class classification with an MLP; T2: a character-level model of the Python standard
-library's own sources; no download, SGD with momentum 0.9, one thread):
+library's own sources, both with SGD and momentum 0.9; T3: a small decoder transformer on a
+Markov chain's sequences with AdamW; no download, one thread):
 
 1. **This machine's step time** t(B) at B0·2^k, k = 0…6, fitted by t(B) = t0 + c·B (B½ = t0/c).
 2. **Fixed batches** B ∈ {B0, 4·B0, 16·B0, 64·B0}, each with its learning rate tuned on a ×2
@@ -19,10 +20,12 @@ library's own sources; no download, SGD with momentum 0.9, one thread):
    declared B½ ∈ {16, 64, 256, 1024} (the simulated columns).
 5. **The fastest ramps** (a bound, not a goal): no monitor, the batch B0 for the autopilot's
    first ``WARMUP_STEPS`` steps, then doubled every ``SETTLE_STEPS`` (its fastest legal
-   pace, 2× per decision) up to 8·B0 … 64·B0 and held there, B0's rate moved linearly with
-   it. A ramp to S is the best any autopilot with these guards could do had it known from
-   the start that S is the size to steer to; B_simple's model picks S = the doubling where
-   the goodput gain stops paying (docs/benchmarks.md reads it with the exact B_simple).
+   pace, 2× per decision) up to 8·B0 … 64·B0 and held there, B0's rate moved with it by
+   bsmon's rule for the task's optimizer, and the Adam rules (``--adam``) applied at each
+   change by bsmon's own functions. A ramp to S is the best any autopilot with these guards
+   could do had it known from the start that S is the size to steer to; B_simple's model
+   picks S = the doubling where the goodput gain stops paying (docs/benchmarks.md reads it
+   with the exact B_simple).
 
 Every arm runs on each evaluation seed (arms interleaved within a seed) until the held-out
 loss reaches the task's last target. Time to a target is interpolated linearly between the
@@ -50,13 +53,14 @@ Goals (met / not met; research/autopilot.md §7's C1–C4):
   with the noise scale off; the three jobs in one process taking turns, 100 steps at a time;
   the median of 12 rounds' paired ratios).
 
-    python benchmarks/autopilot.py                                  # both tasks, 5 seeds (~32 min)
+    python benchmarks/autopilot.py                                  # three tasks, 5 seeds
     python benchmarks/autopilot.py --quick                          # a smoke run (~3 min)
     python benchmarks/autopilot.py --write-lr-table /tmp/lr.json    # keep the tuning ...
     python benchmarks/autopilot.py --lr-table /tmp/lr.json          # ... and skip it next time
     python benchmarks/autopilot.py --tasks charlm --seeds 3
     python benchmarks/autopilot.py --cost                           # goal C5 alone (~2 min)
     python benchmarks/autopilot.py --lag                            # the noise scale's lag
+    python benchmarks/autopilot.py --tasks transformer --adam reset/examples/timescale
 
 Progress goes to stderr, the tables and verdicts to stdout. Figures are printed, never
 asserted (docs/benchmarks.md keeps them).
@@ -147,9 +151,25 @@ def lag(names: Sequence[str]) -> int:
     return 0
 
 
+def _adam_rules(parser: argparse.ArgumentParser, given: str | None) -> tuple[str, str, str] | None:
+    """``--adam`` as the three rules, checked by bsmon's own ``AdamRules``."""
+    if given is None:
+        return None
+    from bsmon.probes.batch.adam_rules import AdamRules
+
+    parts = given.split("/")
+    if len(parts) != 3:
+        parser.error(f"--adam takes MOMENTS/BETA2/DECAY, got {given!r}")
+    try:
+        AdamRules(*parts)
+    except ValueError as exc:
+        parser.error(f"--adam: {exc}")
+    return parts[0], parts[1], parts[2]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", default=["synthetic", "charlm"])
+    parser.add_argument("--tasks", nargs="+", default=["synthetic", "charlm", "transformer"])
     parser.add_argument("--seeds", type=int, default=None, help="evaluation seeds (default 5)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, small budgets")
     parser.add_argument("--lr-table", type=Path, help="reuse a tuning (JSON from --write-lr-table)")
@@ -172,7 +192,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a what-if: the autopilot's noise-scale budget as a share of the step (bsmon's "
         "default is 0.01); the simulated time leaves the measuring's cost out, wall-clock keeps it",
     )
+    parser.add_argument(
+        "--adam",
+        metavar="MOMENTS/BETA2/DECAY",
+        help="a what-if for the autopilot's and the ramps' changes: attach's adam_moments, "
+        "adam_beta2 and adam_weight_decay, e.g. reset/examples/timescale (default: bsmon's)",
+    )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=("fixed", "warmup", "ramp", "auto"),
+        default=["fixed", "warmup", "ramp", "auto"],
+        help="the kinds of arm evaluated (a what-if of --adam needs only ramp and auto: the "
+        "fixed batches never change size); the tuning runs whatever it needs",
+    )
     args = parser.parse_args(argv)
+    adam = _adam_rules(parser, args.adam)
     if args.noise_budget is not None and not 0 < args.noise_budget <= 1:
         parser.error(f"--noise-budget must be a share in (0, 1], got {args.noise_budget:g}")
 
@@ -207,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 task.start_batch * 2**k for k in ((4,) if args.quick else (3, 4, 5, 6))
             ),
             noise_budget=args.noise_budget,
+            adam=adam,
+            kinds=tuple(args.arms),
         )
         say(f"{task.title}: targets {settings.targets}, B0 {task.start_batch}")
         t0, c = calibrate(task)

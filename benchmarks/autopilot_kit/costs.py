@@ -24,7 +24,7 @@ def step_times(
     data = task.data()
     torch.manual_seed(0)
     model = task.model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    optimizer = task.optimizer(model.parameters(), 1e-4)
     result = {}
     for size in sizes:
         loader = DataLoader(
@@ -44,7 +44,7 @@ def step_times(
             except StopIteration:
                 batches = iter(loader)
                 inputs, labels = next(batches)
-            train_step(model, optimizer, inputs, labels)
+            train_step(task, model, optimizer, inputs, labels)
 
         for _ in range(10):
             one_step()
@@ -119,8 +119,9 @@ class CostJob:
         from bsmon.probes import attach
 
         torch.manual_seed(0)
+        self.task = task
         self.model = task.model()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4, momentum=0.9)
+        self.optimizer = task.optimizer(self.model.parameters(), 1e-4)
         options = {"record": False, "serve": False, "max_batch_size": size}
         self.mon = attach(self.model, self.optimizer, batch_size=size, **options, **config)
         self._loader = self.mon.dataloader(task.data().train, shuffle=True, collate_fn=whole_batch)
@@ -135,7 +136,7 @@ class CostJob:
             except StopIteration:
                 self._batches = iter(self._loader)
                 inputs, labels = next(self._batches)
-            self.mon.log(loss=train_step(self.model, self.optimizer, inputs, labels))
+            self.mon.log(loss=train_step(self.task, self.model, self.optimizer, inputs, labels))
         return time.perf_counter() - started
 
 

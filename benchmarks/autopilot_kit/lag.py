@@ -11,16 +11,16 @@ from noise_tracking_kit.exact import exact_noise
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .tasks import DATA_SEED, Task, whole_batch
+from .tasks import DATA_SEED, LossFn, Task, whole_batch
 from .training import train_step
 
 
 def exact_parts(
-    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+    model: nn.Module, loss: LossFn, inputs: torch.Tensor, labels: torch.Tensor
 ) -> tuple[float, float]:
     """tr Σ and |G|² of the model as it is, from every example's own gradient over
     ``inputs``, both unbiased (``noise_tracking_kit.exact``)."""
-    found = exact_noise(model, nn.functional.cross_entropy, inputs, labels)
+    found = exact_noise(model, loss, inputs, labels)
     return found.trace, found.g2
 
 
@@ -68,7 +68,7 @@ def noise_lag(
     probe_inputs, probe_labels = next(iter(probe))
     torch.manual_seed(seed)
     model = task.model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    optimizer = task.optimizer(model.parameters(), lr)
     mon = attach(model, optimizer, batch_size=batch, record=False, serve=False)
     order = torch.Generator().manual_seed(seed)
     loader = mon.dataloader(data.train, shuffle=True, generator=order, collate_fn=whole_batch)
@@ -78,7 +78,7 @@ def noise_lag(
     try:
         while mon.step < max(checkpoints):
             for inputs, labels in loader:
-                mon.log(loss=train_step(model, optimizer, inputs, labels))
+                mon.log(loss=train_step(task, model, optimizer, inputs, labels))
                 if mon.step in wanted:
                     weights[mon.step] = {
                         k: v.detach().clone() for k, v in model.state_dict().items()
@@ -97,7 +97,7 @@ def noise_lag(
     parts = {}
     for step, state in sorted(weights.items()):
         twin.load_state_dict(state)
-        parts[step] = exact_parts(twin, probe_inputs, probe_labels)
+        parts[step] = exact_parts(twin, task.loss, probe_inputs, probe_labels)
     rows = []
     for checkpoint in checkpoints:
         trace, g2 = parts[checkpoint]

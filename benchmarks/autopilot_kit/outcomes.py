@@ -200,3 +200,41 @@ def trajectory(decisions: Sequence[Mapping[str, Any]], lrs: Sequence[float]) -> 
         half_text = f"B½ {half:.0f}" if half is not None else "B½ ∞"
         parts.append(f"{d.get('old')}→{d.get('new')} @{step} ({phi_text}, {half_text}{lr})")
     return "; ".join(parts) or "no decision"
+
+
+STALL_FACTOR = 1.5  # a run needing this many times the examples of its size's fixed batch
+
+
+def stalls(task: TaskOutcome, target: float) -> dict[str, tuple[int, int]]:
+    """Runs that stalled, of all: ``fixed`` (a fixed batch's run needing more than
+    ``STALL_FACTOR``× its arm's median examples to ``target``, or never reaching it) and
+    ``changing`` (a ramp's or the autopilot's run needing more than that times the median of
+    the fixed batch of the size it ended at, interpolated on a log scale between the fixed
+    sizes). A batch that grew well needs fewer examples than fixed at its end size, since it
+    spent its first examples at smaller sizes; one that sat on a plateau needs more."""
+    fixed = {arm.batch: arm.median(target, examples_of) for arm in task.arms if arm.kind == "fixed"}
+    counts = {"fixed": [0, 0], "changing": [0, 0]}
+    for arm in task.arms:
+        if arm.kind not in ("fixed", "ramp", "auto"):
+            continue
+        group = "fixed" if arm.kind == "fixed" else "changing"
+        for run, used in zip(arm.runs, arm.metric(target, examples_of), strict=True):
+            size = arm.batch if arm.kind != "auto" else run.final_size or run.max_size
+            reference = fixed[arm.batch] if arm.kind == "fixed" else reference_examples(fixed, size)
+            counts[group][0] += not used <= STALL_FACTOR * reference
+            counts[group][1] += 1
+    return {group: (stalled, runs) for group, (stalled, runs) in counts.items()}
+
+
+def reference_examples(fixed: Mapping[int, float], size: int) -> float:
+    """The fixed batches' median examples at ``size``: linear in log₂(size) between the two
+    fixed sizes around it, the nearest one's beyond them."""
+    sizes = sorted(fixed)
+    if size <= sizes[0] or size >= sizes[-1]:
+        return fixed[sizes[0] if size <= sizes[0] else sizes[-1]]
+    above = next(s for s in sizes if s >= size)
+    below = max(s for s in sizes if s <= size)
+    if above == below:
+        return fixed[size]
+    share = math.log2(size / below) / math.log2(above / below)
+    return fixed[below] + share * (fixed[above] - fixed[below])

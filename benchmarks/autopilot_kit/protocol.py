@@ -33,6 +33,8 @@ class Settings:
     halves: tuple[float | None, ...]
     ramp_tops: tuple[int, ...]
     noise_budget: float | None = None  # a what-if for the autopilot's arms (None: bsmon's)
+    adam: tuple[str, str, str] | None = None  # a what-if for the autopilot's and ramps' changes
+    kinds: tuple[str, ...] = ("fixed", "warmup", "ramp", "auto")  # the arms run
 
 
 def run_once(task: Any, arm: Any, seed: int, settings: Settings) -> Any:
@@ -190,13 +192,19 @@ def evaluate(task: Any, table_entry: Mapping[str, Any], settings: Settings) -> l
             arms.append((ArmResult(arm.label, "warmup", batch, lr), arm))
     lr0 = fixed[task.start_batch]
     for top in settings.ramp_tops:
-        arm = Arm(task.start_batch, lr0, ramp_to=top)
+        arm = Arm(task.start_batch, lr0, ramp_to=top, adam=settings.adam)
         arms.append((ArmResult(arm.label, "ramp", top, lr0), arm))
     for half in settings.halves:
         arm = Arm(
-            task.start_batch, lr0, autopilot=True, half=half, noise_budget=settings.noise_budget
+            task.start_batch,
+            lr0,
+            autopilot=True,
+            half=half,
+            noise_budget=settings.noise_budget,
+            adam=settings.adam,
         )
         arms.append((ArmResult(arm.label, "auto", task.start_batch, lr0, half), arm))
+    arms = [(result, arm) for result, arm in arms if result.kind in settings.kinds]
     for seed in settings.eval_seeds:
         for result, arm in arms:
             result.runs.append(reduce_run(run_once(task, arm, seed, settings), settings.targets))

@@ -1,7 +1,7 @@
-"""The two tasks of benchmarks/autopilot.py: their data, their models and the protocol's
-settings for each (docs in autopilot.py's docstring).
+"""The three tasks of benchmarks/autopilot.py: their data, their models, their optimizers and
+the protocol's settings for each (docs in autopilot.py's docstring).
 
-Two small tasks, deterministic given a seed, needing no download:
+Three small tasks, deterministic given a seed, needing no download:
 
 - **T1** ``synthetic``: a 10-class classification problem generated here the way
   scikit-learn's ``make_classification`` does it (40 features: 20 informative drawn from two
@@ -15,10 +15,15 @@ Two small tasks, deterministic given a seed, needing no download:
   4,096 characters and one block in 10 is held out: every window inside the other blocks is a
   training example (~2.7 million), 4,096 random windows inside the held-out blocks are the
   held-out set. Embedding(97, 16)×12 → 256 → 256 → 97.
+- **T3** ``transformer``: the decoder-only transformer of benchmarks/noise_tracking.py (2
+  pre-norm blocks of width 64, 4 heads) on sequences of its order-2 Markov chain (32 symbols,
+  32 tokens of context; about 1.9 nats a symbol is the floor): 200,000 training sequences and
+  1,024 held out, from the same chain. AdamW (β 0.9/0.999, weight decay 0.1), the family the
+  round-two issue asks for: a different model, optimizer and learning-rate rule from T1/T2.
 
-Both train with SGD, momentum 0.9 (bsmon's learning-rate rule for SGD: linear). The data are
-fixed (generated from seed 0); a run's seed sets the model's initial weights and the order of
-the examples.
+T1 and T2 train with SGD, momentum 0.9 (bsmon's learning-rate rule for SGD: linear); T3 with
+AdamW (bsmon's rule for Adam-type: the square root). The data are fixed (generated from seed
+0); a run's seed sets the model's initial weights and the order of the examples.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+MakeOptimizer = Callable[[Any, float], torch.optim.Optimizer]
 
 DATA_SEED = 0
 CHAR_CONTEXT = 12
@@ -73,6 +81,10 @@ class Data:
     held_out: tuple[torch.Tensor, torch.Tensor]
 
 
+def sgd_momentum(params: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
 @dataclass(frozen=True)
 class Task:
     """One task: what it trains and the protocol's settings for it.
@@ -94,6 +106,8 @@ class Task:
     data: Callable[[], Data]
     quick_targets: tuple[float, ...]
     quick_budget_examples: int
+    optimizer: MakeOptimizer = sgd_momentum
+    loss: LossFn = nn.functional.cross_entropy
 
     @property
     def batches(self) -> list[int]:
@@ -258,6 +272,54 @@ def char_mlp() -> nn.Module:
     )
 
 
+# -- T3: a small transformer with AdamW on a Markov chain's sequences -------------------------
+
+SEQUENCES_HELD_OUT = 1024
+
+
+class Sequences(Dataset):
+    """Whole sequences of the chain: the first ``CONTEXT`` symbols in, each next one out."""
+
+    def __init__(self, sequences: torch.Tensor) -> None:
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = self.__getitems__([index])
+        return inputs[0], labels[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.sequences[torch.as_tensor(indices)]
+        return rows[:, :-1], rows[:, 1:]
+
+
+@cache
+def markov_data() -> Data:
+    from noise_tracking_kit.transformer import SEQUENCES, markov_sequences
+
+    sequences = markov_sequences(SEQUENCES + SEQUENCES_HELD_OUT)
+    held_out = Sequences(sequences[SEQUENCES:]).__getitems__(list(range(SEQUENCES_HELD_OUT)))
+    return Data(Sequences(sequences[:SEQUENCES].contiguous()), held_out)
+
+
+def decoder() -> nn.Module:
+    from noise_tracking_kit.transformer import Decoder
+
+    return Decoder()
+
+
+def adamw(params: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.1)
+
+
+def sequence_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    from noise_tracking_kit.transformer import sequence_loss as loss
+
+    return loss(logits, labels)
+
+
 TASKS: dict[str, Task] = {
     "synthetic": Task(
         name="synthetic",
@@ -286,5 +348,21 @@ TASKS: dict[str, Task] = {
         data=char_data,
         quick_targets=(2.0,),
         quick_budget_examples=400_000,
+    ),
+    "transformer": Task(
+        name="transformer",
+        title="T3 decoder transformer 2×64 on an order-2 Markov chain, AdamW (wd 0.1)",
+        start_batch=16,
+        targets=(2.10, 2.04),
+        eval_every=4096,
+        budget_examples=600_000,
+        lr_centre={16: 0.003, 64: 0.006, 256: 0.012, 1024: 0.024},
+        warmup_default={256: 16_384, 1024: 49_152},
+        model=decoder,
+        data=markov_data,
+        quick_targets=(2.15,),
+        quick_budget_examples=200_000,
+        optimizer=adamw,
+        loss=sequence_loss,
     ),
 }

@@ -31,7 +31,9 @@ class Arm:
     with ``half`` declared as B½ (None: fitted from the job's own step times). ``ramp_to``:
     no monitor; the batch follows ``ramp_size``, the fastest ramp from ``batch`` to this size
     that the autopilot's guards allow, the learning rate moved with it by the autopilot's
-    rule for SGD (linear)."""
+    rule for the task's optimizer (linear for SGD, the square root for AdamW). ``adam``: the
+    Adam rules at each change (``attach``'s ``adam_moments``, ``adam_beta2`` and
+    ``adam_weight_decay``; None: bsmon's defaults), for the autopilot and the ramps alike."""
 
     batch: int
     lr: float
@@ -40,14 +42,17 @@ class Arm:
     half: float | None = None
     ramp_to: int = 0
     noise_budget: float | None = None  # the autopilot's noise-scale budget (None: bsmon's)
+    adam: tuple[str, str, str] | None = None
 
     @property
     def label(self) -> str:
+        rules = "" if self.adam is None else f", adam {'/'.join(self.adam)}"
         if self.autopilot:
             label = "auto, measured B½" if self.half is None else f"auto, B½={self.half:g} declared"
+            label += rules
             return label if self.noise_budget is None else f"{label}, noise {self.noise_budget:g}"
         if self.ramp_to:
-            return f"fastest ramp to {self.ramp_to}"
+            return f"fastest ramp to {self.ramp_to}{rules}"
         if self.warmup_examples:
             return f"fixed {self.batch} + warm-up {self.warmup_examples // 1024}k ex"
         return f"fixed {self.batch}"
@@ -121,12 +126,46 @@ class RampSampler:
             self.steps += 1
 
 
+ADAM_OPTIONS = ("adam_moments", "adam_beta2", "adam_weight_decay")
+
+
+class Ramp:
+    """The fastest ramp's optimizer: at each size change, the learning rate moved by bsmon's
+    rule for it and the Adam rules applied, by bsmon's own functions, as a change the
+    autopilot makes would."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, arm: Arm) -> None:
+        from bsmon.probes.batch.adam_rules import AdamRules
+        from bsmon.probes.batch.lr_scaling import rule_for
+
+        self.optimizer, self.size, self.lr0, self.start = optimizer, arm.batch, arm.lr, arm.batch
+        self.rule = rule_for("auto", optimizer)
+        self.rules = AdamRules(*arm.adam) if arm.adam is not None else AdamRules()
+
+    def follow(self, size: int) -> None:
+        from bsmon.probes.batch.adam_rules import carry_over
+        from bsmon.probes.batch.lr_scaling import lr_factor
+
+        if size == self.size:
+            return
+        assert self.rule.policy is not None
+        factor = lr_factor(self.rule.policy, self.size, size)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr0 * lr_factor(self.rule.policy, self.start, size)
+        carry_over(self.optimizer, self.rules, self.size, size, lr_factor=factor, noise_scale=None)
+        self.size = size
+
+
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor
+    task: Task,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
 ) -> torch.Tensor:
     """One optimizer step on a batch, as the arms without a per-step schedule take it; the
     loss, for ``mon.log``."""
-    loss = nn.functional.cross_entropy(model(inputs), labels)
+    loss = task.loss(model(inputs), labels)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -134,10 +173,10 @@ def train_step(
 
 
 @torch.no_grad()
-def held_out_loss(model: nn.Module, data: Data) -> float:
+def held_out_loss(task: Task, model: nn.Module, data: Data) -> float:
     model.eval()
     inputs, labels = data.held_out
-    loss = nn.functional.cross_entropy(model(inputs), labels).item()
+    loss = task.loss(model(inputs), labels).item()
     model.train()
     return loss
 
@@ -156,7 +195,7 @@ def train(
     data = task.data()
     torch.manual_seed(seed)
     model = task.model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=arm.lr, momentum=0.9)
+    optimizer = task.optimizer(model.parameters(), arm.lr)
     order = torch.Generator().manual_seed(seed)
     mon = None
     if arm.autopilot:
@@ -174,6 +213,7 @@ def train(
             noise_scale="auto",
             name=f"autopilot-{task.name}-{seed}",
             **({} if arm.noise_budget is None else {"noise_budget": arm.noise_budget}),
+            **({} if arm.adam is None else dict(zip(ADAM_OPTIONS, arm.adam, strict=True))),
         )
         loader: DataLoader = mon.dataloader(
             data.train, shuffle=True, generator=order, collate_fn=whole_batch
@@ -186,13 +226,14 @@ def train(
             data.train, batch_size=arm.batch, shuffle=True, generator=order, collate_fn=whole_batch
         )
     log = RunLog()
-    first = held_out_loss(model, data)
+    first = held_out_loss(task, model, data)
     log.evals.append((0, 0, 0.0, first))
     examples = steps = 0
     wall = 0.0
     next_eval = task.eval_every
-    loss_fn = nn.functional.cross_entropy
+    loss_fn = task.loss
     group = optimizer.param_groups[0]
+    ramp = Ramp(optimizer, arm) if arm.ramp_to else None
     try:
         resumed = time.perf_counter()
         while not log.stopped:
@@ -200,8 +241,8 @@ def train(
                 count = len(labels)
                 if arm.warmup_examples:
                     group["lr"] = arm.lr * min(1.0, (examples + count) / arm.warmup_examples)
-                elif arm.ramp_to:
-                    group["lr"] = arm.lr * ramp_size(steps, arm.batch, arm.ramp_to) / arm.batch
+                elif ramp is not None:
+                    ramp.follow(ramp_size(steps, arm.batch, arm.ramp_to))
                 loss = loss_fn(model(inputs), labels)
                 optimizer.zero_grad()
                 loss.backward()
@@ -218,7 +259,7 @@ def train(
                 wall += time.perf_counter() - resumed
                 while next_eval <= examples:
                     next_eval += task.eval_every
-                value = held_out_loss(model, data)
+                value = held_out_loss(task, model, data)
                 log.evals.append((examples, steps, wall, value))
                 if mon is not None and (reading := mon.job.autopilot_reading()) is not None:
                     log.claimed_seen = reading.claimed_gain or log.claimed_seen

@@ -7,7 +7,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .outcomes import TaskOutcome, examples_of, median, quantile, ratio, steps_of, wall_of
+from .outcomes import (
+    STALL_FACTOR,
+    TaskOutcome,
+    examples_of,
+    median,
+    quantile,
+    ratio,
+    stalls,
+    steps_of,
+    wall_of,
+)
 
 HALVES = (16, 64, 256, 1024)  # the declared B½ of the simulated columns
 GATED_HALVES = (16, 64, 256)  # where "vs best fixed" is a goal
@@ -41,7 +51,7 @@ def _fmt(value: float) -> str:
 
 def goals(outcomes: Sequence[TaskOutcome]) -> list[Verdict]:
     """The benchmark's goals over every task (see the module's docstring)."""
-    robust, sim_start, wall_start, claim = [], [], [], []
+    robust, sim_start, wall_start, claim, stalled = [], [], [], [], []
     best: list[tuple[str, bool | None]] = []
     for task in outcomes:
         name, target = task.name, task.primary
@@ -96,14 +106,29 @@ def goals(outcomes: Sequence[TaskOutcome]) -> list[Verdict]:
             off = claimed / wall_ratio - 1 if wall_ratio and math.isfinite(wall_ratio) else math.inf
             text = f"{name} claimed {claimed:.2f}× vs measured {_fmt(wall_ratio)} ({off:+.0%})"
             claim.append((text, abs(off) <= CLAIM_TOLERANCE))
+        stalled.append(_stall_part(task))
     names = [
         ("robust: every target reached, lr finite, batch ≤ 64·B0", robust),
         (f"vs start batch, simulated at B½=64: ≥ {SIM_VS_START:g}×", sim_start),
         (f"vs start batch, wall-clock: ≥ {WALL_VS_START:g}×", wall_start),
         (f"vs best tuned fixed batch, simulated at B½ ≤ 256: ≥ {VS_BEST:g}×", best),
         (f"claimed gain within ±{CLAIM_TOLERANCE:.0%} of the measured wall-clock gain", claim),
+        (
+            f"stalls (> {STALL_FACTOR:g}× the examples of the fixed batch of the size a run ended "
+            "at) no more often than fixed batches'",
+            stalled,
+        ),
     ]
     return [Verdict(goal, *_combine(parts)) for goal, parts in names]
+
+
+def _stall_part(task: TaskOutcome) -> tuple[str, bool | None]:
+    counted = stalls(task, task.primary)
+    (changing, runs), (fixed, fixed_runs) = counted["changing"], counted["fixed"]
+    text = f"{task.name}: ramps and autopilot {changing}/{runs}, fixed {fixed}/{fixed_runs}"
+    if not runs or not fixed_runs:
+        return f"{task.name}: not measured", None
+    return text, changing / runs <= fixed / fixed_runs
 
 
 # -- printing -------------------------------------------------------------------------------

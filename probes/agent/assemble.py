@@ -22,6 +22,7 @@ from ..anatomy.collectives import CollectiveMarks
 from ..anatomy.extension import AnatomyExtension
 from ..anatomy.marks import PhaseMarks
 from ..anatomy.sampling import STRIDE_VARIABLE, AnatomySampler, stride_from_environment
+from ..batch.adam_rules import AdamRules
 from ..batch.advisor import Advisor
 from ..batch.autopilot import Autopilot
 from ..batch.control import BatchController
@@ -165,6 +166,7 @@ def assemble(
         micro_batch_size=o.micro_batch_size,
         lr_scaling=o.lr_scaling,
         lr_scheduler=o.lr_scheduler,
+        adam_rules=o.adam_rules(),
         rank=rank,
         world_size=world_size,
     )
@@ -308,6 +310,7 @@ def make_batch_control(
     micro_batch_size: int | None,
     lr_scaling: str | None,
     lr_scheduler: object,
+    adam_rules: AdamRules,
     rank: int,
     world_size: int,
 ) -> BatchController | None:
@@ -335,6 +338,7 @@ def make_batch_control(
         rank=rank,
         wake=lambda: mon._hot.wake(),  # noqa: PLW0108 (mon._hot is made later)
         footprint=lambda: footprint_of(mon.job.model, mon.job.optimizer),
+        adam_rules=adam_rules,
     )
     register_batch_commands(mon.job.router, controller)
     if rank != 0:

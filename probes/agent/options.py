@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..batch.adam_rules import AdamRules
 from ..batch.lr_scaling import DEFAULT as DEFAULT_LR_SCALING
 from ..batch.lr_scaling import POLICIES as LR_POLICIES
 from ..batch.policy import StepRule
@@ -48,12 +49,18 @@ class Options:
     micro_batch_size: int | None = None
     lr_scaling: str | None = DEFAULT_LR_SCALING
     lr_scheduler: Any = None
+    adam_moments: str = AdamRules.moments
+    adam_beta2: str = AdamRules.beta2
+    adam_weight_decay: str = AdamRules.weight_decay
     probe_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
     ranks_view: bool = True
     batch_dim: int | None = None
     step_anatomy: bool = True
     autopilot: bool = False
     autopilot_half_batch: float | None = None
+
+    def adam_rules(self) -> AdamRules:
+        return AdamRules(self.adam_moments, self.adam_beta2, self.adam_weight_decay)
 
 
 def check_options(model: object, optimizer: object, options: Options) -> None:
@@ -89,6 +96,7 @@ def check_options(model: object, optimizer: object, options: Options) -> None:
             f"lr_scaling must be one of {', '.join(map(repr, LR_POLICIES))} or None, "
             f"got {lr_scaling!r}"
         )
+    o.adam_rules()  # a wrong rule is a ValueError naming it
     if micro_batch_size is not None:
         if batch_size is None:
             raise ValueError("micro_batch_size needs batch_size (the effective batch per step)")

@@ -9,7 +9,8 @@ Modules, one job each:
 - ``loader``: a DataLoader whose batch size follows the monitor, batch by batch;
 - ``script_loader``: the batch size of a DataLoader the script built itself (``--resizable``);
 - ``lr_scaling``: the learning rate rescaled with the batch size (auto: linear for SGD, sqrt
-  for Adam-type; or chosen; or none);
+  for Adam-type; or chosen; or none); ``adam_rules``: what an Adam-type optimizer's moments,
+  β2 and weight decay do at a change;
 - ``safety``: which sizes ask first (not measured to fit; more than 2× from the last size
   that trained well);
 - ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and

@@ -14,6 +14,7 @@ its throughput verdict are one state machine whose transitions share one lock.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from ..wire.protocol import (
     Metrics,
 )
 from ..wire.routing import CommandRefused
+from .adam_rules import AdamRules, carry_over
 from .footprint import Footprint
 from .lr_scaling import NoFactor, describe, lr_factor, owned_by_scheduler, rescale, rule_for
 from .memory_model import MemoryModel
@@ -81,9 +83,11 @@ class BatchController:
         rank: int = 0,
         wake: Callable[[], None] = lambda: None,
         footprint: Callable[[], Footprint] | None = None,
+        adam_rules: AdamRules | None = None,
     ) -> None:
         """``footprint``: what the job holds whatever its batch (read once, on the agent
-        thread, after the first step has made the optimizer's state)."""
+        thread, after the first step has made the optimizer's state). ``adam_rules``: what an
+        Adam-type optimizer's moments, β2 and weight decay do at a change (adam_rules.py)."""
         self.size = initial
         self.micro = micro_batch_size
         self.policy = policy
@@ -111,6 +115,7 @@ class BatchController:
         self._others: list[torch.optim.Optimizer] = []  # more optimizers the job steps
         self._lr_scaling = lr_scaling
         self.lr_rule = rule_for(lr_scaling, optimizer)
+        self.adam_rules = adam_rules or AdamRules()
         self.scheduler = scheduler
         self._emit = emit
         self._record = record
@@ -334,6 +339,7 @@ class BatchController:
         if new == old:
             return
         factor, lr_note = self._rescale_lr(old, new)
+        carried = self._carry_over(old, new, factor)
         self.size = new
         self.arrived = change
         self._switch_time = time.time()
@@ -348,6 +354,7 @@ class BatchController:
             source=change.source,
             lr_factor=factor,
             lr_note=lr_note,
+            optimizer_note="; ".join(carried) or None,
         )
         self._record(record)
         self._emit(
@@ -355,8 +362,15 @@ class BatchController:
                 t=record.t,
                 step=record.step,
                 kind="batch_size",
-                message=f"batch {old} → {new} ({change.reason}, {change.source}); {lr_note}",
-                data={"old": old, "new": new, "lr_factor": factor, "lr": lr_note},
+                message=f"batch {old} → {new} ({change.reason}, {change.source}); "
+                + "; ".join([lr_note, *carried]),
+                data={
+                    "old": old,
+                    "new": new,
+                    "lr_factor": factor,
+                    "lr": lr_note,
+                    **({"optimizer": carried} if carried else {}),
+                },
             )
         )
         # after the change's own event: what a callback says of it (the script's DataLoader
@@ -399,6 +413,18 @@ class BatchController:
         for other in self._others:
             note += f"; {self._rescale_other(other, old, new)}"
         return factor, note
+
+    def _carry_over(self, old: int, new: int, factor: float | None) -> list[str]:
+        """The Adam rules (adam_rules.py); what moved, in words."""
+        rules, said = self.adam_rules, []
+        if self.synced and rules.moments == "rescale":
+            # each rank's B_simple is its own: rescaled by it, the ranks' moments, and then
+            # their weights, would part
+            rules = dataclasses.replace(rules, moments="keep")
+            said.append("moments kept (rescaling them by one rank's B_simple would part the ranks)")
+        noise = self._noise_scale()
+        moved = carry_over(self.optimizer, rules, old, new, lr_factor=factor, noise_scale=noise)
+        return moved + said
 
     def _rescale_other(self, optimizer: torch.optim.Optimizer, old: int, new: int) -> str:
         name = type(optimizer).__name__

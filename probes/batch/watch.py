@@ -140,7 +140,7 @@ class ChangeWatch:
             what, after = "the loss became NaN or infinite", None
         else:
             what = f"loss rose {level}, well above its level before the change"
-        lr = f"; {change.lr_note}" if change.lr_note else ""
+        lr = "".join(f"; {note}" for note in (change.lr_note, change.optimizer_note) if note)
         return [
             Event(
                 t=time.time(),

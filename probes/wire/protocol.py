@@ -181,6 +181,7 @@ class BatchChange(msgspec.Struct, omit_defaults=True):
     samples_per_s_after: float | None = None
     lr_factor: float | None = None
     lr_note: str | None = None  # "lr 0.001 → 0.00141 (sqrt rule for Adam)", or why unchanged
+    optimizer_note: str | None = None  # what else moved: "β2 0.999 → 0.998 (…); moments reset"
     # throughput verdict (the sizes' mean samples/s over all their timed steps, ± standard
     # error; docs/batch-control.md); None while it is being measured
     verdict: ThroughputVerdict | None = None

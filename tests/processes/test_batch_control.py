@@ -322,8 +322,44 @@ def test_by_default_adam_follows_the_square_root_rule_and_a_scheduler_is_named(b
         assert mon.flush()
         (event,) = [e for e in mon.job.telemetry.events if e.kind == "batch_size"]
         assert "; lr 0.001 → 0.00141 (sqrt rule for Adam); " in (event.message)
+        # and β2 keeps its half-life in examples (adam_beta2="examples", the default)
+        assert optimizer.param_groups[0]["betas"][1] == pytest.approx(0.999**2)
+        assert event.message.endswith("; β2 0.999 → 0.998 (half-life kept in examples)")
         assert "a learning-rate scheduler owns the lr" in event.message
         assert mon.job.batch_control.reading().lr_rule == "sqrt rule for Adam"
+
+
+def test_the_adam_rules_apply_at_the_switch_and_the_event_says_what_moved(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001, weight_decay=0.1)
+    rules = {"adam_moments": "reset", "adam_beta2": "examples", "adam_weight_decay": "timescale"}
+    with attach(model, optimizer, batch_size=64, **rules) as mon:
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()
+        assert mon.request_batch_size(128, confirm=True).ok
+        model(torch.randn(8, 2)).sum().backward()
+        optimizer.step()  # the change applies at this step's boundary, before the next step
+        group = optimizer.param_groups[0]
+        assert group["betas"][1] == pytest.approx(0.999**2)
+        assert group["weight_decay"] == pytest.approx(0.1 * math.sqrt(2))
+        assert all(float(state["step"]) == 0 for state in optimizer.state.values())
+        assert mon.flush()
+        (event,) = [e for e in mon.job.telemetry.events if e.kind == "batch_size"]
+        assert event.message.endswith(
+            "; lr 0.001 → 0.00141 (sqrt rule for AdamW); β2 0.999 → 0.998 (half-life kept in "
+            "examples); weight decay 0.1 → 0.141 (timescale kept in examples); moments reset "
+            "(2 tensors' averages start again)"
+        )
+        assert event.data["optimizer"][0].startswith("β2 0.999 → 0.998")
+        note = mon.job.batch_control.changes[-1].optimizer_note
+        assert note.startswith("β2 0.999 → 0.998") and note.endswith("start again)")
+
+
+def test_an_adam_rule_that_does_not_exist_is_refused_before_anything_is_attached(bsmon_dir):
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.001)
+    with pytest.raises(ValueError, match="adam_moments must be one of 'keep', 'reset', 'rescale'"):
+        attach(model, optimizer, batch_size=64, adam_moments="zero")
 
 
 def test_noise_lr_scaling_without_an_estimate_leaves_the_rate_and_says_so(bsmon_dir):

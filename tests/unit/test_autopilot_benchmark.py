@@ -156,9 +156,25 @@ def test_a_missing_arm_is_not_measured_and_one_failing_task_fails_the_goal():
     no_auto = outcome()
     no_auto.arms = [a for a in no_auto.arms if a.kind != "auto"]
     verdicts = goals([no_auto])
-    assert [v.met for v in verdicts] == [None] * 5
+    assert [v.met for v in verdicts] == [None] * 6
     slow = outcome(auto_steps=2000, auto_examples=64_000)
     assert goals([outcome(), slow])[1].met is False
+
+
+def test_a_run_that_needs_half_again_the_examples_of_its_end_sizes_fixed_batch_stalled():
+    # fixed 16 needs 64k examples, fixed 256 100k: at 64, half-way on a log scale, 82k
+    assert outcomes.reference_examples({16: 64_000.0, 256: 100_000.0}, 64) == 82_000
+    assert outcomes.reference_examples({16: 64_000.0, 256: 100_000.0}, 1024) == 100_000
+    steady = [run(60_000, 200, 2.0, max_size=256) for _ in range(5)]
+    counted = outcomes.stalls(outcome(auto_runs=steady), 1.0)
+    assert counted == {"fixed": (0, 10), "changing": (0, 25)}
+    plateau = [*steady[:4], run(151_000, 900, 9.0, max_size=256)]  # > 1.5 × 100k
+    task = outcome(auto_runs=plateau)
+    assert outcomes.stalls(task, 1.0)["changing"] == (5, 25)  # the same runs in each auto arm
+    verdict = goals([task])[5]
+    assert verdict.met is False
+    assert "ramps and autopilot 5/25, fixed 0/10" in verdict.detail
+    assert goals([outcome(auto_runs=steady)])[5].met is True
 
 
 def test_the_table_prints_ratios_against_the_best_fixed_batch():
@@ -187,7 +203,7 @@ def test_the_exact_noise_scale_is_trace_over_squared_mean_from_each_examples_gra
     flat = torch.stack(grads)
     trace = float(flat.var(0, unbiased=True).sum())
     g2 = float(flat.mean(0).pow(2).sum()) - trace / len(flat)
-    exact_trace, exact_g2 = lag.exact_parts(model, inputs, labels)
+    exact_trace, exact_g2 = lag.exact_parts(model, nn.functional.cross_entropy, inputs, labels)
     assert (exact_trace, exact_g2) == pytest.approx((trace, g2), rel=1e-6)
     assert exact_trace / exact_g2 == pytest.approx(trace / g2, rel=1e-6)
 

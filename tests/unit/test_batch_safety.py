@@ -278,6 +278,33 @@ def test_a_mixed_loss_is_not_judged_after_a_change_but_a_nan_still_is():
     assert [e.kind for e in events] == ["loss_diverged"]
 
 
+def test_a_divergence_after_a_change_names_what_moved_with_it():
+    from bsmon.probes.batch.watch import ChangeWatch
+    from bsmon.probes.wire.protocol import BatchChange, Metrics
+
+    def window(step: int, loss: float) -> Metrics:
+        return Metrics(
+            t=float(step), step=step, batch_size=16, step_time_s=0.1, samples_per_s=160.0,
+            b_simple=None, steps_in_window=10, scalars={"loss": loss},
+        )  # fmt: skip
+
+    watch = ChangeWatch(16, lambda: 0)
+    for k in range(20):
+        watch.observe(window(10 * k, 0.8))
+    change = BatchChange(
+        step=200, t=200.0, old=16, new=32, reason="+", source="monitor",
+        lr_note="lr 0.001 → 0.00141 (sqrt rule for AdamW)",
+        optimizer_note="moments reset (4 tensors' averages start again)",
+    )  # fmt: skip
+    watch.add_change(change)
+    events = [e for k in range(21, 50) for e in watch.observe(window(10 * k, 1.6))]
+    (diverged,) = [e for e in events if e.kind == "loss_diverged"]
+    assert diverged.message.endswith(
+        "after batch 16 → 32 at step 200; lr 0.001 → 0.00141 (sqrt rule for AdamW); moments "
+        "reset (4 tensors' averages start again): the change is the likely cause"
+    )
+
+
 class BesideAProbe:
     """A batch watch fed one-second metrics windows (``t`` their end, 10 steps each), told
     that a probe's sidecar shared the device from ``started`` to ``ended``; ``rate(t, size)``
