@@ -138,20 +138,19 @@ class Ramp:
         from bsmon.probes.batch.adam_rules import AdamRules
         from bsmon.probes.batch.lr_scaling import rule_for
 
-        self.optimizer, self.size, self.lr0, self.start = optimizer, arm.batch, arm.lr, arm.batch
+        self.optimizer, self.size = optimizer, arm.batch
         self.rule = rule_for("auto", optimizer)
         self.rules = AdamRules(*arm.adam) if arm.adam is not None else AdamRules()
 
     def follow(self, size: int) -> None:
         from bsmon.probes.batch.adam_rules import carry_over
-        from bsmon.probes.batch.lr_scaling import lr_factor
+        from bsmon.probes.batch.lr_scaling import lr_factor, rescale
 
         if size == self.size:
             return
         assert self.rule.policy is not None
         factor = lr_factor(self.rule.policy, self.size, size)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr0 * lr_factor(self.rule.policy, self.start, size)
+        rescale(self.optimizer, factor)
         carry_over(self.optimizer, self.rules, self.size, size, lr_factor=factor, noise_scale=None)
         self.size = size
 
