@@ -97,6 +97,7 @@ class Job:
             advisor=Advisor(self.control, declared_half=declared_half, regather=regather),
         )
         self.samples_asked: list[int] = []
+        self.samples = 0  # the job's examples so far
         self.extension = AutopilotExtension(
             self.autopilot, self.control, lambda: self.samples_asked.append(self.step)
         )
@@ -136,6 +137,7 @@ class Job:
             self.control.observe_sample(sample, self.step)
             self.extension.on_tick(sample)
             self.t += step_time * steps
+            self.samples += size * steps
             metrics = Metrics(
                 t=self.t,
                 step=self.step,
@@ -144,6 +146,7 @@ class Job:
                 samples_per_s=size / step_time,
                 b_simple=None,
                 steps_in_window=steps,
+                samples=self.samples,
                 scalars={"loss": loss(self.step)},
                 noise=self.noise(self.step),
             )

@@ -13,8 +13,10 @@ Modules, one job each:
   β2 and weight decay do at a change;
 - ``safety``: which sizes ask first (not measured to fit; more than 2× from the last size
   that trained well);
-- ``watch``: after each change, its throughput verdict (``verdict``: by standard error) and
-  whether the loss held, or diverged and perhaps recovered (``loss_watch``);
+- ``watch``: after each change, its throughput verdict (``verdict``: by standard error), its
+  measured progress per example (``progress``: the loss against the old size's own curve
+  carried on, the measured signal beside B_simple) and whether the loss held, or diverged and
+  perhaps recovered (``loss_watch``);
 - ``memory_model``: the job's peak memory per batch size, fitted by a line; ``footprint``:
   what a rank holds whatever its batch (under FSDP2 its shards, and the groups gathered whole);
 - ``advisor``: the one answer to "which batch size?" (memory, step time, the noise scale's
@@ -22,7 +24,8 @@ Modules, one job each:
   fitted per size, efficiency from the noise scale; ``regather``: a sharded job's price of
   growing by accumulation) and the rules that hold a size (``autopilot_holds``);
 - ``autopilot``: acts on the advisor's answer, switched on by the user; the gain it claims
-  (``gain_claim``), whether the job moves the learning rate itself (``lr_owner``);
+  (``gain_claim``), whether the job moves the learning rate itself (``lr_owner``), a trial of
+  the next size where B_simple holds just short of it (``autopilot_trial``);
 - ``oom``: out-of-memory errors recognised, from CUDA, ROCm, MPS or the CPU allocator;
   ``oom_recovery``: ``mon.guard()``'s recovery from one (a smaller size, samples re-queued).
 """

@@ -44,6 +44,7 @@ from .goodput import (
     unresolved_reason,
 )
 from .loss_watch import DIVERGED
+from .progress import ProgressMeter, bounds_text
 from .regather import RegatherCost
 from .safety import ratio_reason
 
@@ -70,6 +71,7 @@ class Advisor:
         self.latest: Advice | None = None
         self.model: StepTimeModel | None = None
         self.hold: Hold | None = None  # the rule that kept the size, when it stays
+        self.up: tuple[int | None, float] = (None, 0.0)  # the best size up, and its gain
         self._noise = NoiseScaleReading()
         self._probe_half: float | None = None
         self._lock = threading.Lock()
@@ -103,6 +105,7 @@ class Advisor:
             model = model.with_regather(self.regather.at(current))
         self.model = model
         self.hold = None
+        self.up = (None, 0.0)
         memory = self._memory_reason()
         if (back := self._back(current, step, memory)) is not None:
             return back
@@ -124,21 +127,40 @@ class Advisor:
     ) -> Advice:
         """Goodput at each size one change may reach, against staying."""
         half = model.half_batch
-        grown_on = estimate.for_growth
+        meter = self._control.watch.progress
+        grown_on = measured_within(estimate.for_growth, meter)
+        shrunk_on = measured_within(estimate.high, meter)
         wanted = optimum(grown_on, half)
         target = self._clamp(wanted)
         up_sizes, up_stop = self._walk(current, "up")
         down_sizes, down_stop = self._walk(current, "down")
-        up = self._best(up_sizes, current, grown_on, model)
-        down = self._best(down_sizes, current, estimate.high, model)
-        facts = [self._noise_fact(current, estimate), step_time_fact(model), memory]
+        up = self.up = self._best(up_sizes, current, grown_on, model)
+        if math.isinf(wanted) and up[0] is not None:
+            target = max(target, up[0])  # as large as fits: at least the next size
+        down = self._best(down_sizes, current, shrunk_on, model)
+        facts = [
+            self._noise_fact(current, estimate),
+            measured_fact(meter),
+            step_time_fact(model),
+            memory,
+        ]
         for action, (size, gain) in (("raise", up), ("lower", down)):
             if size is not None and gain > THRESHOLD:
                 deciding = (
                     f"goodput: {size:,} predicts {gain:.2f}× the progress per second of "
                     f"{current:,} (a change needs {THRESHOLD:g}×)"
                 )
-                if target != size:
+                read, steered_on = (
+                    (estimate.for_growth, grown_on)
+                    if action == "raise"
+                    else (estimate.high, shrunk_on)
+                )
+                if steered_on != read:
+                    deciding += (
+                        f", on the noise scale the loss measured ({phi_text(steered_on)}), "
+                        f"not B_simple's {count(read)}"
+                    )
+                if target != size and (target > size) == (action == "raise"):
                     deciding += f"; heading toward {target:,}, one change at a time"
                 if (price := model.price(size, current)) is not None:
                     deciding += f"; {price}"
@@ -306,6 +328,30 @@ class Advisor:
 
 def _break_even(new: int, old: int, model: StepTimeModel) -> float | None:
     return break_even(new, old, model.half_batch, THRESHOLD, model.speed_ratio(new, old))
+
+
+def measured_within(phi: float, meter: ProgressMeter) -> float:
+    """B_simple's reading moved into what the loss measured: up to the floor a change showed
+    it above, down to the latest change's upper end (the measured signal decides where the
+    two disagree: it saw what the change did)."""
+    return min(max(phi, meter.floor), meter.ceiling)
+
+
+def measured_fact(meter: ProgressMeter) -> str | None:
+    """What the loss measured of the latest change, and the floor it keeps (None: nothing)."""
+    latest = meter.latest
+    said = [f"measured: {latest.text() if latest is not None else meter.why}"]
+    if meter.floor > (latest.bounds()[0] if latest is not None else 0.0):
+        said.append(
+            f"an earlier change showed the noise scale {bounds_text(meter.floor, math.inf)}"
+        )
+    if latest is None and len(said) == 1 and meter.why.startswith("no change"):
+        return None
+    return "; ".join(said)
+
+
+def phi_text(phi: float) -> str:
+    return "unbounded" if math.isinf(phi) else count(phi)
 
 
 def step_time_fact(model: StepTimeModel) -> str:

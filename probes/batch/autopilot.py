@@ -17,6 +17,10 @@ rate or see the loss; any other batch change pauses it (the user's keys win). A 
 keeps the size names the rule that held it (``Hold``): an event once per change of rule, and a
 short form in the reading for the Batch panel.
 
+Where B_simple holds a size just short of paying for the next, it may try the next size
+(``autopilot_trial``) and keep it only if the loss measures it paying (``progress``: the
+measured signal); a measurement of any change moves the noise scale the advisor steers by.
+
 ``claimed_gain`` (``gain_claim``) is its progress per second over the spans it drove, against
 a fixed batch of the size it was switched on at, from measured throughput and the noise
 scale's efficiency; a run in which it made no decision claims nothing.
@@ -48,6 +52,7 @@ from ..wire.protocol import (
 from ..wire.routing import CommandRefused
 from .advisor import Advisor
 from .autopilot_holds import Hold
+from .autopilot_trial import Trial, candidate, outcome
 from .control import BatchController, Pending
 from .gain_claim import GainLedger
 from .goodput import (
@@ -66,6 +71,11 @@ WARMUP_STEPS = 50  # steps before the first decision
 SETTLE_STEPS = 25  # steps at a size (and MIN_WINDOWS windows) before deciding again
 RAMP_STEPS = 40 * SETTLE_STEPS  # after switching on or its own change: looks paced by steps
 DECISIONS_KEPT = 50
+# holds that steps end, not the noise scale: the last change training well (the 2× rule's
+# base, which the loss watch decides in windows: at the agent's own pace of four a second a
+# fast job would wait thousands of steps for it)
+PACED_HOLDS = ("trained",)
+TRIED_HOLDS = ("threshold", "target")  # B_simple's holds, which a trial may overturn
 KEYED_ON_STEPS = (
     "would run its schedule faster in examples as the batch grows; the autopilot refuses "
     "rather than change what the schedule means (one stepped once an epoch it follows)"
@@ -110,6 +120,9 @@ class Autopilot:
         self._epochs = epochs  # training DataLoader iterators begun (the job's epochs)
         self._pace = SchedulerPace(controller.scheduler)
         self._ledger = GainLedger(controller.size)
+        self._trial: Trial | None = None  # a size it is trying (``autopilot_trial``)
+        self._last_trial: int | None = None  # the job's examples when it last tried one
+        self._examples = 0  # the job's, at the latest metrics window
         controller.request_listeners.append(self.on_request)
 
     # -- switching on and off (agent thread, or the job's thread through the router) ---------
@@ -195,6 +208,7 @@ class Autopilot:
         """One metrics window: the ledger, the guards, and a decision when one is due."""
         with self._lock:
             self._pace.observe(metrics.step, self._epochs())
+            self._examples = metrics.samples or self._examples
             estimate = resolved(metrics.noise)
             self._ledger.add(metrics, estimate and estimate.point, self._plain_step_s())  # off too
             if self.state != "on":
@@ -225,15 +239,60 @@ class Autopilot:
         assert advice is not None and self._estimate is not None and self._model is not None
         self._last_look_step, self._next_step = step, step + SETTLE_STEPS
         self._target = advice.target
+        if self._trial is not None and self._judge_trial(self._trial, self._model):
+            return
         if advice.action in ("raise", "lower") and advice.gain is not None:
             self._hold = None
             kind = "grow" if advice.action == "raise" else "shrink"
-            self._ask(kind, advice.batch_size, advice.gain, self._estimate, self._model.half_batch)
+            self._ask(kind, advice.batch_size, advice.gain)
             return
-        self.ramp_until = 0  # holding: looks at the agent's own pace again
         hold = advisor.hold or Hold(advice.rule, advice.reasons[0], f"holds: {advice.why}")
+        if hold.rule in TRIED_HOLDS and self._try_next(step):
+            return
+        if hold.rule not in PACED_HOLDS:
+            self.ramp_until = 0  # holding: looks at the agent's own pace again
         self._held_by(hold)
         self.waiting = hold.text
+
+    def _try_next(self, step: int) -> bool:
+        """A trial of the next size, where one is due (``autopilot_trial``)."""
+        up = self.advisor.up
+        old, model = self._control.size, self._model
+        assert model is not None
+        size = candidate(
+            up,
+            self._control.watch.progress,
+            self._examples,
+            self._last_trial,
+            lambda size: model.speed_ratio(size, old),
+        )
+        if size is None:
+            return False
+        why = (
+            f"trial: B_simple predicts {up[1]:.2f}×; {size} is kept only if the loss shows it "
+            f"paying against {old}'s own curve"
+        )
+        if not self._ask("grow", size, up[1], note=why):
+            return False
+        self._hold = None
+        self._trial, self._last_trial = Trial(old, size, step, self._examples), self._examples
+        return True
+
+    def _judge_trial(self, trial: Trial, model: StepTimeModel) -> bool:
+        """A trial under way: True while it decides the look (measuring, or going back)."""
+        if self._control.size != trial.new:
+            self._trial = None  # it ended otherwise: a revert, a key
+            return False
+        found = outcome(trial, self._control.watch.progress, model)
+        if found is None:
+            self.waiting = f"trying {trial.new}: measuring its progress per example"
+            return True
+        self._trial = None
+        if found.pays:
+            self._say(f"autopilot: trial of {trial.new}: {found.text}", level="info")
+            return False  # the advisor goes on, with the floor the loss showed
+        self._ask("shrink", trial.old, 1 / found.gain, note=f"trial of {trial.new}: {found.text}")
+        return True
 
     def _held_by(self, hold: Hold) -> None:
         """The look kept the size: an event when its rule (or the size) is new."""
@@ -266,17 +325,23 @@ class Autopilot:
             return unresolved_reason(self._noise)
         return None
 
-    def _ask(self, kind: str, size: int, gain: float, estimate: Estimate, half: float) -> None:
+    def _ask(self, kind: str, size: int, gain: float, note: str = "") -> bool:
+        """Ask for ``size`` (``note``: what the decision is, where not the advisor's goodput);
+        False: refused."""
         control, step, old = self._control, self._step(), self._control.size
-        reason = f"{kind} toward {self._target:,}: {gain:.2f}× progress per second predicted"
-        price = self._model.price(size, old) if self._model is not None else None
+        estimate, model = self._estimate, self._model
+        assert estimate is not None and model is not None
+        half = model.half_batch
+        predicted = f"{gain:.2f}× progress per second predicted"
+        reason = note or f"{kind} toward {self._target:,}: {predicted}"
+        price = model.price(size, old)
         if price is not None:
             reason += f" ({price})"
         try:
             control.request(size, confirm=True, reason=reason, source=SOURCE)
         except CommandRefused as exc:
             self.waiting = f"the change to {size} was refused: {exc}"
-            return
+            return False
         self._record(
             AutopilotDecision(
                 step=step,
@@ -290,10 +355,11 @@ class Autopilot:
                 half_batch=half if math.isfinite(half) else None,
                 target=self._target,
                 predicted_gain=gain,
-                note=price or "",
+                note="; ".join(filter(None, (note, price))),
             )
         )
         self.waiting = f"asked for {size} at step {step:,}"
+        return True
 
     def _record(self, decision: AutopilotDecision) -> None:
         self.decisions.append(decision)

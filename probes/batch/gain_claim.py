@@ -1,6 +1,19 @@
 """The gain the autopilot claims: its progress per second, over the spans it drove, against a
 fixed batch of the size it was switched on at, from what was measured.
 
+**Measured, where it can be**: the loss windows at a span's base size before its first change
+are the base's own curve (``progress.fit_base``: ``L = p + q·ln e``). The loss the run has
+reached now (the median of its last ``RECENT`` windows) is where that curve would be after
+``e0`` examples; a fixed base would take ``e0`` less the examples at the switch-on, at its
+measured throughput, in seconds; the claim is those seconds over the seconds the span took.
+It sees what happened: a run that stalled, or lost per example more than its speed bought,
+claims below 1 (a loss, never a gain). It is made only where the base's curve was measured
+(``MIN_BASE`` windows falling measurably) and is not carried more than ``REACH``× past the
+examples it was measured over; else the model's claim below stands, and says it is unsure,
+and why.
+
+**The model's claim**, otherwise:
+
 A span runs from a switch-on to the moment it stops steering (off, paused by a key, refused);
 a change made while it was off is not its own, and neither is the time before it was switched
 on. Within a span each metrics window adds its timed seconds and its samples, weighted by the
@@ -21,13 +34,21 @@ size claimed 0.91×.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 from ..noise.controller import WARMING_UP
+from ..units import count
 from ..wire.protocol import Metrics
 from .goodput import efficiency_ratio
+from .progress import BaseLine, Window, append_window, fit_base
 
 HOW = "measured throughput at each size × the noise scale's efficiency, over the steps it drove"
+MEASURED = "the loss it reached, by the base's own curve at the base's measured throughput"
+RECENT = 5  # loss windows whose median is where the run stands
+REACH = 4.0  # a base's curve is not carried past this many times the examples it covered
 
 
 @dataclass
@@ -43,6 +64,17 @@ class Span:
     worth: float = 0.0  # their samples, each weighted by its efficiency against ``base``
     warming: int = 0  # windows at ``base`` left out: the noise scale's warm-up
     unweighed: int = 0  # windows at another size before the noise scale resolved
+    examples: int = 0  # the job's, at the switch-on
+    timed: float = 0.0  # every timed second it drove, the warm-up's too
+    curve: list[Window] = field(default_factory=list)  # the loss at ``base`` before it left
+    left: bool = False  # it has left ``base``
+    fit: tuple[BaseLine | None, str] | None = None  # the curve's line, once it left
+
+    def fitted(self) -> tuple[BaseLine | None, str]:
+        """The base's own curve (fitted again while it still runs at ``base``)."""
+        if self.fit is None or not self.left:
+            self.fit = fit_base(self.curve)
+        return self.fit
 
     def text(self, size: int) -> str:
         """``16 → 256 in 4 decisions`` (``size``: where an open span stands now)."""
@@ -58,6 +90,8 @@ class GainLedger:
         self._first_plain_s: float | None = None
         self._phi: float | None = None  # the latest resolved noise scale
         self._measured: dict[int, list[float]] = {}  # size → [samples, seconds] after warm-up
+        self._samples: int | None = 0  # the job's examples (counted from the attach) so far
+        self._recent: deque[float] = deque(maxlen=RECENT)  # the latest windows' losses
 
     @property
     def driving(self) -> Span | None:
@@ -67,7 +101,7 @@ class GainLedger:
     def begin(self, size: int, step: int) -> None:
         """Switched on at ``size``: a span of its own, against a fixed ``size``."""
         if self.driving is None:
-            self.spans.append(Span(base=size, step=step))
+            self.spans.append(Span(base=size, step=step, examples=self._samples or 0))
 
     def end(self, size: int) -> None:
         """It stopped steering with the batch at ``size``."""
@@ -87,6 +121,7 @@ class GainLedger:
         ``plain_step_s``: a recent step's time the noise scale did not measure, if known."""
         if phi is not None:
             self._phi = phi
+        self._follow_loss(metrics)
         size, step_time, steps = metrics.batch_size, metrics.step_time_s, metrics.steps_in_window
         self._left_first = self._left_first or size != self._first_size
         rate = metrics.samples_per_s
@@ -101,7 +136,26 @@ class GainLedger:
             measured[0] += rate * seconds
             measured[1] += seconds
         if (span := self.driving) is not None:
+            span.timed += seconds
             self._count(span, size, rate * seconds, seconds, warming)
+
+    def _follow_loss(self, metrics: Metrics) -> None:
+        """The loss windows: the latest few, and a span's base curve until it leaves."""
+        before, self._samples = self._samples, metrics.samples
+        loss = metrics.scalars.get("loss")
+        if before is None or not metrics.samples or metrics.samples <= before:
+            return
+        if loss is None or not math.isfinite(loss):
+            return
+        self._recent.append(loss)
+        span = self.driving
+        if span is None or span.left:
+            return
+        if metrics.batch_size != span.base:
+            span.left = True
+            return
+        middle = metrics.samples - (metrics.samples - before) / 2
+        append_window(span.curve, Window(middle, loss, metrics.samples - before))
 
     def _count(self, span: Span, size: int, samples: float, seconds: float, warming: bool) -> None:
         if size == span.base:
@@ -119,11 +173,42 @@ class GainLedger:
 
     def claim(self) -> tuple[float | None, str]:
         """The gain over the spans it drove, against a fixed batch of the size each began at,
-        and how it was made (or why there is none)."""
+        and how it was made (or why there is none): measured from the loss where it can be,
+        else the model's, unsure."""
         if not self.spans:
             return None, "it was not switched on"
         if not self.decisions:
             return None, "it made no change"
+        measured, unsure = self._measured_claim()
+        if measured is not None:
+            return measured, f"against a fixed batch of {self._bases()}: {MEASURED}"
+        modelled, how = self._modelled_claim()
+        if modelled is None:
+            return None, how
+        return modelled, f"{how}; unsure, not measured from the loss: {unsure}"
+
+    def _measured_claim(self) -> tuple[float | None, str]:
+        """The seconds fixed bases would take to the loss reached, over those taken (None:
+        not measurable, and why)."""
+        if len(self._recent) < RECENT or self._samples is None:
+            return None, f"fewer than {RECENT} loss windows logged"
+        if len(self.spans) > 1:
+            return None, "it was switched on more than once"
+        (span,) = self.spans
+        base, why = span.fitted()
+        if base is None:
+            return None, f"batch {span.base}'s own curve: {why.replace('old size', 'base')}"
+        examples = _examples_to(base, statistics.median(self._recent))
+        if examples > REACH * base.last:
+            return None, (
+                f"the loss reached lies beyond batch {span.base}'s own curve (measured to "
+                f"{count(base.last)} examples, it would reach it after {count(examples)})"
+            )
+        if (rate := self._rate(span.base)) is None or not span.timed:
+            return None, f"batch {span.base}'s throughput was not measured"
+        return max(examples - span.examples, 0.0) / rate / span.timed, ""
+
+    def _modelled_claim(self) -> tuple[float | None, str]:
         needed = taken = 0.0
         why: list[str] = []
         for span in self.spans:
@@ -169,6 +254,11 @@ class GainLedger:
         if span.unweighed:
             why.append("the other sizes ran before B_simple resolved")
         return "; ".join(why) or "no timed window yet"
+
+
+def _examples_to(base: BaseLine, loss: float) -> float:
+    """The examples at which the base's curve reaches ``loss`` (it falls: q < 0)."""
+    return math.exp(min((loss - base.p) / base.q, 700.0))
 
 
 def _s(n: int) -> str:

@@ -160,7 +160,10 @@ def throughput_ratio(new: float, old: float, half: float) -> float:
 
 
 def efficiency_ratio(new: float, old: float, phi: float) -> float:
-    """Progress per example at ``new`` over that at ``old``: (φ + old)/(φ + new)."""
+    """Progress per example at ``new`` over that at ``old``: (φ + old)/(φ + new) (1 where
+    φ is unbounded: the loss measured no cost per example)."""
+    if math.isinf(phi):
+        return 1.0
     return (phi + old) / (phi + new)
 
 

@@ -1,7 +1,8 @@
 """After each batch-size change (agent thread): what it bought in throughput, once resolved
-from the noise (``verdict``), and whether the loss held or diverged, and then recovered
-(``loss_watch``). A size whose change held becomes the last size that trained well, the base
-of the 2× rule; one whose loss diverged does not, even once it recovered."""
+from the noise (``verdict``), what it made of an example (``progress``: the measured
+signal), and whether the loss held or diverged, and then recovered (``loss_watch``). A size
+whose change held becomes the last size that trained well, the base of the 2× rule; one whose
+loss diverged does not, even once it recovered."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from collections.abc import Callable
 
 from ..wire.protocol import BatchChange, Event, Metrics
 from . import loss_watch, verdict
+from .goodput import resolved
 from .loss_watch import LossWatch
+from .progress import ProgressMeter
 from .verdict import SizeThroughput
 
 CHANGE_HISTORY = 50
@@ -25,6 +28,8 @@ class ChangeWatch:
         self.trained_well = initial
         self.sizes: dict[int, SizeThroughput] = {}
         self._loss = LossWatch()
+        self.progress = ProgressMeter()
+        self._phi: float | None = None  # B_simple at the latest window (None: unresolved)
         self._step = step
         # the loss is not one objective (bsmon run with a GAN's two optimizers: the values
         # backward() was called on alternate between them): only a NaN or inf is judged
@@ -55,6 +60,7 @@ class ChangeWatch:
         self.changes.append(change)
         self._shared_s = 0.0
         self._loss.start(change.step)
+        self.progress.change(change.old, change.new, change.step, self._phi)
 
     def observe(self, metrics: Metrics, nonfinite_loss: bool = False) -> list[Event]:
         """Feed one metrics window; returns the events it completes."""
@@ -68,6 +74,10 @@ class ChangeWatch:
         outcome = self._loss.observe(steps, loss, nonfinite_loss)
         if outcome is not None and latest is not None:
             events.extend(self._loss_outcome(latest, outcome, metrics.step))
+        if (estimate := resolved(metrics.noise)) is not None:
+            self._phi = estimate.point
+        if self.progress.observe(metrics.step, steps, metrics.samples, loss) and latest:
+            events.append(self._measured(latest))
         judged = self._judge(latest, metrics.t) if latest and latest.verdict is None else None
         if judged is not None:
             events.append(judged)
@@ -122,6 +132,30 @@ class ChangeWatch:
                 "after": found.after,
                 "se_before": found.se_before,
                 "se_after": found.se_after,
+            },
+        )
+
+    def _measured(self, change: BatchChange) -> Event:
+        """The change's progress per example, once its measurement is final."""
+        found = self.progress.latest
+        assert found is not None
+        change.efficiency = found.efficiency
+        change.efficiency_low, change.efficiency_high = found.low, found.high
+        return Event(
+            t=time.time(),
+            step=self._step(),
+            kind="batch_size_progress",
+            message=found.text(),
+            data={
+                "old": change.old,
+                "new": change.new,
+                "change_step": change.step,
+                "efficiency": found.efficiency,
+                "low": found.low,
+                "high": found.high,
+                "predicted": found.predicted,
+                "examples_before": found.examples_before,
+                "examples_after": found.examples_after,
             },
         )
 

@@ -190,6 +190,11 @@ class BatchChange(msgspec.Struct, omit_defaults=True):
     # the loss after the change: "held", "diverged" (then "recovered" once back under its
     # threshold), "not logged" (docs/batch-control.md); None: watching
     loss: str | None = None
+    # its measured progress per example, in examples at ``old`` (the loss against the old
+    # size's own curve carried on, with the interval; docs/autopilot.md); None: not measured
+    efficiency: float | None = None
+    efficiency_low: float | None = None
+    efficiency_high: float | None = None
 
 
 class MemoryPoint(msgspec.Struct):

@@ -618,3 +618,28 @@ def test_a_loss_that_holds_makes_the_new_size_the_one_that_trained_well(bsmon_di
         assert mon.job.batch_control.changes[-1].loss == "held"
         assert mon.job.batch_control.watch.trained_well == 16
         assert "32 is 4×" not in (mon.request_batch_size(32).error or "")
+
+
+def test_a_changes_progress_per_example_is_measured_from_the_loss_and_said_once(bsmon_dir):
+    """A real job's loss, one metrics window a step: the change 8 → 16 is measured against
+    8's own curve carried on, once the new size ran half the examples before it; the event
+    and the change's reading say the same."""
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # a slow, steady fall
+    with attach(model, optimizer, batch_size=8) as mon:
+        regression_steps(model, optimizer, mon, 60)
+        assert mon.request_batch_size(16, confirm=True).ok
+
+        def measured():
+            regression_steps(model, optimizer, mon, 1)
+            return [e for e in mon.job.telemetry.events if e.kind == "batch_size_progress"]
+
+        (event,) = wait_until(measured, message="the change's measurement")
+        change = mon.job.batch_control.changes[-1]
+    assert event.message.startswith("batch 8 → 16 made "), event.message
+    assert "of 8's progress per example (from the loss, against 8's own curve" in event.message
+    assert event.data["change_step"] == change.step
+    assert change.efficiency == event.data["efficiency"]
+    assert change.efficiency_low < change.efficiency < change.efficiency_high
+    assert event.data["examples_after"] >= 0.5 * 60 * 8 - 16  # final: half the examples before

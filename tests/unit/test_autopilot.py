@@ -20,6 +20,7 @@ from bsmon.probes.batch.goodput import (
     optimum,
     throughput_ratio,
 )
+from bsmon.probes.batch.loss_watch import WATCH_STEPS
 from bsmon.probes.batch.verdict import SizeThroughput
 from bsmon.probes.runtime.inbox import TICK_S
 from bsmon.probes.wire.protocol import (
@@ -154,6 +155,24 @@ def test_while_it_ramps_on_a_fast_loop_the_agent_ticks_every_few_steps():
     assert slow.extension.next_tick_s() >= TICK_S
     off = Job(size=16, half=64, c=1e-3 / 80, on=False).run(3)
     assert off.extension.next_tick_s() is None and off.samples_asked == []
+
+
+def test_waiting_for_the_last_change_to_train_well_keeps_the_ramps_pace():
+    """The 2× rule holds 32 until 16 → 32 trained well: a wait that steps end (the loss
+    watch's 200 steps), not a hold: ticks stay every few steps. At the agent's quarter second
+    a loop of 1 ms steps waited thousands of steps per doubling (T1: 0.30× the best fixed
+    batch at B½ = 256, 0.57× paced)."""
+    job = Job(size=16, half=64, c=1e-3 / 80, noise=tight(1000.0, spread=0.05))
+    while not job.decisions():
+        job.run(1)
+    job.run(3)
+    assert job.control.size == 32 and job.autopilot.advisor.hold.rule == "trained"
+    assert job.autopilot.ramp_until > job.step
+    assert job.extension.next_tick_s() == pytest.approx(1e-3 * SETTLE_STEPS / 2, rel=0.5)
+    changed = job.control.watch.latest.step
+    while len(job.decisions()) < 2:
+        job.run(1)
+    assert job.decisions()[1].step - changed <= WATCH_STEPS + SETTLE_STEPS
 
 
 def test_an_unresolved_estimate_or_a_gradient_norm_at_zero_decides_nothing_and_says_why():
