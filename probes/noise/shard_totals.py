@@ -19,9 +19,11 @@ this module on the agent thread, and the totals come back a second or two later.
 
 At close the last second or two of steps would be lost that way (the whole of a short job: a
 120-step Lightning job measured every step and got 14 back), so each rank's last tick
-``finish``es: it says it is done, rank 0 combines until every rank it heard from is done, and
-each rank reads back what concerns it, for at most ``FINAL_WAIT_S`` (a rank that never closes
-costs the others that much at exit, once).
+``finish``es: it says it is done, rank 0 combines until every rank is done, and each rank
+reads back what concerns it, for at most ``FINAL_WAIT_S`` (a rank that never closes costs the
+others that much at exit, once). Rank 0 waits for a rank it has not heard from yet too: a job
+of a second or less can end before the first exchange, and a busy machine can bring rank 1's
+first word after rank 0's last tick began (rank 0 finished alone and came back with nothing).
 
 The ranks must measure the same steps: the controller schedules a sharded source's steps on
 a grid of powers of two (``on_grid``), so that ranks whose budgets differ still meet on the
@@ -213,8 +215,8 @@ class ShardTotals:
 
     def finish(self, wait: float = FINAL_WAIT_S) -> None:
         """At close, after this rank's last ``offer``: exchange at once, not every half
-        second, until this rank has its steps' totals back (rank 0: until every rank it heard
-        from said it is done) or ``wait`` seconds passed. ``take`` then has the last steps."""
+        second, until this rank has its steps' totals back (rank 0: until every rank said it
+        is done) or ``wait`` seconds passed. ``take`` then has the last steps."""
         if self._done:
             return
         self._done = True
@@ -273,7 +275,7 @@ class ShardTotals:
 
     def _combine(self) -> bool:
         """Rank 0: every rank's entries in, the complete steps' totals out; totals every
-        rank has read back are not written again. Whether every rank heard from is done (the
+        rank has read back are not written again. Whether every rank is done (the
         totals then are final: what is pending stays incomplete)."""
         combiner, store = self._combiner, self._store
         assert combiner is not None
@@ -282,7 +284,8 @@ class ShardTotals:
             key = f"r{peer}"
             if not store.check([key]):
                 seen.append(-1)
-                continue  # never heard from: not waited for at close
+                done = False  # not heard from yet: waited for at close, up to the deadline
+                continue
             message = self._decode.decode(store.get(key))
             combiner.add(peer, [tuple(e) for e in message["entries"]])  # type: ignore[misc]
             seen.append(message["seen"])
