@@ -17,7 +17,7 @@ from bsmon.probes.wire import (
     describe_what_if,
     discovery,
 )
-from bsmon.probes.wire.protocol import Metrics, ProbeCommand, ProbeResult
+from bsmon.probes.wire.protocol import Metrics, ProbeCommand, ProbePoint, ProbeResult
 
 from .. import format as fmt
 from ..errors import CliError
@@ -78,9 +78,11 @@ def say_interrupted(job_pid: int | None) -> None:
 
 
 def follow(conn: JobConnection, started: float, timeout: float, quiet: bool) -> ProbeResult:
-    """Print the probe's progress to stderr until its result arrives."""
+    """Print the probe's progress to stderr until its result arrives: its status as each
+    metrics message has it, and every size it measured (from the cumulative list of points:
+    a probe quicker than a tick still shows each one)."""
     deadline = time.monotonic() + timeout
-    said = ""
+    said, shown = "", 0
     while time.monotonic() < deadline:
         try:
             messages = conn.messages(0.2)
@@ -92,18 +94,34 @@ def follow(conn: JobConnection, started: float, timeout: float, quiet: bool) -> 
             if not isinstance(message, Metrics):
                 continue
             reading = message.probe
-            if reading.message and reading.message != said and not quiet:
-                print(
-                    reading.message
-                    if reading.message.startswith("probe")
-                    else f"probe: {reading.message}",
-                    file=sys.stderr,
-                )
-                said = reading.message
             fresh = reading.started is not None and reading.started >= started - 1
-            if reading.status == "done" and reading.result is not None and fresh:
+            done = reading.status == "done" and reading.result is not None and fresh
+            points = reading.result.points if done else reading.points if fresh else []
+            if not quiet:
+                for point in points[shown:]:
+                    print(f"probe: {describe_point(point)}", file=sys.stderr)
+                shown = max(shown, len(points))
+                if reading.message and reading.message != said:
+                    print(
+                        reading.message
+                        if reading.message.startswith("probe")
+                        else f"probe: {reading.message}",
+                        file=sys.stderr,
+                    )
+                    said = reading.message
+            if done:
                 return reading.result
     raise CliError(f"no probe result within {timeout:.0f} s")
+
+
+def describe_point(point: ProbePoint) -> str:
+    """One measured size, as the progress shows it."""
+    if not point.fits:
+        return f"batch {point.batch_size:,} did not fit" + (f": {point.note}" if point.note else "")
+    return (
+        f"batch {point.batch_size:,} ran: peak {fmt.bytes_(point.peak_bytes)}, "
+        f"a step {fmt.duration(point.step_time_s)}"
+    )
 
 
 def describe(result: ProbeResult) -> str:
