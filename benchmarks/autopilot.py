@@ -61,6 +61,7 @@ Goals (met / not met; research/autopilot.md §7's C1–C4):
     python benchmarks/autopilot.py --cost                           # goal C5 alone (~2 min)
     python benchmarks/autopilot.py --lag                            # the noise scale's lag
     python benchmarks/autopilot.py --tasks transformer --adam reset/examples/timescale
+    python benchmarks/autopilot.py --tasks transformer --arms fixed auto --switch-on 800
 
 Progress goes to stderr, the tables and verdicts to stdout. Figures are printed, never
 asserted (docs/benchmarks.md keeps them).
@@ -206,7 +207,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the kinds of arm evaluated (a what-if of --adam needs only ramp and auto: the "
         "fixed batches never change size); the tuning runs whatever it needs",
     )
+    parser.add_argument(
+        "--switch-on",
+        type=int,
+        default=0,
+        metavar="STEP",
+        help="a what-if: the autopilot attached off and switched on at this step, as the `a` "
+        "key does; its claim is judged against the fixed start batch from there",
+    )
     args = parser.parse_args(argv)
+    if args.switch_on < 0:
+        parser.error(f"--switch-on takes a step ≥ 0, got {args.switch_on}")
     adam = _adam_rules(parser, args.adam)
     if args.noise_budget is not None and not 0 < args.noise_budget <= 1:
         parser.error(f"--noise-budget must be a share in (0, 1], got {args.noise_budget:g}")
@@ -244,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             noise_budget=args.noise_budget,
             adam=adam,
             kinds=tuple(args.arms),
+            switch_on=args.switch_on,
         )
         say(f"{task.title}: targets {settings.targets}, B0 {task.start_batch}")
         t0, c = calibrate(task)

@@ -4,6 +4,7 @@ task's runs over the evaluation seeds."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,16 @@ def time_to_target(evals: Sequence[Evaluation], target: float) -> Reach | None:
             before_wall + share * (wall - before_wall),
         )
     return None
+
+
+def wall_at(evals: Sequence[Evaluation], examples: float) -> float:
+    """The training wall-clock at which a run had seen ``examples``: linear between the
+    evaluations around it (the last one's, past it)."""
+    for (before, _, before_wall, _), (after, _, after_wall, _) in itertools.pairwise(evals):
+        if before <= examples <= after:
+            share = (examples - before) / (after - before) if after > before else 1.0
+            return before_wall + share * (after_wall - before_wall)
+    return evals[-1][2] if evals else 0.0
 
 
 def simulated_time(reach: Reach | None, half: float) -> float:
@@ -88,6 +99,8 @@ class Run:
     state: str | None = None
     why: str | None = None
     trajectory: str = ""  # the decisions, one by one
+    evals: tuple[Evaluation, ...] = ()
+    switched: tuple[int, float] | None = None  # examples and wall-clock s at a late switch-on
 
 
 @dataclass
@@ -186,6 +199,8 @@ def reduce_run(log: Any, targets: Sequence[float]) -> Run:
         state=log.state,
         why=log.why,
         trajectory=trajectory(log.decisions, log.lrs),
+        evals=tuple(log.evals),
+        switched=log.switched,
     )
 
 

@@ -35,6 +35,7 @@ class Settings:
     noise_budget: float | None = None  # a what-if for the autopilot's arms (None: bsmon's)
     adam: tuple[str, str, str] | None = None  # a what-if for the autopilot's and ramps' changes
     kinds: tuple[str, ...] = ("fixed", "warmup", "ramp", "auto")  # the arms run
+    switch_on: int = 0  # a what-if: the autopilot switched on at this step, not at attach
 
 
 def run_once(task: Any, arm: Any, seed: int, settings: Settings) -> Any:
@@ -202,6 +203,7 @@ def evaluate(task: Any, table_entry: Mapping[str, Any], settings: Settings) -> l
             half=half,
             noise_budget=settings.noise_budget,
             adam=settings.adam,
+            switch_on=settings.switch_on,
         )
         arms.append((ArmResult(arm.label, "auto", task.start_batch, lr0, half), arm))
     arms = [(result, arm) for result, arm in arms if result.kind in settings.kinds]

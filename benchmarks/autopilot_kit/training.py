@@ -43,6 +43,7 @@ class Arm:
     ramp_to: int = 0
     noise_budget: float | None = None  # the autopilot's noise-scale budget (None: bsmon's)
     adam: tuple[str, str, str] | None = None
+    switch_on: int = 0  # the step the autopilot is switched on at, as ``a`` does (0: attach's)
 
     @property
     def label(self) -> str:
@@ -50,6 +51,8 @@ class Arm:
         if self.autopilot:
             label = "auto, measured B½" if self.half is None else f"auto, B½={self.half:g} declared"
             label += rules
+            if self.switch_on:
+                label += f", on at step {self.switch_on:,}"
             return label if self.noise_budget is None else f"{label}, noise {self.noise_budget:g}"
         if self.ramp_to:
             return f"fastest ramp to {self.ramp_to}{rules}"
@@ -80,6 +83,7 @@ class RunLog:
     half_batch: float | None = None
     half_batch_how: str | None = None
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    switched: tuple[int, float] | None = None  # examples and wall-clock s at a late switch-on
 
     @property
     def examples(self) -> int:
@@ -204,7 +208,7 @@ def train(
             model,
             optimizer,
             batch_size=arm.batch,
-            autopilot=True,
+            autopilot=not arm.switch_on,
             autopilot_half_batch=arm.half,
             max_batch_size=task.ceiling,
             record=False,
@@ -253,6 +257,9 @@ def train(
                 if mon is not None:
                     mon.log(loss=loss)
                     log.monitor_sizes.append(int(mon.batch_size or 0))
+                    if steps == arm.switch_on:
+                        log.switched = examples, wall + time.perf_counter() - resumed
+                        mon.job.set_autopilot(True)
                 if examples < next_eval:
                     continue
                 wall += time.perf_counter() - resumed

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .outcomes import (
     STALL_FACTOR,
+    ArmResult,
     TaskOutcome,
     examples_of,
     median,
@@ -16,6 +17,7 @@ from .outcomes import (
     ratio,
     stalls,
     steps_of,
+    wall_at,
     wall_of,
 )
 
@@ -47,6 +49,21 @@ def _combine(parts: list[tuple[str, bool | None]]) -> tuple[bool | None, str]:
 
 def _fmt(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.2f}×"
+
+
+def _gain_since_switch_on(start: ArmResult, auto: ArmResult, target: float) -> float:
+    """Switched on late, the gain is the fixed start batch's wall-clock from the examples of
+    the switch-on to the target over the autopilot's from its switch-on (median over seeds;
+    the runs are the same until the switch-on)."""
+    gains = []
+    for fixed, run in zip(start.runs, auto.runs, strict=True):
+        reached, done = fixed.reaches.get(target), run.reaches.get(target)
+        if reached is None or done is None or run.switched is None:
+            gains.append(math.nan)
+            continue
+        examples, wall = run.switched
+        gains.append(ratio(reached.wall_s - wall_at(fixed.evals, examples), done.wall_s - wall))
+    return median(gains)
 
 
 def goals(outcomes: Sequence[TaskOutcome]) -> list[Verdict]:
@@ -95,6 +112,8 @@ def goals(outcomes: Sequence[TaskOutcome]) -> list[Verdict]:
             best.append((f"{name} B½={half} {_fmt(value)}{'' if gated else ' (not gated)'}", ok))
         claims = [r.claimed_gain for r in measured.runs] if measured is not None else []
         known = [c for c in claims if c is not None]
+        if measured is not None and start is not None and measured.runs[0].switched:
+            wall_ratio = _gain_since_switch_on(start, measured, target)
         if measured is None or math.isnan(wall_ratio):
             claim.append((f"{name}: not measured", None))
         elif len(known) < len(claims) or not known:

@@ -345,7 +345,7 @@ def measured_fact(meter: ProgressMeter) -> str | None:
         said.append(
             f"an earlier change showed the noise scale {bounds_text(meter.floor, math.inf)}"
         )
-    if latest is None and len(said) == 1 and meter.why.startswith("no change"):
+    if latest is None and len(said) == 1 and not meter.changed:
         return None
     return "; ".join(said)
 

@@ -161,7 +161,9 @@ class Autopilot:
                 raise CommandRefused(f"the autopilot cannot steer this job: {why}")
             self.state, self.why = "on", None
             self._hold = self._said = None
-            self._ledger.begin(self._control.size, self._step())
+            self._ledger.begin(
+                self._control.size, self._step(), self._control.watch.progress.stretch
+            )
             self.ramp_until = self._step() + RAMP_STEPS
             self._lr_owner.reset()
             self._say(f"autopilot on at batch {self._control.size}", level="info")

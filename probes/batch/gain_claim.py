@@ -1,16 +1,22 @@
 """The gain the autopilot claims: its progress per second, over the spans it drove, against a
 fixed batch of the size it was switched on at, from what was measured.
 
-**Measured, where it can be**: the loss windows at a span's base size before its first change
-are the base's own curve (``progress.fit_base``: ``L = p + q·ln e``). The loss the run has
-reached now (the median of its last ``RECENT`` windows) is where that curve would be after
-``e0`` examples; a fixed base would take ``e0`` less the examples at the switch-on, at its
-measured throughput, in seconds; the claim is those seconds over the seconds the span took.
+**Measured, where it can be**: the loss windows at a span's base size before its first change,
+since that size was set (switched on mid-run, the windows before the switch-on too), are the
+base's own curve (``progress.fit_base``: ``L = p + q·ln e`` over its recent stretch). The loss
+the run has reached now (the median of its last ``RECENT`` windows) is where that curve would
+be after ``e0`` examples; a fixed base would take ``e0`` less the examples at the switch-on, at
+its measured throughput, in seconds; the claim is those seconds over the seconds the span took.
 It sees what happened: a run that stalled, or lost per example more than its speed bought,
 claims below 1 (a loss, never a gain). It is made only where the base's curve was measured
-(``MIN_BASE`` windows falling measurably) and is not carried more than ``REACH``× past the
-examples it was measured over; else the model's claim below stands, and says it is unsure,
-and why.
+(``MIN_BASE`` windows falling measurably), is not carried more than ``REACH``× past the
+examples it was measured over, and is tight: ``e0``'s error (the reached loss's scatter and
+the line's own error there, through its slope; ``CLAIM_Z`` each way) keeps the claim within
+``CLAIM_SPREAD``× each way. Near a loss's floor the curve is flat, a small scatter in the loss
+is a wide one in examples, and a line carried on runs ahead of a curve that bends: on
+``benchmarks/autopilot.py``'s T3 a fixed 16's own curve, carried 1.5–4× on, put the examples
+to its later losses at 0.2–30× the true ones, every time with an interval this check refuses.
+Else the model's claim below stands, and says it is unsure, and why.
 
 **The model's claim**, otherwise:
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..noise.controller import WARMING_UP
@@ -49,6 +56,8 @@ HOW = "measured throughput at each size × the noise scale's efficiency, over th
 MEASURED = "the loss it reached, by the base's own curve at the base's measured throughput"
 RECENT = 5  # loss windows whose median is where the run stands
 REACH = 4.0  # a base's curve is not carried past this many times the examples it covered
+CLAIM_Z = 2.0  # standard errors each way of a measured claim's interval
+CLAIM_SPREAD = 1.25  # a measured claim's interval lies within this factor of it each way
 
 
 @dataclass
@@ -98,10 +107,13 @@ class GainLedger:
         """The span it steers now (None: it is not steering)."""
         return self.spans[-1] if self.spans and self.spans[-1].end is None else None
 
-    def begin(self, size: int, step: int) -> None:
-        """Switched on at ``size``: a span of its own, against a fixed ``size``."""
+    def begin(self, size: int, step: int, curve: Sequence[Window] = ()) -> None:
+        """Switched on at ``size``: a span of its own, against a fixed ``size``; ``curve``:
+        the loss windows the job ran at ``size`` before (switched on an hour into a run, the
+        base's own curve is that hour, not the few windows before its first change)."""
         if self.driving is None:
-            self.spans.append(Span(base=size, step=step, examples=self._samples or 0))
+            span = Span(base=size, step=step, examples=self._samples or 0, curve=list(curve))
+            self.spans.append(span)
 
     def end(self, size: int) -> None:
         """It stopped steering with the batch at ``size``."""
@@ -179,17 +191,17 @@ class GainLedger:
             return None, "it was not switched on"
         if not self.decisions:
             return None, "it made no change"
-        measured, unsure = self._measured_claim()
+        measured, said = self._measured_claim()
         if measured is not None:
-            return measured, f"against a fixed batch of {self._bases()}: {MEASURED}"
+            return measured, f"against a fixed batch of {self._bases()}: {MEASURED} ({said})"
         modelled, how = self._modelled_claim()
         if modelled is None:
             return None, how
-        return modelled, f"{how}; unsure, not measured from the loss: {unsure}"
+        return modelled, f"{how}; unsure, not measured from the loss: {said}"
 
     def _measured_claim(self) -> tuple[float | None, str]:
-        """The seconds fixed bases would take to the loss reached, over those taken (None:
-        not measurable, and why)."""
+        """The seconds fixed bases would take to the loss reached, over those taken, and its
+        interval as text (None: not measurable, and why)."""
         if len(self._recent) < RECENT or self._samples is None:
             return None, f"fewer than {RECENT} loss windows logged"
         if len(self.spans) > 1:
@@ -206,7 +218,20 @@ class GainLedger:
             )
         if (rate := self._rate(span.base)) is None or not span.timed:
             return None, f"batch {span.base}'s throughput was not measured"
-        return max(examples - span.examples, 0.0) / rate / span.timed, ""
+
+        def gain(at: float) -> float:
+            return max(at - span.examples, 0.0) / rate / span.timed
+
+        spread = CLAIM_Z * _log_examples_error(base, examples)
+        claimed = gain(examples)
+        low, high = gain(examples * math.exp(-spread)), gain(examples * math.exp(spread))
+        interval = f"{claimed:.2f}× [{low:.2f}, {high:.2f}]"
+        if low * CLAIM_SPREAD < claimed or high > CLAIM_SPREAD * claimed:
+            return None, (
+                f"batch {span.base}'s own curve carried to the loss reached gives {interval}, "
+                "too wide to claim"
+            )
+        return claimed, interval
 
     def _modelled_claim(self) -> tuple[float | None, str]:
         needed = taken = 0.0
@@ -254,6 +279,15 @@ class GainLedger:
         if span.unweighed:
             why.append("the other sizes ran before B_simple resolved")
         return "; ".join(why) or "no timed window yet"
+
+
+def _log_examples_error(base: BaseLine, examples: float) -> float:
+    """The standard error of ``ln examples`` where the base's curve reaches the loss reached:
+    the median of ``RECENT`` windows (of the base's mean weight) and the line's own error
+    there, through its slope."""
+    window_variance = base.variance * base.windows / base.weight
+    reached = window_variance * (math.pi / 2) / RECENT
+    return math.sqrt(reached + base.error_at(examples) ** 2) / abs(base.q)
 
 
 def _examples_to(base: BaseLine, loss: float) -> float:

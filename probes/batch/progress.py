@@ -32,6 +32,7 @@ read as a better change than it was (docs/autopilot.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,6 +42,7 @@ from ..units import count
 Z = 2.5  # standard errors each way (looked at after every window: wider than 1.96)
 Z_SLOPE = 3.0  # a base line must fall by this many standard errors
 MIN_BASE = 8  # windows at the old size
+SPAN = 16.0  # a base is fitted over its last SPAN× of examples (see fit_base)
 MIN_AFTER = 5  # windows at the new size before a first reading
 AFTER_SHARE = 0.5  # of the examples before the change: final by then
 MAX_RHO = 0.9
@@ -97,8 +99,14 @@ def _merge(a: Window, b: Window) -> Window:
     return Window(middle, (a.loss * a.weight + b.loss * b.weight) / weight, weight)
 
 
-def fit_base(windows: list[Window]) -> tuple[BaseLine | None, str]:
-    """The base line, or None and why there is none."""
+def fit_base(windows: Sequence[Window], span: float = SPAN) -> tuple[BaseLine | None, str]:
+    """The base line over the windows of the last ``span``× of examples, or None and why
+    there is none. A loss curve is straight in ``ln e`` only locally: over a stretch of hours
+    SGD's loss bends toward its floor, and a line through all of it runs steeper than the
+    stretch's end, where the base is carried on from."""
+    if windows:
+        since = windows[-1].examples / span
+        windows = [window for window in windows if window.examples >= since]
     if len(windows) < MIN_BASE:
         return None, f"{len(windows)} loss windows at the old size, {MIN_BASE} needed"
     x = np.log([w.examples for w in windows])
@@ -283,6 +291,11 @@ class ProgressMeter:
         self._predicted: float | None = None
         self._ceiling: tuple[float, int] | None = None  # the upper end, and the examples then
         self._refresh_at = MIN_AFTER  # windows after the change at the next measurement
+
+    @property
+    def changed(self) -> bool:
+        """Whether a change was seen (measured or not)."""
+        return self._change is not None
 
     def change(self, old: int, new: int, step: int, phi: float | None) -> None:
         """A change was applied at ``step``; ``phi``: B_simple then (None: not resolved)."""

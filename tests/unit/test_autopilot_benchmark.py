@@ -318,3 +318,53 @@ def test_a_noise_budget_outside_a_share_is_refused(share, capsys):
         bench.main(["--noise-budget", share])
     assert exit_info.value.code == 2
     assert "--noise-budget must be a share in (0, 1]" in capsys.readouterr().err
+
+
+def test_wall_at_interpolates_the_training_clock_between_evaluations():
+    assert outcomes.wall_at(EVALS, 6144) == pytest.approx(1.5)
+    assert outcomes.wall_at(EVALS, 12288) == 3.5
+    assert outcomes.wall_at(EVALS, 99_999) == 3.5  # past the last: its clock
+
+
+def test_switched_on_late_the_claim_is_judged_from_the_switch_on():
+    """Fixed 16 takes 6 s, 3 s of it before the switch-on's 32k examples; the autopilot, the
+    same run until then, takes 2 s more: 1.5× from the switch-on (3.0× over the whole run,
+    which the claim's span never saw)."""
+    fixed_evals = ((0, 0, 0.0, 2.3), (32_000, 2000, 3.0, 1.4), (64_000, 4000, 6.0, 1.0))
+    fixed = Run({1.0: Reach(64_000, 4000, 6.0)}, 16, False, evals=fixed_evals)
+    late = Run(
+        {1.0: Reach(60_000, 2200, 5.0)}, 1024, False, claimed_gain=1.4, switched=(32_000, 3.0)
+    )
+    task = outcome(auto_runs=[late] * 5)
+    task.arms[0] = arm("fixed 16", "fixed", 16, [fixed] * 5)
+    verdict = goals([task])[4]
+    assert verdict.met is True and "claimed 1.40× vs measured 1.50× (-7%)" in verdict.detail
+    late_far = Run(
+        {1.0: Reach(60_000, 2200, 5.0)}, 1024, False, claimed_gain=3.0, switched=(32_000, 3.0)
+    )
+    task.arms[2] = arm("auto, measured B½", "auto", 16, [late_far] * 5)
+    assert goals([task])[4].met is False  # 3× claimed against 1.5× measured from the switch-on
+
+
+def test_a_switch_on_what_if_attaches_the_autopilot_off_and_says_so_in_its_label(monkeypatch):
+    import bsmon.probes
+
+    tasks = importlib.import_module("autopilot_kit.tasks")
+    training = importlib.import_module("autopilot_kit.training")
+    options: list[dict] = []
+
+    class Attached(Exception):
+        pass
+
+    def attach(*_args: object, **kwargs: object) -> None:
+        options.append(kwargs)
+        raise Attached
+
+    monkeypatch.setattr(bsmon.probes, "attach", attach)
+    late = training.Arm(16, 0.01, autopilot=True, switch_on=800)
+    assert late.label == "auto, measured B½, on at step 800"
+    with pytest.raises(Attached):
+        training.train(tasks.TASKS["synthetic"], late, 10, target=0.85, budget_examples=1024)
+    assert options[0]["autopilot"] is False
+    with pytest.raises(SystemExit):
+        bench.main(["--switch-on", "-1"])
