@@ -30,7 +30,7 @@ import threading
 from ..units import count, duration
 from ..wire.describe import noise_verdict, step_batch
 from ..wire.protocol import Advice, BatchChange, Confidence, NoiseScaleReading
-from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for
+from .autopilot_holds import THRESHOLD, Hold, candidates, hold_for, measuring_back
 from .control import BatchController
 from .goodput import (
     Estimate,
@@ -138,6 +138,8 @@ class Advisor:
         if math.isinf(wanted) and up[0] is not None:
             target = max(target, up[0])  # as large as fits: at least the next size
         down = self._best(down_sizes, current, shrunk_on, model)
+        up, up_stop = self._unless_measuring(current, up, up_stop)
+        down, down_stop = self._unless_measuring(current, down, down_stop)
         facts = [
             self._noise_fact(current, estimate),
             measured_fact(meter),
@@ -202,6 +204,19 @@ class Advisor:
             why=hold.short.removeprefix("holds: "),
             step=step,
         )
+
+    def _unless_measuring(
+        self, current: int, best: tuple[int | None, float], stop: Hold | None
+    ) -> tuple[tuple[int | None, float], Hold | None]:
+        """``best`` and the walk's ``stop``, or no size and the hold, where ``best`` pays but
+        goes back toward where the latest change came from before the throughput verdict
+        could have read the size it went to (``autopilot_holds.measuring_back``)."""
+        size, gain = best
+        if size is None or gain <= THRESHOLD:
+            return best, stop
+        if (measuring := measuring_back(self._control, current, size)) is None:
+            return best, stop
+        return (None, 0.0), measuring
 
     def _what_would_move(
         self,

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from ..units import count
 from .control import BatchController
 from .goodput import StepTimeModel
+from .verdict import MIN_WINDOWS as VERDICT_WINDOWS
 
 THRESHOLD = 1.05  # predicted gain that makes a change (AdaptDL's: re-choosing every time flaps)
 MAX_CANDIDATES = 64  # sizes looked at each way (an additive batch_step of 1 has many)
@@ -86,6 +87,29 @@ def walk_ends(  # noqa: PLR0917  (the walk's state, named at its one caller)
         # a size that may not fit, and every one beyond it
         return Hold("fit", f"{following} may not fit ({why})", f"holds: {following} may not fit")
     return None
+
+
+def measuring_back(control: BatchController, current: int, size: int) -> Hold | None:
+    """Whether a change to ``size``, back toward the size the latest change left, waits
+    (None: it may go): the size the change went to has not run the windows the throughput
+    verdict needs. Until then its step time is a window or two: on a busy machine one
+    quarter second read 128 nearly twice 64's step (B½ 8), and the demo's autopilot went
+    64 → 128 → 64 in 33 steps on it, where the verdict later said too little was measured at
+    128 to compare. A divergence goes back at once (the advisor's ``back``), a trial by its
+    own measurement."""
+    latest = control.watch.latest
+    if latest is None or latest.new != current or (size - current) * (latest.old - current) <= 0:
+        return None
+    throughput = control.watch.sizes.get(current)
+    windows = throughput.windows if throughput is not None else 0
+    if windows >= VERDICT_WINDOWS:
+        return None
+    return Hold(
+        "verdict",
+        f"back toward {latest.old} waits until {current}'s throughput is measured ({windows} of "
+        f"{VERDICT_WINDOWS} windows)",
+        f"holds: measuring {current}",
+    )
 
 
 def hold_for(

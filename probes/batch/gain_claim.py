@@ -50,7 +50,7 @@ from ..noise.controller import WARMING_UP
 from ..units import count
 from ..wire.protocol import Metrics
 from .goodput import efficiency_ratio
-from .progress import BaseLine, Window, append_window, fit_base
+from .progress import BaseLine, Window, append_window, fit_base, ratio_text, scaled
 
 HOW = "measured throughput at each size × the noise scale's efficiency, over the steps it drove"
 MEASURED = "the loss it reached, by the base's own curve at the base's measured throughput"
@@ -224,8 +224,8 @@ class GainLedger:
 
         spread = CLAIM_Z * _log_examples_error(base, examples)
         claimed = gain(examples)
-        low, high = gain(examples * math.exp(-spread)), gain(examples * math.exp(spread))
-        interval = f"{claimed:.2f}× [{low:.2f}, {high:.2f}]"
+        low, high = gain(scaled(examples, -spread)), gain(scaled(examples, spread))
+        interval = f"{claimed:.2f}× [{low:.2f}, {ratio_text(high)}]"
         if low * CLAIM_SPREAD < claimed or high > CLAIM_SPREAD * claimed:
             return None, (
                 f"batch {span.base}'s own curve carried to the loss reached gives {interval}, "

@@ -47,6 +47,8 @@ MIN_AFTER = 5  # windows at the new size before a first reading
 AFTER_SHARE = 0.5  # of the examples before the change: final by then
 MAX_RHO = 0.9
 MAX_WINDOWS = 2_000  # a stretch's windows kept: beyond it, neighbours are merged in pairs
+WIDE = 100.0  # an interval whose ends are this far apart tells nothing: the text says so
+MAX_LOG = 700.0  # math.exp's argument stays below this (it raises past ~709)
 REFRESH = 1.1  # a measurement is refreshed once its windows grew by this factor (or final)
 GRID = np.exp(np.linspace(math.log(1 / 32), math.log(4), 241))  # E's candidates
 
@@ -173,15 +175,30 @@ class Progress:
     def text(self) -> str:
         said = (
             f"batch {self.old} → {self.new} made {self.efficiency:.2f}× [{self.low:.2f}, "
-            f"{self.high:.2f}] of {self.old}'s progress per example (from the loss, against "
-            f"{self.old}'s own curve carried on)"
+            f"{ratio_text(self.high)}] of {self.old}'s progress per example (from the loss, "
+            f"against {self.old}'s own curve carried on)"
         )
+        if self.high > WIDE * self.low:
+            said += f"; too wide to tell (the loss at {self.new} scatters about the curve)"
         if self.predicted is not None:
             said += f"; B_simple predicted {self.predicted:.2f}×"
         low, high = self.bounds()
         if low > 0 or math.isfinite(high):
             said += f"; the loss's noise scale: {bounds_text(low, high)}"
         return said
+
+
+def scaled(value: float, log_factor: float) -> float:
+    """``value·e^log_factor``, infinite where that is past a float (an interval's end from a
+    loss too scattered to measure anything: math.exp raises there)."""
+    return value * math.exp(log_factor) if log_factor < MAX_LOG else math.inf
+
+
+def ratio_text(value: float) -> str:
+    """``0.86``, or past 100 ``2e+07`` and ``∞``: an interval's far end stays short."""
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.2f}" if value < 100 else f"{value:.0e}"
 
 
 def implied_noise_scale(efficiency: float, old: int, new: int) -> float:
@@ -231,8 +248,8 @@ def measure(
         new=new,
         step=step,
         efficiency=efficiency,
-        low=efficiency * math.exp(-half),
-        high=efficiency * math.exp(half),
+        low=scaled(efficiency, -half),
+        high=scaled(efficiency, half),
         examples_before=base.last - base.first,
         examples_after=float(ran),
         final=bool(done),

@@ -613,3 +613,25 @@ def test_a_new_rule_or_a_decision_makes_a_hold_news_again_and_paused_it_holds_no
     assert job.autopilot.reading().held.startswith("holds: 0.")
     job.control.request(128, confirm=True, reason="the user's key", source="monitor")
     assert job.autopilot.reading().held is None
+
+
+class SlowFirstWindow(Job):
+    """A job whose first window at a size it has just changed to runs 1.8× slow (on a busy
+    machine: a quarter second beside another process)."""
+
+    def step_time(self, size: int) -> float:
+        fresh = self.control.watch.latest is not None and size not in self.control.watch.sizes
+        return super().step_time(size) * (1.8 if fresh else 1.0)
+
+
+def test_it_does_not_go_back_on_the_first_window_of_the_size_it_went_to():
+    """The demo's 64 → 128 → 64 in 33 steps: 128's first window read B½ ≈ 0 and 64 paid by
+    the line through one window. Going back waits for the windows the throughput verdict
+    needs; then the line through them keeps 128."""
+    job = SlowFirstWindow(size=64, half=64, noise=tight(300.0, spread=0.05)).run(30)
+    assert [(d.old, d.new) for d in job.decisions()] == [(64, 128)]
+    measuring = [e.data["held"] for e in holds(job) if "measuring" in e.data["held"]]
+    assert measuring == ["holds: measuring 128"]
+    job.run(30)
+    assert [(d.old, d.new) for d in job.decisions()] == [(64, 128)]
+    assert job.control.size == 128

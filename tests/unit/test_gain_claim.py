@@ -1,7 +1,7 @@
 """The autopilot's claim, measured from the loss where it can be: the seconds a fixed start
 size would take, by its own curve at its measured throughput, to the loss the run reached,
 over the seconds the run took. A ledger fed metrics windows of a run whose loss follows
-``3 − 0.25·ln w`` (``w``: the examples made, each at 32 worth ``worth`` of one at 16)."""
+``3 − slope·ln w`` (``w``: the examples made, each at 32 worth ``worth`` of one at 16)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ TRACKING = NoiseScaleReading(phase="tracking")
 
 
 class Run:
-    def __init__(self, switched_on: bool = True, noise: float = 0.001) -> None:
+    def __init__(self, switched_on: bool = True, noise: float = 0.001, slope: float = 0.25) -> None:
         self.ledger = GainLedger(16)
         self.meter = ProgressMeter()  # the batch watch's: the loss windows at the size now
         if switched_on:
@@ -28,6 +28,7 @@ class Run:
         self.made = 0.0
         self.rng = random.Random(0)
         self.noise = noise
+        self.slope = slope
         self.seconds = 0.0
 
     def windows(self, size: int, count: int, worth: float = 1.0) -> Run:
@@ -47,12 +48,15 @@ class Run:
                 b_simple=None,
                 steps_in_window=10,
                 samples=self.samples,
-                scalars={"loss": 3.0 - 0.25 * math.log(middle) + self.rng.gauss(0, self.noise)},
+                scalars={"loss": self.loss(middle)},
                 noise=TRACKING,
             )
             self.ledger.add(metrics, 1000.0)
             self.meter.observe(self.step, 10, self.samples, metrics.scalars["loss"])
         return self
+
+    def loss(self, made: float) -> float:
+        return 3.0 - self.slope * math.log(made) + self.rng.gauss(0, self.noise)
 
     def switch_on(self) -> Run:
         """The autopilot switched on now, as ``Autopilot.switch`` begins its span."""

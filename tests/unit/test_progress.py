@@ -216,3 +216,29 @@ def test_a_base_is_fitted_over_its_recent_stretch_where_a_long_curve_bends():
     assert abs(recent.at(later) - bending(later)) < 0.5 * abs(whole.at(later) - bending(later))
     wild = [Window(100.0, 50.0, WINDOW), *stretch]
     assert fit_base(wild)[0] == recent
+
+
+def test_a_loss_too_scattered_to_measure_gives_an_open_interval_not_an_overflow():
+    """The demo, switched on after 24k steps at 64: a change measured against a nearly flat
+    base, the loss after it far above the curve. E sits at the grid's floor and its interval's
+    upper end is past a float (math.exp raised in the agent's tick before)."""
+    from bsmon.probes.batch.progress import BaseLine
+
+    flat = BaseLine(
+        p=1.0,
+        q=-1e-4,
+        variance=50.0,
+        weight=8_000.0,
+        mean_x=math.log(4_000.0),
+        sxx=0.5,
+        first=1_000.0,
+        last=8_000.0,
+        windows=8,
+    )
+    after = [Window(8_000.0 + 500 * (k + 0.5), 3.0, 500.0) for k in range(MIN_BASE)]
+    reading = measure(flat, after, (64, 128, 100, 8_000.0))
+    assert reading.efficiency == pytest.approx(1 / 32)
+    assert reading.high == math.inf and reading.low >= 0.0
+    said = reading.text()
+    assert "[0.00, ∞] of 64's progress per example" in said
+    assert "too wide to tell (the loss at 128 scatters about the curve)" in said
