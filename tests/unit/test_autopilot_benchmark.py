@@ -286,21 +286,29 @@ def test_the_lag_window_spreads_eight_steps_over_the_last_quarter_of_the_run():
     assert lag.window_steps(4) == [3, 4]  # a run this young has fewer distinct steps
 
 
-def test_a_noise_budget_what_if_reaches_the_autopilots_attach_and_says_so(monkeypatch):
+class Attached(Exception):
+    """Raised by ``attach_options``'s stand-in once it has kept what ``attach`` was given."""
+
+
+def attach_options(monkeypatch) -> list[dict]:
+    """``bsmon.probes.attach`` replaced: each call's options kept, then ``Attached`` raised
+    (a benchmark run ends there, before any training)."""
     import bsmon.probes
 
-    tasks = importlib.import_module("autopilot_kit.tasks")
-    training = importlib.import_module("autopilot_kit.training")
     options: list[dict] = []
-
-    class Attached(Exception):
-        pass
 
     def attach(*_args: object, **kwargs: object) -> None:
         options.append(kwargs)
         raise Attached
 
     monkeypatch.setattr(bsmon.probes, "attach", attach)
+    return options
+
+
+def test_a_noise_budget_what_if_reaches_the_autopilots_attach_and_says_so(monkeypatch):
+    tasks = importlib.import_module("autopilot_kit.tasks")
+    training = importlib.import_module("autopilot_kit.training")
+    options = attach_options(monkeypatch)
     task = tasks.TASKS["synthetic"]
     what_if = training.Arm(16, 0.01, autopilot=True, half=64, noise_budget=0.1)
     assert what_if.label == "auto, B½=64 declared, noise 0.1"
@@ -347,20 +355,9 @@ def test_switched_on_late_the_claim_is_judged_from_the_switch_on():
 
 
 def test_a_switch_on_what_if_attaches_the_autopilot_off_and_says_so_in_its_label(monkeypatch):
-    import bsmon.probes
-
     tasks = importlib.import_module("autopilot_kit.tasks")
     training = importlib.import_module("autopilot_kit.training")
-    options: list[dict] = []
-
-    class Attached(Exception):
-        pass
-
-    def attach(*_args: object, **kwargs: object) -> None:
-        options.append(kwargs)
-        raise Attached
-
-    monkeypatch.setattr(bsmon.probes, "attach", attach)
+    options = attach_options(monkeypatch)
     late = training.Arm(16, 0.01, autopilot=True, switch_on=800)
     assert late.label == "auto, measured B½, on at step 800"
     with pytest.raises(Attached):
